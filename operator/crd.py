@@ -1,0 +1,137 @@
+"""Generate the TPUTrainingJob CRD from the pydantic models (`tpujob crd`).
+
+pydantic emits JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3.0 schema. The
+conversion inlines $refs, turns `X | None` into `nullable`, int-or-"auto" into
+x-kubernetes-int-or-string, enumerated map keys into explicit properties, and drops what the
+API server rejects (additionalProperties: false next to properties, titles, object defaults).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from . import models
+
+CRD_FILE = "tputrainingjob.yaml"
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Topology", "type": "string", "jsonPath": ".spec.tpu.topology"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+    {"name": "MFU", "type": "number", "jsonPath": ".status.mfu"},
+    {"name": "Step Time", "type": "number", "jsonPath": ".status.stepTimeSeconds"},
+    {"name": "Tokens/s", "type": "number", "jsonPath": ".status.tokensPerSecond", "priority": 1},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in node:
+        target = _structural(defs[node["$ref"].split("/")[-1]], defs)
+        return {**target, **({"description": node["description"]} if "description" in node else {})}
+    out: dict[str, Any] = {}
+    variants = node.get("anyOf")
+    if variants:
+        non_null = [v for v in variants if v.get("type") != "null"]
+        if len(non_null) < len(variants):
+            out["nullable"] = True
+        if len(non_null) == 1:
+            out.update(_structural(non_null[0], defs))
+        else:
+            types = {v.get("type") for v in non_null}
+            if types != {"integer", "string"}:
+                raise ValueError(f"cannot express union {variants} in a structural schema")
+            # int or a keyword ("auto"): minimum applies to integers only, pattern to strings only.
+            out["x-kubernetes-int-or-string"] = True
+            out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+            for v in non_null:
+                out.update({k: v[k] for k in ("minimum", "maximum") if k in v})
+                if "enum" in v or "const" in v:
+                    out["pattern"] = "^(" + "|".join(v.get("enum", [v.get("const")])) + ")$"
+    for key, value in node.items():
+        if key in {"anyOf", "$ref", "title", "$defs", "additionalProperties", "propertyNames", "properties",
+                   "items", "exclusiveMinimum", "exclusiveMaximum", "const"}:
+            continue
+        if key == "default" and (isinstance(value, (dict, list)) or value is None):
+            continue
+        out[key] = value
+    if "const" in node:
+        out["enum"] = [node["const"]]
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    for key in ("exclusiveMinimum", "exclusiveMaximum"):
+        if key in node:
+            out[key.replace("exclusiveM", "m")] = node[key]
+            out[key] = True
+    if "properties" in node:
+        out["properties"] = {k: _structural(v, defs) for k, v in node["properties"].items()}
+    if "items" in node:
+        out["items"] = _structural(node["items"], defs)
+    if isinstance(node.get("additionalProperties"), dict):
+        value_schema = _structural(node["additionalProperties"], defs)
+        keys = node.get("propertyNames", {}).get("enum")
+        if keys:  # enumerated keys: list them, so the API server prunes any other key
+            out["properties"] = {k: value_schema for k in keys}
+        else:
+            out["additionalProperties"] = value_schema
+    return out
+
+
+def _schema(model: type, **kw: Any) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, **kw)
+    return _structural(raw, raw.get("$defs", {}))
+
+
+def build() -> dict[str, Any]:
+    spec_schema = _schema(models.TPUTrainingJobSpec)
+    status_schema = _schema(models.TPUTrainingJobStatus, mode="serialization")
+    status_schema["properties"]["conditions"].update(
+        {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{models.PLURAL}.{models.GROUP}"},
+        "spec": {
+            "group": models.GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": models.KIND, "listKind": f"{models.KIND}List", "plural": models.PLURAL,
+                      "singular": models.SINGULAR, "shortNames": models.SHORT_NAMES, "categories": ["all"]},
+            "versions": [{
+                "name": models.VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "A JAX training run on Cloud TPU slices, run as a JobSet.",
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": spec_schema,
+                        "status": status_schema,
+                    },
+                }},
+            }],
+        },
+    }
+
+
+class _NoAliases(yaml.SafeDumper):
+    """Repeated sub-schemas are written out in full: kubectl and humans read the CRD, not anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml() -> str:
+    header = "# Generated by `tpujob crd` from operator/models.py. Do not edit by hand.\n"
+    return header + yaml.dump(build(), Dumper=_NoAliases, sort_keys=False, width=120)
+
+
+def committed() -> str:
+    """The CRD file shipped in the package (crds/ in the repository)."""
+    return resources.files("tpu_operator.crds").joinpath(CRD_FILE).read_text()

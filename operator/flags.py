@@ -1,0 +1,49 @@
+"""LIBTPU_INIT_ARGS and XLA_FLAGS for a job, from its generation and runtime settings.
+
+Flag spellings and the v7x recipe values are in ../shared/TPU.md.
+"""
+
+from __future__ import annotations
+
+from .catalogue import Generation
+from .models import RuntimeSpec
+
+COLLECTIVES = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce"}
+# Needed once whenever any collective is offloaded to SparseCore.
+SPARSE_CORE_BASE = (
+    "--xla_tpu_use_tc_device_shape_on_sc=true",
+    "--xla_sc_enable_instruction_fusion=false",
+    "--xla_sc_disjoint_spmem=false",
+    "--xla_sc_disable_megacore_partitioning=true",
+)
+DEFAULT_SCOPED_VMEM_KIB = {"v7x": 61440}  # published v7x recipes; 65536 is the hardware bound
+
+
+def offloaded(gen: Generation, runtime: RuntimeSpec) -> list[str]:
+    """Collectives offloaded to SparseCore: on by default where the chip has SparseCores."""
+    spec = runtime.sparse_core_offload
+    return [c for c in COLLECTIVES if (getattr(spec, c) if getattr(spec, c) is not None else gen.sparse_core)]
+
+
+def scoped_vmem_kib(gen: Generation, runtime: RuntimeSpec) -> int | None:
+    return runtime.scoped_vmem_limit_kib or DEFAULT_SCOPED_VMEM_KIB.get(gen.name)
+
+
+def libtpu_init_args(gen: Generation, runtime: RuntimeSpec) -> list[str]:
+    flags: list[str] = []
+    ops = offloaded(gen, runtime)
+    for op in ops:
+        flags += [
+            f"--xla_tpu_enable_sparse_core_collective_offload_{op}=true",
+            # Offload and continuation fusion of the same collective are mutually exclusive.
+            f"--xla_tpu_enable_async_collective_fusion_fuse_{op}=false",
+            f"--xla_tpu_enable_{op}_offload_tracing=true",
+        ]
+    if ops:
+        flags += SPARSE_CORE_BASE
+    vmem = scoped_vmem_kib(gen, runtime)
+    if vmem:
+        flags.append(f"--xla_tpu_scoped_vmem_limit_kib={vmem}")
+    # User flags win: drop our setting of any flag the user sets, keep the order otherwise.
+    user = {f.split("=", 1)[0] for f in runtime.libtpu_init_args}
+    return [f for f in flags if f.split("=", 1)[0] not in user] + list(runtime.libtpu_init_args)

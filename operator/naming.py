@@ -1,0 +1,36 @@
+"""Names and labels of everything a job owns. Deterministic: the operator finds and adopts by name."""
+
+from __future__ import annotations
+
+REPLICATED_JOB = "slice"  # short on purpose: it is part of every pod hostname
+LABEL_JOB = "training.tpu-operator.dev/job"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "tpu-operator"
+JAX_COORDINATOR_PORT = 8476
+MEGASCALE_PORT = 8080
+
+
+def jobset_name(job: str) -> str:
+    return job
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def hostname(job: str, slice_index: int, host_index: int) -> str:
+    """The pod hostname JobSet derives: <jobset>-<replicatedJob>-<jobIndex>-<podIndex>."""
+    return f"{jobset_name(job)}-{REPLICATED_JOB}-{slice_index}-{host_index}"
+
+
+def longest_hostname(job: str, slices: int, hosts: int) -> str:
+    return hostname(job, slices - 1, hosts - 1)
+
+
+def coordinator_host(job: str) -> str:
+    """Pod 0 of slice 0, through the JobSet's headless Service (subdomain = JobSet name)."""
+    return f"{hostname(job, 0, 0)}.{jobset_name(job)}"
+
+
+def labels(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGED_BY}

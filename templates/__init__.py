@@ -1,0 +1,1 @@
+"""Jinja2 templates of the rendered manifests (a package so they ship inside the wheel)."""

@@ -1,0 +1,61 @@
+"""The CRD is generated from the models and admits exactly what they describe."""
+
+import pytest
+import yaml
+
+from tests.conftest import EXAMPLES, tiny_job
+from tests.kubeapi.schema import CrdSchema
+from tests.kubeapi.errors import ApiError
+from tpu_operator import crd
+
+CRD_PATH = EXAMPLES.parent / "crds" / crd.CRD_FILE
+
+
+def test_committed_crd_matches_the_models():
+    assert CRD_PATH.read_text() == crd.to_yaml(), "crds/ drifted from the models: run `tpujob crd > crds/tputrainingjob.yaml`"
+    assert crd.committed() == crd.to_yaml()  # and the packaged copy is the same file
+
+
+def test_crd_identity_columns_and_status():
+    doc = yaml.safe_load(crd.to_yaml())
+    spec = doc["spec"]
+    assert doc["metadata"]["name"] == "tputrainingjobs.training.tpu-operator.dev"
+    assert spec["names"]["shortNames"] == ["tpujob", "tpujobs"] and spec["scope"] == "Namespaced"
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert columns == ["Phase", "Topology", "Step", "MFU", "Step Time", "Age"]
+
+
+def _schema():
+    doc = yaml.safe_load(crd.to_yaml())
+    return CrdSchema(doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_crd_admits_every_example_unchanged(path):
+    doc = yaml.safe_load(path.read_text())
+    assert _schema().admit(doc, "TPUTrainingJob", "training.tpu-operator.dev") == doc
+
+
+@pytest.mark.parametrize("patch,field", [
+    ({"tpu": {"generation": "v9", "topology": "4x4x4"}}, "spec.tpu.generation"),
+    ({"tpu": {"topology": "four"}}, "spec.tpu.topology"),
+    ({"tpu": {"topology": "2x2x1", "slices": 0}}, "spec.tpu.slices"),
+    ({"parallelism": {"fsdp": "most"}}, "spec.parallelism.fsdp"),
+    ({"parallelism": {"fsdp": 0}}, "spec.parallelism.fsdp"),
+    ({"kernels": {"attention": "flash"}}, "spec.kernels.attention"),
+    ({"runtime": {"libtpuInitArgs": ["not a flag"]}}, "spec.runtime.libtpuInitArgs[0]"),
+    ({"training": {"steps": 1, "globalBatch": 8, "sequenceLength": 128,
+                   "remat": {"policy": "custom", "tensors": {"qkv_proj": "elsewhere"}}}},
+     "spec.training.remat.tensors.qkv_proj"),
+])
+def test_crd_rejects_at_admission(patch, field):
+    with pytest.raises(ApiError) as exc:
+        _schema().admit(tiny_job(**patch), "TPUTrainingJob", "training.tpu-operator.dev")
+    assert field in str(exc.value.details), exc.value.details
+
+
+def test_parallelism_auto_or_integer_is_admitted():
+    doc = tiny_job(parallelism={"fsdp": "auto", "tensor": 2})
+    assert _schema().admit(doc, "TPUTrainingJob", "training.tpu-operator.dev")["spec"]["parallelism"]["tensor"] == 2

@@ -1,0 +1,44 @@
+"""A non-editable install carries the templates and the CRD: the wheel renders from any directory."""
+
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp / "dist"), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    (wheel,) = (tmp / "dist").glob("tpu_operator-*.whl")
+    venv.create(tmp / "venv", with_pip=True)
+    python = tmp / "venv" / "bin" / "python"
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                             capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr
+    return python, tmp
+
+
+def test_installed_wheel_renders_and_prints_the_crd(wheel_venv):
+    python, tmp = wheel_venv
+    # Dependencies come from the test environment; the package itself only from the wheel. Plain
+    # PYTHONPATH entries do not run .pth files, so the editable install of this checkout stays out.
+    env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"}
+    where = subprocess.run([str(python), "-c", "import tpu_operator; print(tpu_operator.__file__)"],
+                           capture_output=True, text=True, cwd=tmp, env=env)
+    assert str(tmp / "venv") in where.stdout, where.stdout + where.stderr
+    render = subprocess.run([str(python), "-m", "tpu_operator.cli", "render", "-f",
+                             str(ROOT / "examples" / "llama3-8b-fsdp.yaml")], capture_output=True, text=True,
+                            cwd=tmp, env=env, timeout=60)
+    assert render.returncode == 0, render.stderr
+    assert "kind: JobSet" in render.stdout and "kind: ConfigMap" in render.stdout
+    crd = subprocess.run([str(python), "-m", "tpu_operator.cli", "crd"], capture_output=True, text=True, cwd=tmp,
+                         env=env, timeout=60)
+    assert crd.stdout == (ROOT / "crds" / "tputrainingjob.yaml").read_text()

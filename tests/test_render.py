@@ -1,0 +1,201 @@
+"""Rendering: golden manifests, the real JobSet schema, hostile strings, names that must fit."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import EXAMPLES, example, tiny_job
+from tpu_operator.models import TrainerConfig
+from tpu_operator.render import render, to_yaml_stream
+from tpu_operator.validation import InvalidJob, parse_job
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _env(jobset) -> dict:
+    container = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def _pod(jobset) -> dict:
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("name", ["llama3-8b-fsdp.yaml", "multislice.yaml"])
+def test_golden_render(name):
+    """The exact manifests of the 4x4x4 and 2-slice examples. UPDATE_GOLDEN=1 rewrites them after a review."""
+    doc = example(name)
+    doc["metadata"]["uid"] = "00000000-0000-4000-8000-000000000001"  # as the API server would set it
+    text = to_yaml_stream(render(parse_job(doc)))
+    golden = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"render of {name} changed; review and rerun with UPDATE_GOLDEN=1"
+
+
+def test_4x4x4_shape():
+    cm, js = render(parse_job(example("llama3-8b-fsdp.yaml")))
+    rj = js["spec"]["replicatedJobs"][0]
+    assert (rj["replicas"], rj["template"]["spec"]["parallelism"], rj["template"]["spec"]["completions"]) == (1, 16, 16)
+    pod = _pod(js)
+    assert pod["containers"][0]["resources"]["limits"]["google.com/tpu"] == 4
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu7x",
+                                   "cloud.google.com/gke-tpu-topology": "4x4x4"}
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["hostNetwork"] is True and pod["restartPolicy"] == "Never"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    env = _env(js)
+    assert env["TPUJOB_COORDINATOR_ADDRESS"] == "llama3-8b-slice-0-0.llama3-8b:8476"
+    assert env["TPUJOB_NUM_PROCESSES"] == "16"
+    assert env["TPUJOB_HOST_ID"]["fieldRef"]["fieldPath"] == \
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert "MEGASCALE_NUM_SLICES" not in env
+    flags = env["LIBTPU_INIT_ARGS"].split()
+    for op in ("all_gather", "reduce_scatter", "all_reduce"):
+        assert f"--xla_tpu_enable_sparse_core_collective_offload_{op}=true" in flags
+    assert "--xla_tpu_scoped_vmem_limit_kib=65536" in flags
+    assert js["spec"]["failurePolicy"]["maxRestarts"] == 5
+    rules = rj["template"]["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0]["onExitCodes"] == {"containerName": "trainer", "operator": "NotIn", "values": [42, 137, 143]}
+    cfg = TrainerConfig.model_validate_json(cm["data"]["config.json"])
+    assert cfg.mesh.fsdp == 128 and cfg.hosts_per_slice == 16 and cfg.model.layers == 32
+
+
+def test_multislice_sets_megascale():
+    _, js = render(parse_job(example("multislice.yaml")))
+    assert js["spec"]["replicatedJobs"][0]["replicas"] == 2
+    env = _env(js)
+    assert env["MEGASCALE_NUM_SLICES"] == "2" and env["TPUJOB_NUM_PROCESSES"] == "32"
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "llama3-70b-2x-slice-0-0.llama3-70b-2x"
+    assert env["MEGASCALE_SLICE_ID"]["fieldRef"]["fieldPath"] == "metadata.annotations['jobset.sigs.k8s.io/job-index']"
+    # A user flag replaces ours rather than repeating it.
+    assert env["LIBTPU_INIT_ARGS"].count("--xla_tpu_scoped_vmem_limit_kib=") == 1
+
+
+def test_sparse_core_offload_can_be_turned_off_per_collective():
+    _, js = render(parse_job(tiny_job(runtime={"sparseCoreOffload": {"allReduce": False}})))
+    flags = _env(js)["LIBTPU_INIT_ARGS"]
+    assert "offload_all_gather=true" in flags and "offload_all_reduce" not in flags
+
+
+def test_v6e_gets_no_sparse_core_flags():
+    _, js = render(parse_job(tiny_job(tpu={"generation": "v6e", "topology": "2x2"},
+                                      training={"steps": 1, "globalBatch": 4, "sequenceLength": 128})))
+    assert "LIBTPU_INIT_ARGS" not in _env(js)
+    assert _pod(js)["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_renders_a_schema_valid_jobset(path, jobset_schema):
+    for doc in yaml.safe_load_all(path.read_text()):
+        manifests = render(parse_job(doc))
+        jobsets = [m for m in manifests if m["kind"] == "JobSet"]
+        assert len(jobsets) == 1
+        for js in jobsets:
+            assert jobset_schema.admit(js, "JobSet", "jobset.x-k8s.io") == js, "the schema pruned a field we emit"
+
+
+HOSTILE = [
+    "line1\nline2: injected\n- item",
+    "quote\" and 'single' and `back`",
+    "{{ config_json }} {% if true %}x{% endif %}",
+    "key: value",
+    "--- \n...\n",
+    "tab\tand\x00nul\x85nel\u2028ls 😀",
+    "&anchor *alias !!python/object:os.system",
+]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_hostile_strings_never_change_structure(hostile, jobset_schema):
+    doc = tiny_job(
+        runtime={"env": [{"name": "USER_VALUE", "value": hostile}]},
+        command=["sh", "-c", hostile],
+        args=[hostile],
+        nodeSelector={"example.com/pool": "p"},
+        tolerations=[{"key": "example.com/x", "operator": "Equal", "value": hostile, "effect": "NoSchedule"}],
+    )
+    doc["metadata"]["labels"] = {"team": "a"}
+    cm, js = render(parse_job(doc))
+    baseline_cm, baseline_js = render(parse_job(tiny_job(
+        runtime={"env": [{"name": "USER_VALUE", "value": "plain"}]}, command=["sh", "-c", "plain"], args=["plain"],
+        nodeSelector={"example.com/pool": "p"},
+        tolerations=[{"key": "example.com/x", "operator": "Equal", "value": "plain", "effect": "NoSchedule"}])))
+
+    def shape(obj):
+        if isinstance(obj, dict):
+            return {k: shape(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [shape(v) for v in obj]
+        return type(obj).__name__
+
+    assert shape(js) == shape(baseline_js) and shape(cm) == shape(baseline_cm)
+    container = _pod(js)["containers"][0]
+    assert container["command"] == ["sh", "-c", hostile] and container["args"] == [hostile]
+    assert _env(js)["USER_VALUE"] == hostile
+    assert _pod(js)["tolerations"][1]["value"] == hostile
+    # The YAML stream round-trips exactly: two documents, same content.
+    assert list(yaml.safe_load_all(to_yaml_stream([cm, js]))) == [cm, js]
+    jobset_schema.admit(js, "JobSet", "jobset.x-k8s.io")
+
+
+def test_names_must_fit_every_pod_hostname():
+    # 4x4x8 = 32 hosts: longest hostname <name>-slice-0-31; 63 - len("-slice-0-31") = 52 characters.
+    spec = {"tpu": {"generation": "v7x", "topology": "4x4x8"},
+            "training": {"steps": 1, "globalBatch": 256, "sequenceLength": 128}}
+    ok = tiny_job(**spec)
+    ok["metadata"]["name"] = "a" * 52
+    _, js = render(parse_job(ok))
+    assert js["metadata"]["name"] == "a" * 52
+    too_long = tiny_job(**spec)
+    too_long["metadata"]["name"] = "a" * 53
+    with pytest.raises(InvalidJob) as exc:
+        parse_job(too_long)
+    assert "metadata.name" in exc.value.problems[0] and "use at most 52" in exc.value.problems[0]
+
+
+def test_owner_references_only_when_the_owner_is_known():
+    doc = tiny_job()
+    assert all("ownerReferences" not in m["metadata"] for m in render(parse_job(doc)))
+    doc["metadata"]["uid"] = "1234"
+    for m in render(parse_job(doc)):
+        (ref,) = m["metadata"]["ownerReferences"]
+        assert ref == {"apiVersion": "training.tpu-operator.dev/v1alpha1", "kind": "TPUTrainingJob", "name": "tiny",
+                       "uid": "1234", "controller": True, "blockOwnerDeletion": True}
+
+
+def test_labels_find_every_object_and_pod():
+    cm, js = render(parse_job(tiny_job()))
+    for labels in (cm["metadata"]["labels"], js["metadata"]["labels"],
+                   js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["labels"]):
+        assert labels["training.tpu-operator.dev/job"] == "tiny"
+
+
+def test_user_node_selector_cannot_move_the_job_off_its_tpu():
+    _, js = render(parse_job(tiny_job(nodeSelector={"cloud.google.com/gke-tpu-topology": "8x8x8",
+                                                    "cloud.google.com/gke-nodepool": "pool-a"})))
+    assert _pod(js)["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x2x1"
+    assert _pod(js)["nodeSelector"]["cloud.google.com/gke-nodepool"] == "pool-a"
+
+
+def test_pvc_checkpoint_is_mounted_at_the_directory():
+    _, js = render(parse_job(tiny_job(checkpoint={"directory": "/ckpt", "persistentVolumeClaim": "ckpt-pvc"})))
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt-pvc"}} in _pod(js)["volumes"]
+    assert {"name": "checkpoints", "mountPath": "/ckpt"} in _pod(js)["containers"][0]["volumeMounts"]
+
+
+def test_config_map_is_the_trainer_config():
+    cm, js = render(parse_job(tiny_job()))
+    cfg = json.loads(cm["data"]["config.json"])
+    assert cfg["mesh"] == {"data": 1, "fsdp": 8, "context": 1, "expert": 1, "tensor": 1}
+    assert {"name": "config", "configMap": {"name": "tiny-config"}} in _pod(js)["volumes"]
+    assert _pod(js)["containers"][0]["command"][-1] == "/etc/tpujob/config.json"
+
+
+def test_rendering_is_pure():
+    job = parse_job(example("moe.yaml"))
+    assert render(job) == render(job)

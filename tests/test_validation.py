@@ -1,0 +1,160 @@
+"""Bad input: every problem is reported with its field path and a reason, nothing is rendered."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import tiny_job
+from tpu_operator.validation import InvalidJob, parse_job
+
+
+def _with(path: str, value):
+    """tiny_job() with the dotted `path` under spec set to `value` (None deletes it)."""
+    doc = tiny_job()
+    node = doc
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is None:
+        node.pop(last, None)
+    else:
+        node[last] = value
+    return doc
+
+
+BAD = [
+    # (where, value, expected field path, a word of the reason)
+    ("spec.tpu.topology", "3x3x3", "spec.tpu.topology", "not a v7x topology"),
+    ("spec.tpu.topology", "8x4x4", "spec.tpu.topology", "A <= B <= C"),
+    ("spec.tpu.topology", "4x4", "spec.tpu.topology", "3 dimensions"),
+    ("spec.tpu.topology", "four", "spec.tpu.topology", "pattern"),
+    ("spec.tpu.topology", "16x24x28", "spec.tpu.topology", "full v7x pod"),
+    ("spec.tpu.generation", "v4", "spec.tpu.generation", "not a supported TPU generation"),
+    ("spec.tpu.slices", 0, "spec.tpu.slices", "greater than or equal to 1"),
+    ("spec.tpu.extra", 1, "spec.tpu.extra", "unknown field"),
+    ("spec.model.preset", "gpt5", "spec.model.preset", "is not allowed"),
+    ("spec.model", {"layers": 2}, "spec.model", "modelDim"),
+    ("spec.model", {"preset": "tiny", "kvHeads": 3}, "spec.model.kvHeads", "does not divide heads"),
+    ("spec.model", {"preset": "tiny", "experts": 4}, "spec.model.expertsPerToken", "required when experts"),
+    ("spec.model", {"preset": "tiny-moe", "expertsPerToken": 8}, "spec.model.expertsPerToken", "more than experts"),
+    ("spec.training.steps", 0, "spec.training.steps", "greater than or equal to 1"),
+    ("spec.training.globalBatch", 12, "spec.training.globalBatch", "multiple of data x fsdp x expert = 8"),
+    ("spec.training.precision", "fp4", "spec.training.precision", "is not allowed"),
+    ("spec.training.remat", {"policy": "full", "tensors": {"qkv_proj": "offload"}}, "spec.training.remat.tensors",
+     "only used with policy custom"),
+    ("spec.training.remat", {"policy": "custom", "tensors": {"bogus": "offload"}}, "spec.training.remat.tensors.bogus",
+     "is not allowed"),
+    ("spec.training.data", {"source": "files"}, "spec.training.data.path", "required when source is files"),
+    ("spec.training.learningRate", {"peak": -1}, "spec.training.learningRate.peak", "greater than 0"),
+    ("spec.parallelism", {"fsdp": "auto", "context": "auto"}, "spec.parallelism", "only one axis may be auto"),
+    ("spec.parallelism", {"fsdp": 3}, "spec.parallelism", "one slice has 8 devices"),
+    ("spec.parallelism", {"fsdp": "auto", "expert": 2}, "spec.parallelism.expert", "needs an MoE model"),
+    ("spec.parallelism", {"fsdp": "auto", "tensor": 8}, "spec.parallelism.tensor", "does not divide model.heads"),
+    ("spec.parallelism", {"fsdp": "many"}, "spec.parallelism.fsdp", "'auto'"),
+    ("spec.parallelism", {"fsdp": 2, "context": 4}, "spec.kernels.attention", None),  # splash below
+    ("spec.kernels.splash", {"blockQ": 100}, "spec.kernels.splash.blockQ", "multiple of 128"),
+    ("spec.kernels.splash", {"blockKv": 512, "blockKvCompute": 384}, "spec.kernels.splash.blockKvCompute",
+     "does not divide blockKv"),
+    ("spec.kernels.moeMatmul", "cutlass", "spec.kernels.moeMatmul", "is not allowed"),
+    ("spec.runtime.scopedVmemLimitKiB", 98304, "spec.runtime.scopedVmemLimitKiB", "at most 65536"),
+    ("spec.runtime.libtpuInitArgs", ["--ok=1", "rm -rf /"], "spec.runtime.libtpuInitArgs[1]", "pattern"),
+    ("spec.runtime.env", [{"name": "TPUJOB_PROCESS_ID", "value": "0"}], "spec.runtime.env[0].name",
+     "set by the operator"),
+    ("spec.runtime.env", [{"name": "LIBTPU_INIT_ARGS", "value": "x"}], "spec.runtime.env[0].name",
+     "set by the operator"),
+    ("spec.runtime.metricsPort", 80, "spec.runtime.metricsPort", "greater than or equal to 1024"),
+    ("spec.checkpoint.directory", "s3://bucket/x", "spec.checkpoint.directory", "pattern"),
+    ("spec.checkpoint", {"persistentVolumeClaim": "ckpt"}, "spec.checkpoint.directory", "required when"),
+    ("spec.checkpoint", {"directory": "gs://bkt/c", "persistentVolumeClaim": "ckpt"},
+     "spec.checkpoint.persistentVolumeClaim", "gs://"),
+    ("spec.failurePolicy.restartOnExitCodes", [0], "spec.failurePolicy.restartOnExitCodes[0]", "greater than"),
+    ("spec.failurePolicy.maxRestarts", -1, "spec.failurePolicy.maxRestarts", "greater than or equal to 0"),
+    ("spec.image", "my image:latest", "spec.image", "pattern"),
+    ("spec.resources", {"limits": {"google.com/tpu": "8"}}, "spec.resources.limits", "derived from the topology"),
+    ("spec.resources", {"requests": {"memory": "lots"}}, "spec.resources.requests.memory", "pattern"),
+    ("spec.nodeSelector", {"bad key!": "x"}, "spec.nodeSelector.bad key!", "pattern"),
+    ("spec.tolerations", [{"effect": "Sometimes"}], "spec.tolerations[0].effect", "is not allowed"),
+    ("spec.suspend", "maybe", "spec.suspend", "boolean"),
+    ("metadata.name", "My_Job", "metadata.name", "DNS-1035"),
+    ("metadata.name", "a" * 60, "metadata.name", "use at most"),
+    ("kind", "Job", "kind", "is not allowed"),
+    ("spec.training", None, "spec.training", "Field required"),
+]
+
+
+@pytest.mark.parametrize("where,value,path,reason", BAD, ids=[f"{b[0]}={b[1]!r}"[:60] for b in BAD])
+def test_bad_input_names_the_field(where, value, path, reason):
+    doc = _with(where, value)
+    if where == "spec.parallelism" and value == {"fsdp": 2, "context": 4}:
+        doc["spec"]["kernels"] = {"attention": "splash"}  # 128 tokens / context 4 = 32 per shard
+        reason = "multiple of 128"
+    with pytest.raises(InvalidJob) as exc:
+        parse_job(doc)
+    matching = [p for p in exc.value.problems if p.startswith(f"{path}: ")]
+    assert matching, f"no problem at {path}; got {exc.value.problems}"
+    assert reason in matching[0], matching
+
+
+def test_many_bad_inputs():
+    assert len(BAD) >= 25
+
+
+def test_slice_specific_rules():
+    # No SparseCore on v6e, no native fp8 on v5p, VMEM bounds per generation.
+    cases = [
+        (tiny_job(tpu={"generation": "v6e", "topology": "2x2"}, runtime={"sparseCoreOffload": {"allGather": True}},
+                  training={"steps": 1, "globalBatch": 4, "sequenceLength": 128}),
+         "spec.runtime.sparseCoreOffload: v6e has no SparseCore"),
+        (tiny_job(tpu={"generation": "v5p", "topology": "2x2x1"},
+                  training={"steps": 1, "globalBatch": 4, "sequenceLength": 128, "precision": "fp8"}),
+         "spec.training.precision: v5p has no native fp8"),
+        (tiny_job(tpu={"generation": "v5p", "topology": "2x2x1"}, runtime={"scopedVmemLimitKiB": 1024},
+                  training={"steps": 1, "globalBatch": 4, "sequenceLength": 128}),
+         "spec.runtime.scopedVmemLimitKiB"),
+    ]
+    for doc, expected in cases:
+        with pytest.raises(InvalidJob) as exc:
+            parse_job(doc)
+        assert any(p.startswith(expected) for p in exc.value.problems), exc.value.problems
+
+
+def test_v6e_accepts_its_own_vmem_limit():
+    job = parse_job(tiny_job(tpu={"generation": "v6e", "topology": "2x2"}, runtime={"scopedVmemLimitKiB": 98304},
+                             training={"steps": 1, "globalBatch": 4, "sequenceLength": 128}))
+    assert job.spec.runtime.scoped_vmem_limit_kib == 98304
+
+
+def test_every_problem_is_listed_at_once():
+    doc = tiny_job(tpu={"generation": "v7x", "topology": "3x3x3"})
+    doc["spec"]["training"]["steps"] = 0
+    doc["spec"]["image"] = "has space"
+    with pytest.raises(InvalidJob) as exc:
+        parse_job(doc)
+    paths = {p.split(":")[0] for p in exc.value.problems}
+    assert {"spec.tpu.topology", "spec.training.steps", "spec.image"} <= paths
+
+
+def _tpujob(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "tpu_operator.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_cli_exits_2_with_problems_on_stderr_and_nothing_on_stdout():
+    doc = tiny_job(tpu={"generation": "v7x", "topology": "3x3x3"})
+    for command in ("render", "validate"):
+        result = _tpujob(command, "-f", "-", stdin=yaml.safe_dump(doc))
+        assert result.returncode == 2
+        assert result.stdout == ""
+        assert "error: spec.tpu.topology: 3x3x3 is not a v7x topology; valid examples: 2x2x1, 4x4x4, 4x4x8" \
+            in result.stderr.replace(": beyond 1x1x1, 2x2x1, 2x2x2, 2x2x4, 2x4x4 every dimension is a multiple of 4 "
+                                     "and A <= B <= C", "")
+
+
+def test_cli_reports_unreadable_and_malformed_input():
+    assert "cannot read" in _tpujob("validate", "-f", "/nonexistent.yaml").stderr
+    result = _tpujob("render", "-f", "-", stdin="spec: [unclosed")
+    assert result.returncode == 2 and "(yaml)" in result.stderr and result.stdout == ""
+    result = _tpujob("render", "-f", "-", stdin="- a\n- b\n")
+    assert result.returncode == 2 and "expected a TPUTrainingJob mapping" in result.stderr
