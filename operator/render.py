@@ -110,10 +110,12 @@ def _volumes(plan: Plan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return volumes, mounts
 
 
-def context(job: TPUTrainingJob) -> dict[str, Any]:
-    """Everything the templates read."""
+def context(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, Any]:
+    """Everything the templates read. `default_image` (the operator's setting) replaces the
+    built-in image only where the job does not name one."""
     plan = Plan(job)
     spec, name = job.spec, job.metadata.name
+    image = default_image if default_image and "image" not in spec.model_fields_set else spec.image
     volumes, mounts = _volumes(plan)
     return {
         "job": job,
@@ -125,6 +127,7 @@ def context(job: TPUTrainingJob) -> dict[str, Any]:
         "ports": {"jax": naming.JAX_COORDINATOR_PORT, "megascale": naming.MEGASCALE_PORT},
         "config_file": CONFIG_FILE,
         "config_json": plan.trainer_config().model_dump_json(by_alias=True, indent=2),
+        "image": image,
         "command": list(spec.command) if spec.command else DEFAULT_COMMAND,
         "node_selector": {
             **spec.node_selector,  # ours last: a user selector cannot move the job off its TPU
@@ -140,9 +143,9 @@ def context(job: TPUTrainingJob) -> dict[str, Any]:
     }
 
 
-def render(job: TPUTrainingJob) -> list[dict[str, Any]]:
+def render(job: TPUTrainingJob, default_image: str | None = None) -> list[dict[str, Any]]:
     """The manifests of `job`, in creation order (the ConfigMap before the pods that mount it)."""
-    ctx = context(job)
+    ctx = context(job, default_image)
     return [yaml.load(_environment().get_template(t).render(ctx), Loader=_Loader) for t in TEMPLATES]
 
 

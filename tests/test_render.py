@@ -199,3 +199,10 @@ def test_config_map_is_the_trainer_config():
 def test_rendering_is_pure():
     job = parse_job(example("moe.yaml"))
     assert render(job) == render(job)
+
+
+def test_operator_default_image_applies_only_where_the_job_names_none():
+    _, js = render(parse_job(tiny_job()), default_image="registry.example/trainer:1")
+    assert _pod(js)["containers"][0]["image"] == "registry.example/trainer:1"
+    _, js = render(parse_job(tiny_job(image="mine:2")), default_image="registry.example/trainer:1")
+    assert _pod(js)["containers"][0]["image"] == "mine:2"
