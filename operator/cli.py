@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Sequence
 
 from . import crd
@@ -61,6 +62,61 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import signal
+    from pathlib import Path
+
+    from .localrun import TooLargeForLocal, run_local, scale_down
+
+    if not args.local:
+        print("error: only --local runs are supported by `tpujob run`; on a cluster, `kubectl apply -f` the job "
+              "with the operator installed", file=sys.stderr)
+        return EXIT_INVALID
+    docs = read_documents(_read(args.file))
+    if len(docs) != 1:
+        raise InvalidJob([f"(file): run --local takes exactly one job, got {len(docs)} documents"])
+    doc = docs[0]
+    if args.scale_down:
+        parse_job(doc)  # the job as written must be valid before it is shrunk
+        doc, changes = scale_down(doc)
+        print("scaled down for this machine: " + "; ".join(changes))
+    job = parse_job(doc)
+    run_dir = Path(args.run_dir or f"runs/{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    # SIGTERM (e.g. from a test or a container runtime) stops the processes like Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        outcome, _ = run_local(job, run_dir)
+    except TooLargeForLocal as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if outcome.metrics:
+        from .report import write_report
+
+        try:
+            print(f"report: {write_report(run_dir)}")
+        except ImportError:
+            print("report: matplotlib is not installed; `pip install matplotlib` for the PNG")
+    return {"Succeeded": 0, "Interrupted": 130}.get(outcome.phase, 1)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .report import write_report
+
+    run_dir = Path(args.run_dir)
+    try:
+        print(write_report(run_dir, Path(args.output) if args.output else None))
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot report on {run_dir}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpujob", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("crd", help="print the TPUTrainingJob CRD generated from the models")
     p.set_defaults(func=cmd_crd)
+    p = sub.add_parser("run", help="run a job's pods as local processes (--local)")
+    p.add_argument("-f", "--file", required=True, help="job YAML, or - for stdin")
+    p.add_argument("--local", action="store_true", help="run on this machine: one process per TPU host")
+    p.add_argument("--run-dir", help="logs, checkpoints, metrics and status (default runs/<name>-<time>)")
+    p.add_argument("--scale-down", action="store_true",
+                   help="shrink a job too large for this machine to a tiny model on a 2-host slice")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("report", help="write a PNG of loss, step time and MFU of a local run")
+    p.add_argument("run_dir", help="the run directory of `tpujob run --local`")
+    p.add_argument("-o", "--output", help="PNG path (default RUN_DIR/report.png)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -1,0 +1,188 @@
+"""`tpujob run --local`: a job's rendered JobSet run as processes on this machine.
+
+The job is validated and rendered exactly as for a cluster. Two things change, and both are said
+on the terminal: the checkpoint directory moves into the run directory (a PVC or gs:// path is
+not this machine's), and every TPU host becomes a process whose chips are virtual CPU devices.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from . import naming
+from .localpods import free_port, local_pods
+from .models import TPUTrainingJob, TPUTrainingJobStatus
+from .plan import Plan
+from .render import render
+from .supervisor import Outcome, supervise
+
+# What one 2-core, 24 GiB laptop-class machine can hold: processes and bytes of f32 weights + Adam.
+MAX_LOCAL_HOSTS = 8
+BYTES_PER_PARAM = 16  # f32 master weights, two Adam moments, gradients
+MAX_LOCAL_PARAM_BYTES = 4 << 30
+
+
+class TooLargeForLocal(ValueError):
+    pass
+
+
+def parameter_count(job: TPUTrainingJob) -> int:
+    m = job.spec.model_dims
+    attention = m.model_dim * m.head_dim * (2 * m.heads + 2 * m.kv_heads)
+    mlp = 3 * m.model_dim * m.mlp_dim * max(1, m.experts) + (m.model_dim * m.experts)
+    return m.layers * (attention + mlp + 2 * m.model_dim) + 2 * m.vocab * m.model_dim + m.model_dim
+
+
+def check_fits(job: TPUTrainingJob) -> None:
+    plan = Plan(job)
+    params = parameter_count(job)
+    problems = []
+    if plan.total_hosts > MAX_LOCAL_HOSTS:
+        problems.append(f"{plan.total_hosts} hosts ({job.spec.tpu.topology} x {plan.slices} slice(s)) need "
+                        f"{plan.total_hosts} processes; a local run goes up to {MAX_LOCAL_HOSTS} "
+                        f"(v7x 2x4x4 = 8 hosts)")
+    if params * BYTES_PER_PARAM > MAX_LOCAL_PARAM_BYTES:
+        problems.append(f"the model has {params / 1e9:.2f}B parameters, {params * BYTES_PER_PARAM / 2**30:.0f} GiB "
+                        f"of weights and optimizer state; a local run holds up to "
+                        f"{MAX_LOCAL_PARAM_BYTES / 2**30:.0f} GiB (about "
+                        f"{MAX_LOCAL_PARAM_BYTES / BYTES_PER_PARAM / 1e6:.0f}M parameters)")
+    if problems:
+        raise TooLargeForLocal("this job is too large to run on one machine: " + "; ".join(problems) +
+                               ". Pass --scale-down to run a tiny model of the same kind on a 2-host slice.")
+
+
+def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The same job shrunk to a tiny model on a 2-host slice of the same generation; what changed."""
+    doc = json.loads(json.dumps(doc))
+    spec = doc["spec"]
+    job = TPUTrainingJob.model_validate(doc)
+    moe = job.spec.model_dims.is_moe
+    context = 2 if job.spec.mesh.context > 1 else 1
+    expert = 2 if moe and job.spec.mesh.expert > 1 else 1
+    slices = min(job.spec.tpu.slices, 2)
+    small = {"v7x": "2x2x2", "v5p": "2x2x2", "v6e": "2x4"}[job.spec.tpu.generation]
+    changes = {
+        "tpu": {**spec["tpu"], "topology": small, "slices": slices},
+        "model": {"preset": "tiny-moe" if moe else "tiny"},
+        "parallelism": {"fsdp": "auto", "context": context, "expert": expert, "tensor": 1},
+        "kernels": {**spec.get("kernels", {}), "attention": "xla"},
+    }
+    spec.update(changes)
+    devices = Plan(TPUTrainingJob.model_validate(doc)).total_devices
+    spec["training"].update({"sequenceLength": 256 if context > 1 else 128, "globalBatch": devices})
+    spec["training"].pop("data", None)
+    said = [f"topology {job.spec.tpu.topology} x {job.spec.tpu.slices} -> {small} x {slices}",
+            f"model -> preset {'tiny-moe' if moe else 'tiny'}", f"parallelism -> context {context}, expert {expert}",
+            f"batch -> {devices} x {spec['training']['sequenceLength']} tokens, synthetic data, attention xla"]
+    return doc, said
+
+
+def localize(job: TPUTrainingJob, run_dir: Path) -> TPUTrainingJob:
+    """The job with its checkpoint directory inside the run directory."""
+    doc = job.model_dump(by_alias=True, exclude_none=True, mode="json")
+    if job.spec.checkpoint.directory:
+        doc["spec"]["checkpoint"]["directory"] = str((run_dir / "checkpoints").resolve())
+        doc["spec"]["checkpoint"].pop("persistentVolumeClaim", None)
+    return TPUTrainingJob.model_validate(doc)
+
+
+@dataclass
+class Progress:
+    """A compact live line on a terminal; one line per report otherwise."""
+
+    total: int
+    out: TextIO
+
+    def __call__(self, kind: str, **d: Any) -> None:
+        tty = self.out.isatty()
+        if kind == "metrics":
+            r = d["record"]
+            line = (f"step {r['step']}/{self.total}  loss {r['loss']:.4f}  step {r['step_time_s']:.3f}s  "
+                    f"{r['tokens_per_s']:,.0f} tok/s  MFU {100 * r['mfu']:.2f}%  "
+                    f"ckpt {r.get('last_checkpoint_step') if r.get('last_checkpoint_step') is not None else '-'}")
+            self.out.write(f"\r\033[K{line}" if tty else line + "\n")
+        elif kind == "started":
+            self.out.write(f"{'started' if d['attempt'] == 0 else 'restarted'} {len(d['pods'])} process(es): "
+                           f"{', '.join(p.hostname for p in d['pods'])}\n")
+        elif kind == "pod_failed":
+            self.out.write(f"{chr(10) if tty else ''}{d['pod'].hostname} exited with code {d['code']}\n")
+        elif kind == "restarting":
+            self.out.write(f"restarting the slice (restart {d['restarts']}); training resumes from the latest "
+                           "checkpoint\n")
+        elif kind == "succeeded" and tty:
+            self.out.write("\n")
+        self.out.flush()
+
+
+def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTrainingJob) -> TPUTrainingJobStatus:
+    """The status the operator would have written for this run."""
+    last = outcome.last_metrics or {}
+    phase = "Failed" if outcome.phase == "Interrupted" else outcome.phase
+    stamp = end.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return TPUTrainingJobStatus.model_validate({
+        "phase": phase,
+        "conditions": [{"type": phase, "status": "True", "reason": outcome.phase, "message": outcome.message,
+                        "lastTransitionTime": stamp}],
+        "observedGeneration": 1,
+        "jobSetName": naming.jobset_name(job.metadata.name),
+        "restarts": outcome.restarts,
+        "step": last.get("step"),
+        "stepTimeSeconds": last.get("step_time_s"),
+        "tokensPerSecond": last.get("tokens_per_s"),
+        "mfu": last.get("mfu"),
+        "lastCheckpointStep": last.get("last_checkpoint_step"),
+        "metricsTime": stamp if last else None,
+        "startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "completionTime": stamp,
+        "message": outcome.message,
+    })
+
+
+def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout) -> tuple[Outcome, TPUTrainingJobStatus]:
+    check_fits(job)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job = localize(job, run_dir)
+    plan = Plan(job)
+    config_map, jobset = render(job)
+    (run_dir / "manifests.yaml").write_text(yaml.safe_dump_all([config_map, jobset], sort_keys=False))
+    out.write("\n".join(plan.summary()) + "\n")
+    out.write(f"local run: {plan.total_hosts} process(es) x {plan.devices_per_host} CPU devices; logs, checkpoints "
+              f"and metrics in {run_dir}\n")
+
+    def make_pods(attempt: int):
+        # Fresh ports per attempt: a killed coordinator's port may linger in TIME_WAIT.
+        return local_pods(jobset, {config_map["metadata"]["name"]: config_map["data"]}, run_dir,
+                          cpu_devices=plan.devices_per_host, coordinator_port=free_port(),
+                          metrics_port=free_port(), base_env=os.environ)
+
+    start = dt.datetime.now(dt.timezone.utc)
+    policy = job.spec.failure_policy
+    outcome = supervise(make_pods, run_dir / "logs", max_restarts=policy.max_restarts,
+                        restart_on_exit_codes=policy.restart_on_exit_codes,
+                        on_event=Progress(job.spec.training.steps, out))
+    status = status_of(outcome, start, dt.datetime.now(dt.timezone.utc), job)
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in outcome.metrics)
+    status_doc = {"status": status.model_dump(by_alias=True, exclude_none=True, mode="json")}
+    (run_dir / "status.yaml").write_text(yaml.safe_dump(status_doc, sort_keys=False))
+    out.write(_summary(outcome, status, run_dir) + yaml.safe_dump(status_doc, sort_keys=False))
+    out.flush()
+    return outcome, status
+
+
+def _summary(outcome: Outcome, status: TPUTrainingJobStatus, run_dir: Path) -> str:
+    lines = [f"{outcome.phase}: {outcome.message}"]
+    if status.step is not None:
+        lines.append(f"step {status.step}, {status.step_time_seconds:.3f} s/step, {status.tokens_per_second:,.0f} "
+                     f"tokens/s, MFU {100 * status.mfu:.2f}% (of the documented CPU peak; see README), "
+                     f"restarts {outcome.restarts}")
+    lines.append(f"logs: {run_dir / 'logs'}   picture: tpujob report {run_dir}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,139 @@
+"""`tpujob run --local` with a stand-in trainer: environment, mounts, restarts, failure policy, Ctrl-C.
+
+The stand-in is a few lines of Python given as the job's command override, so these tests check the
+runner itself in seconds; tests/test_quickstart.py runs the real trainer.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import tiny_job
+from tpu_operator.localrun import TooLargeForLocal, check_fits, scale_down
+from tpu_operator.validation import parse_job
+
+# Process 0 prints metric lines; every process records its environment; host 1 fails on the first
+# attempt with the exit code in $FAIL_CODE (when set), and any process can be told to hang.
+TRAINER = r"""
+import json, os, pathlib, sys, time
+cfg = json.load(open(os.environ["TPUJOB_CONFIG"]))
+ckpt = pathlib.Path(cfg["checkpoint"]["directory"]); ckpt.mkdir(parents=True, exist_ok=True)
+me = f"{os.environ['TPUJOB_SLICE_ID']}-{os.environ['TPUJOB_HOST_ID']}"
+(ckpt / f"env-{me}.json").write_text(json.dumps({**dict(os.environ), "ARGV": sys.argv}))
+if os.environ.get("HANG"):
+    (ckpt / f"pid-{me}").write_text(str(os.getpid())); time.sleep(600)
+marker = ckpt / "failed-once"
+if me == "0-1" and os.environ.get("FAIL_CODE") and not marker.exists():
+    marker.write_text("x"); sys.exit(int(os.environ["FAIL_CODE"]))
+if me == "0-0":
+    start = 3 if marker.exists() else 0
+    for step in range(start + 1, cfg["training"]["steps"] + 1):
+        print(json.dumps({"step": step, "loss": 5.0 / step, "step_time_s": 0.01, "tokens_per_s": 1000.0,
+                          "mfu": 0.001, "last_checkpoint_step": step - step % 2}), flush=True)
+    print(json.dumps({"summary": True, "step": cfg["training"]["steps"]}), flush=True)
+"""
+
+
+def _job(tmp_path, **env):
+    doc = tiny_job(tpu={"generation": "v7x", "topology": "2x2x2"},
+                   training={"steps": 6, "globalBatch": 16, "sequenceLength": 128},
+                   checkpoint={"directory": "/checkpoints/x", "persistentVolumeClaim": "ckpt"},
+                   command=["python", "-c", TRAINER], args=["--config", "/etc/tpujob/config.json"],
+                   failurePolicy={"maxRestarts": 1, "restartOnExitCodes": [3]},
+                   runtime={"env": [{"name": k, "value": v} for k, v in env.items()],
+                            "xlaFlags": ["--xla_tpu_enable_latency_hiding_scheduler=true"]})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _run(tmp_path, job_path, *extra, **kw):
+    return subprocess.run([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f", str(job_path),
+                           "--run-dir", str(tmp_path / "run"), *extra], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, **kw)
+
+
+def test_each_pod_gets_the_manifest_environment_on_loopback(tmp_path):
+    result = _run(tmp_path, _job(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    ckpt = tmp_path / "run" / "checkpoints"
+    envs = {p.name: json.loads(p.read_text()) for p in ckpt.glob("env-*.json")}
+    assert sorted(envs) == ["env-0-0.json", "env-0-1.json"]
+    for me, env in envs.items():
+        assert env["TPUJOB_COORDINATOR_ADDRESS"].startswith("127.0.0.1:")
+        assert env["TPUJOB_NUM_PROCESSES"] == "2" and env["TPUJOB_HOSTS_PER_SLICE"] == "2"
+        assert env["TPUJOB_CPU_DEVICES"] == "8" and env["JAX_PLATFORMS"] == "cpu"
+        assert "XLA_FLAGS" not in env  # TPU compiler flags would abort the CPU backend
+        assert "sparse_core_collective_offload_all_gather=true" in env["LIBTPU_INIT_ARGS"]
+        # The ConfigMap mount and the config path point into the run directory.
+        config = Path(env["TPUJOB_CONFIG"])
+        assert config.is_relative_to(tmp_path / "run") and env["ARGV"][-1] == str(config)
+        assert json.loads(config.read_text())["checkpoint"]["directory"] == str(ckpt.resolve())
+    assert envs["env-0-1.json"]["TPUJOB_HOST_ID"] == "1" and envs["env-0-0.json"]["TPUJOB_HOST_ID"] == "0"
+    assert envs["env-0-0.json"]["TPUJOB_COORDINATOR_ADDRESS"] == envs["env-0-1.json"]["TPUJOB_COORDINATOR_ADDRESS"]
+    status = yaml.safe_load((tmp_path / "run" / "status.yaml").read_text())["status"]
+    assert status["phase"] == "Succeeded" and status["step"] == 6 and status["restarts"] == 0
+    assert "step 6/6" in result.stdout and "phase: Succeeded" in result.stdout
+    assert (tmp_path / "run" / "logs" / "tiny-slice-0-1.log").exists()
+    assert (tmp_path / "run" / "report.png").stat().st_size > 1000
+
+
+def test_restartable_failure_restarts_the_whole_slice(tmp_path):
+    result = _run(tmp_path, _job(tmp_path, FAIL_CODE="3"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tiny-slice-0-1 exited with code 3" in result.stdout and "restarted 2 process(es)" in result.stdout
+    status = yaml.safe_load((tmp_path / "run" / "status.yaml").read_text())["status"]
+    assert status["phase"] == "Succeeded" and status["restarts"] == 1 and status["step"] == 6
+
+
+def test_unlisted_exit_code_fails_at_once(tmp_path):
+    result = _run(tmp_path, _job(tmp_path, FAIL_CODE="9"))
+    assert result.returncode == 1
+    status = yaml.safe_load((tmp_path / "run" / "status.yaml").read_text())["status"]
+    assert status["phase"] == "Failed" and status["restarts"] == 0
+    assert "not in restartOnExitCodes [3]" in status["message"]
+
+
+def test_interrupt_stops_every_process(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f",
+                             str(_job(tmp_path, HANG="1")), "--run-dir", str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    pid_files = [tmp_path / "run" / "checkpoints" / f"pid-0-{i}" for i in range(2)]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(p.exists() and p.read_text() for p in pid_files):
+            assert time.monotonic() < deadline, "the stand-in trainers never started"
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.05)
+        pids = [int(p.read_text()) for p in pid_files]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_large_jobs_are_refused_with_how_far_local_goes():
+    job = parse_job(yaml.safe_load(open(Path(__file__).parents[1] / "examples" / "llama3-8b-fsdp.yaml")))
+    with pytest.raises(TooLargeForLocal) as exc:
+        check_fits(job)
+    assert "16 hosts" in str(exc.value) and "up to 8" in str(exc.value) and "--scale-down" in str(exc.value)
+
+
+def test_scale_down_keeps_the_kind_of_job():
+    doc = yaml.safe_load(open(Path(__file__).parents[1] / "examples" / "moe.yaml"))
+    small, changes = scale_down(doc)
+    job = parse_job(small)
+    check_fits(job)
+    assert job.spec.model.preset == "tiny-moe" and job.spec.mesh.expert == 2 and job.spec.tpu.topology == "2x2x2"
+    assert any("model -> preset tiny-moe" in c for c in changes)
