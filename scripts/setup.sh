@@ -8,4 +8,4 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[workload,test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[workload,test,cloud]'
