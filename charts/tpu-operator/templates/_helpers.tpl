@@ -1,0 +1,160 @@
+{{/*
+Names are cut to 63 characters (the DNS-1123 label limit) with a trailing "-" removed.
+*/}}
+{{- define "tpu-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tpu-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A name with a suffix, cut so that the whole stays within 63 characters. */}}
+{{- define "tpu-operator.suffixed" -}}
+{{- $suffix := index . 1 }}
+{{- printf "%s-%s" (include "tpu-operator.fullname" (index . 0) | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix }}
+{{- end }}
+
+{{- define "tpu-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tpu-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tpu-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tpu-operator.labels" -}}
+helm.sh/chart: {{ include "tpu-operator.chart" . }}
+{{ include "tpu-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "tpu-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tpu-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "tpu-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The operator's command-line arguments (after the image's entrypoint `tpujob operator`).
+Single replica without kopf peering, hence --standalone (see the Deployment).
+*/}}
+{{- define "tpu-operator.args" -}}
+- --standalone
+{{- if .Values.operator.watchNamespaces }}
+{{- range .Values.operator.watchNamespaces }}
+- --namespace={{ . }}
+{{- end }}
+{{- else }}
+- --all-namespaces
+{{- end }}
+- --health-port={{ .Values.operator.healthPort }}
+- --metrics-port={{ .Values.operator.metricsPort }}
+- --default-image={{ .Values.operator.defaultImage }}
+- --metrics-access={{ .Values.operator.metricsAccess }}
+- --metrics-interval={{ .Values.operator.metricsInterval }}
+{{- with .Values.operator.extraArgs }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's environment. */}}
+{{- define "tpu-operator.env" -}}
+- name: TPUJOB_LOG_LEVEL
+  value: {{ .Values.operator.logLevel | quote }}
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- with .Values.operator.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Everything that configures the running operator; its checksum is a pod annotation, so a change
+to any of it rolls the pod (the operator reads its configuration only at start-up).
+*/}}
+{{- define "tpu-operator.config" -}}
+image: {{ include "tpu-operator.image" . }}
+args:
+{{ include "tpu-operator.args" . }}
+env:
+{{ include "tpu-operator.env" . }}
+{{- end }}
+
+{{/*
+RBAC rules on the namespaced resources the operator manages (used by the ClusterRole, or by one
+Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
+*/}}
+{{- define "tpu-operator.namespacedRules" -}}
+- apiGroups: ["training.tpu-operator.dev"]
+  resources: ["tputrainingjobs"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["training.tpu-operator.dev"]
+  resources: ["tputrainingjobs/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+{{- if eq .Values.operator.metricsAccess "proxy" }}
+- apiGroups: [""]
+  resources: ["pods/proxy"]
+  verbs: ["get"]
+{{- end }}
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/* Cluster-scoped reads: kopf scans CRDs; --all-namespaces also watches namespaces. */}}
+{{- define "tpu-operator.clusterRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- if not .Values.operator.watchNamespaces }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
+{{- end }}
+
+{{/* Refuse value combinations the schema cannot express. */}}
+{{- define "tpu-operator.validate" -}}
+{{- if .Values.jobset.install }}
+{{- fail "jobset.install=true is not supported: this chart does not bundle JobSet. Install it first from its release manifest, e.g. kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/v0.8.1/manifests.yaml, and keep jobset.install=false." }}
+{{- end }}
+{{- if and .Values.rbac.namespaced (not .Values.operator.watchNamespaces) }}
+{{- fail "rbac.namespaced=true needs operator.watchNamespaces: a Role is created in each watched namespace, and watching all namespaces needs cluster-wide RBAC." }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.service.enabled) }}
+{{- fail "metrics.serviceMonitor.enabled=true needs metrics.service.enabled=true (a ServiceMonitor selects the Service)." }}
+{{- end }}
+{{- end }}

