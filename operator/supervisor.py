@@ -114,7 +114,7 @@ def supervise(make_pods: Callable[[int], Sequence[LocalPod]], log_dir: Path, *, 
     restarts, history = 0, []
     while True:
         running = _Running(make_pods(restarts), log_dir, restarts, on_event)
-        on_event("started", attempt=restarts, pods=running.pods)
+        on_event("started", attempt=restarts, pods=running.pods, pids=[p.pid for p in running.procs])
         try:
             while (state := running.poll()) is None:
                 time.sleep(poll_seconds)
