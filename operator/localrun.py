@@ -138,7 +138,8 @@ def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTr
         "stepTimeSeconds": last.get("step_time_s"),
         "tokensPerSecond": last.get("tokens_per_s"),
         "mfu": last.get("mfu"),
-        "lastCheckpointStep": last.get("last_checkpoint_step"),
+        # The summary line comes after the final (asynchronous) save has finished.
+        "lastCheckpointStep": (outcome.summary or last).get("last_checkpoint_step"),
         "metricsTime": stamp if last else None,
         "startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "completionTime": stamp,

@@ -1,0 +1,161 @@
+"""A node agent for tests: it plays the JobSet controller and the kubelet of one fake TPU node pool.
+
+There is no JobSet controller or kubelet on this machine. The agent watches JobSets through the
+API, runs each one's pods as local processes with the same code as `tpujob run --local`
+(tpu_operator.localpods + tpu_operator.supervisor), creates the Pod objects the kubelet would
+report (status.podIP 127.0.0.1, so the operator reads metrics from the real trainer), and writes
+the JobSet status the way the JobSet controller does: replicatedJobsStatus counters, `restarts`,
+and a Completed or Failed condition with terminalState.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+
+from tpu_operator.localpods import LocalPod, free_port, local_pods
+from tpu_operator.models import TrainerConfig
+from tpu_operator.supervisor import Outcome, supervise
+
+GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class NodeAgent:
+    def __init__(self, kubeconfig: Path, namespace: str, workdir: Path):
+        self.api_client = config.new_client_from_config(str(kubeconfig))
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.core = client.CoreV1Api(self.api_client)
+        self.namespace, self.workdir = namespace, workdir
+        self.runs: dict[str, threading.Thread] = {}
+        self.outcomes: dict[str, Outcome] = {}
+        self.pids: dict[str, list[int]] = {}  # jobset -> pids of the current attempt's processes
+        self.attempt_pods: dict[str, list[LocalPod]] = {}
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="node-agent")
+
+    def start(self) -> "NodeAgent":
+        self._watcher.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching and kill every pod process; no attempt starts after this."""
+        self._stop.set()
+        for pids in self.pids.values():
+            for pid in pids:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for thread in self.runs.values():
+            thread.join(timeout=30)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            stream = watch.Watch().stream(self.custom.list_namespaced_custom_object, GROUP, VERSION,
+                                          self.namespace, PLURAL, timeout_seconds=5)
+            for event in stream:
+                js = event["object"]
+                name = js["metadata"]["name"]
+                if event["type"] in ("ADDED", "MODIFIED") and not js["spec"].get("suspend") and name not in self.runs:
+                    thread = threading.Thread(target=self._run, args=(js,), daemon=True, name=f"jobset-{name}")
+                    self.runs[name] = thread
+                    thread.start()
+                if self._stop.is_set():
+                    return
+
+    def _patch_status(self, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, name,
+                                                          {"status": status})
+
+    def _replicated(self, js: dict[str, Any], **counts: int) -> list[dict[str, Any]]:
+        rjob = js["spec"]["replicatedJobs"][0]
+        base = {"ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0}
+        return [{"name": rjob["name"], **base, **{k: v * rjob.get("replicas", 1) for k, v in counts.items()}}]
+
+    def _create_pods(self, js: dict[str, Any], pods: list[LocalPod], attempt: int) -> None:
+        """Pod objects as the kubelet reports them, labelled as JobSet and the Job controller label them."""
+        name = js["metadata"]["name"]
+        for pod in pods:
+            body = {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"{pod.hostname}-a{attempt}", "namespace": self.namespace, "labels": {
+                    "jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/job-index": str(pod.slice_index),
+                    "batch.kubernetes.io/job-completion-index": str(pod.host_index),
+                    "jobset.sigs.k8s.io/restart-attempt": str(attempt)}},
+                "spec": {"containers": [{"name": "trainer", "image": "local"}]},
+            }
+            self.core.create_namespaced_pod(self.namespace, body)
+            self.core.patch_namespaced_pod_status(f"{pod.hostname}-a{attempt}", self.namespace, {
+                "status": {"phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1"}})
+
+    def _delete_pods(self, name: str) -> None:
+        self.core.delete_collection_namespaced_pod(self.namespace,
+                                                   label_selector=f"jobset.sigs.k8s.io/jobset-name={name}")
+
+    def _run(self, js: dict[str, Any]) -> None:
+        name = js["metadata"]["name"]
+        pod_spec = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        config_maps = {}
+        for volume in pod_spec.get("volumes", []):
+            if "configMap" in volume:
+                cm = self.core.read_namespaced_config_map(volume["configMap"]["name"], self.namespace)
+                config_maps[cm.metadata.name] = cm.data
+        trainer = TrainerConfig.model_validate_json(next(iter(config_maps.values()))["config.json"])
+        env = {e["name"]: e.get("value") for e in pod_spec["containers"][0]["env"]}
+        failure = js["spec"].get("failurePolicy", {})
+        rules = js["spec"]["replicatedJobs"][0]["template"]["spec"].get("podFailurePolicy", {}).get("rules", [])
+        restartable = next((r["onExitCodes"]["values"] for r in rules if "onExitCodes" in r), [])
+        workdir = self.workdir / name
+
+        def make_pods(attempt: int) -> list[LocalPod]:
+            if self._stop.is_set():
+                raise RuntimeError("node agent stopped")
+            return local_pods(js, config_maps, workdir, cpu_devices=trainer.devices_per_host,
+                              coordinator_port=free_port(), metrics_port=int(env["TPUJOB_METRICS_PORT"]),
+                              base_env={**os.environ, "TPUJOB_LINGER_SECONDS": "5"})
+
+        ready = threading.Event()
+
+        def on_event(kind: str, **d: Any) -> None:
+            if kind == "started":
+                self.attempt_pods[name], self.pids[name] = d["pods"], d["pids"]
+                self._delete_pods(name)
+                self._create_pods(js, d["pods"], d["attempt"])
+                ready.clear()
+                self._patch_status(name, {"restarts": d["attempt"],
+                                          "replicatedJobsStatus": self._replicated(js, active=1)})
+            elif kind == "metrics" and not ready.is_set():
+                # Pods count as ready once the trainer reports its first step of this attempt.
+                ready.set()
+                self._patch_status(name, {"replicatedJobsStatus": self._replicated(js, active=1, ready=1)})
+            elif kind == "pod_failed":
+                self._patch_status(name, {"replicatedJobsStatus": self._replicated(js, failed=1)})
+            elif kind == "restarting":
+                self._patch_status(name, {"restarts": d["restarts"]})
+
+        try:
+            outcome = supervise(make_pods, workdir / "logs", max_restarts=failure.get("maxRestarts", 0),
+                                restart_on_exit_codes=restartable, on_event=on_event)
+        except RuntimeError:
+            return  # stopped by the test's teardown
+        self.outcomes[name] = outcome
+        self._delete_pods(name)
+        condition = "Completed" if outcome.phase == "Succeeded" else "Failed"
+        self._patch_status(name, {
+            "terminalState": condition,
+            "replicatedJobsStatus": self._replicated(js, **({"succeeded": 1} if condition == "Completed" else
+                                                            {"failed": 1})),
+            "conditions": [{"type": condition, "status": "True", "lastTransitionTime": _now(),
+                            "reason": "AllJobsCompleted" if condition == "Completed" else "ReachedMaxRestarts",
+                            "message": outcome.message}],
+        })

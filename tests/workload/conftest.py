@@ -1,0 +1,130 @@
+"""Shared helpers for the workload tests: tiny TrainerConfigs and trainer subprocesses.
+
+In-process tests use 8 virtual CPU devices; set before any test touches JAX devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+from tpu_operator.models import TrainerConfig  # noqa: E402
+from tpu_operator.presets import PRESETS  # noqa: E402
+
+
+def trainer_config(preset="tiny", *, mesh=None, steps=6, batch=8, seq=128, attention="xla", moe="ragged_dot",
+                   lr=1e-2, checkpoint=None, interval=100, precision="bf16", remat="full", **training) -> TrainerConfig:
+    mesh = mesh or dict(data=1, fsdp=1, context=1, expert=1, tensor=1)
+    return TrainerConfig(
+        name="t", generation="v7x", topology="2x2x1", slices=1, hosts_per_slice=1, devices_per_host=8,
+        peak_flops_per_device=2.3e15, model=dict(PRESETS[preset]),
+        training=dict(steps=steps, global_batch=batch, sequence_length=seq, precision=precision,
+                      learning_rate=dict(peak=lr, warmup_steps=1, schedule="constant"), remat=dict(policy=remat),
+                      **training),
+        mesh=mesh, kernels=dict(attention=attention, moe_matmul=moe,
+                                splash=dict(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128,
+                                            block_kv_dkv=128, block_kv_dkv_compute=128, block_q_dq=128,
+                                            block_kv_dq=128)),
+        checkpoint=dict(directory=checkpoint, interval=interval, keep=3), metrics_port=0)  # 0: any free port
+
+
+_GIVEN: set[int] = set()
+
+
+def free_port() -> int:
+    """A free TCP port, never one this session handed out before (the coordinator and metrics
+    ports are picked back to back)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
+
+
+class Trainers:
+    """Trainer subprocesses (`python -m tpu_workload`), killed in `close`."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path, self.procs, self.n = tmp_path, [], 0
+
+    def start(self, cfg: TrainerConfig, processes=1, devices=8, **env) -> list[subprocess.Popen]:
+        self.n += 1
+        path = self.tmp_path / f"config{self.n}.json"
+        path.write_text(cfg.model_dump_json(by_alias=True))
+        coordinator = f"127.0.0.1:{free_port()}"
+        procs = []
+        for i in range(processes):
+            e = dict(os.environ, TPUJOB_PLATFORM="cpu", TPUJOB_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu",
+                     **{k: str(v) for k, v in env.items()})
+            e.pop("XLA_FLAGS", None)
+            if processes > 1:
+                e.update(TPUJOB_COORDINATOR_ADDRESS=coordinator, TPUJOB_NUM_PROCESSES=str(processes),
+                         TPUJOB_PROCESS_ID=str(i))
+            err = open(self.tmp_path / f"stderr{self.n}.{i}.txt", "w")
+            p = subprocess.Popen([sys.executable, "-m", "tpu_workload", "--config", str(path)], env=e,
+                                 stdout=subprocess.PIPE, stderr=err, text=True)
+            p.stderr_path = err.name
+            procs.append(p)
+        self.procs += procs
+        return procs
+
+    def run(self, cfg, processes=1, devices=8, timeout=240, **env) -> list[dict]:
+        """Run to completion; the JSON lines of process 0."""
+        procs = self.start(cfg, processes, devices, **env)
+        deadline = time.monotonic() + timeout
+        outs = []
+        for p in procs:
+            try:
+                out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"trainer timed out; stderr:\n{self.stderr(p)}")
+            assert p.returncode == 0, f"trainer exited {p.returncode}; stderr:\n{self.stderr(p)}"
+            outs.append(out)
+        return [json.loads(line) for line in outs[0].splitlines() if line.strip()]
+
+    @staticmethod
+    def stderr(p) -> str:
+        with open(p.stderr_path) as f:
+            return f.read()[-6000:]
+
+    @staticmethod
+    def read_line(p, timeout=120) -> dict | None:
+        """Next JSON line from p's stdout, polling with a bound; None at EOF."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([p.stdout], [], [], 0.5)
+            if ready:
+                line = p.stdout.readline()
+                return json.loads(line) if line else None
+        raise AssertionError("no output from trainer in time")
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+            if p.stdout:
+                p.stdout.close()
+
+
+@pytest.fixture
+def trainers(tmp_path):
+    t = Trainers(tmp_path)
+    try:
+        yield t
+    finally:
+        t.close()

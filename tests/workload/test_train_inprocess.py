@@ -1,0 +1,75 @@
+"""In-process runs on 8 virtual devices: resume onto another mesh, fp8, remat policies, sharding."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import trainer_config
+from tpu_workload import checkpoint, sharding, train
+
+
+def _run(cfg, capsys):
+    train.run(cfg, peak_flops_per_device=5e10)
+    out = capsys.readouterr().out
+    return {r["step"]: r["loss"] for r in map(json.loads, out.splitlines()) if not r.get("summary")}
+
+
+def test_resume_onto_a_different_mesh(tmp_path, capsys):
+    a = dict(data=1, fsdp=8, context=1, expert=1, tensor=1)
+    b = dict(data=1, fsdp=2, context=2, expert=1, tensor=2)
+    expected = _run(trainer_config("tiny", mesh=a, steps=6), capsys)
+    first = _run(trainer_config("tiny", mesh=a, steps=3, checkpoint=str(tmp_path)), capsys)
+    assert first == {s: expected[s] for s in (1, 2, 3)}
+    # The schedule is constant, so a 6-step run continues the 3-step run exactly; another mesh
+    # changes only the reduction order.
+    resumed = _run(trainer_config("tiny", mesh=b, steps=6, checkpoint=str(tmp_path)), capsys)
+    assert sorted(resumed) == [4, 5, 6]
+    np.testing.assert_allclose([resumed[s] for s in (4, 5, 6)], [expected[s] for s in (4, 5, 6)], rtol=2e-3)
+
+
+@pytest.mark.slow
+def test_fp8_loss_falls(capsys):
+    losses = _run(trainer_config("tiny", mesh=dict(data=1, fsdp=4, context=1, expert=1, tensor=2), steps=8,
+                                 precision="fp8"), capsys)
+    assert min(losses[6], losses[7], losses[8]) < losses[1] - 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("remat", [
+    dict(policy="minimal"), dict(policy="none"),
+    dict(policy="custom", tensors=dict(qkv_proj="device", mlp_in="offload", out_proj="remat"))])
+def test_remat_policies_match_full(remat):
+    mesh = sharding.make_mesh(dict(data=1, fsdp=8, context=1, expert=1, tensor=1))
+
+    def one_step(remat_spec):
+        cfg = trainer_config("tiny", mesh=dict(data=1, fsdp=8, context=1, expert=1, tensor=1), remat="full")
+        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"remat": remat_spec})})
+        t = train.build(cfg, mesh)
+        from tpu_workload import data
+
+        batch = data.Batches(data.make_source(cfg.training, cfg.model.vocab), t.batch_sharding, 1)(0)
+        _, metrics = t.step(t.init(), batch)
+        return float(metrics["loss"]), float(metrics["grad_norm"])
+
+    from tpu_operator.models import RematSpec
+
+    full = one_step(RematSpec(policy="full"))
+    np.testing.assert_allclose(one_step(RematSpec(**remat)), full, rtol=1e-5)
+
+
+def test_parameters_sharded_as_planned_and_mismatch_is_reported():
+    cfg = trainer_config("tiny-moe", mesh=dict(data=1, fsdp=2, context=1, expert=2, tensor=2))
+    mesh = sharding.make_mesh(cfg.mesh.shape)
+    t = train.build(cfg, mesh)
+    state = t.init()
+    sharding.check_shardings(state["params"], t.param_shardings)
+    gate = state["params"]["layers"]["mlp"]["gate"]
+    assert gate.sharding.spec == jax.sharding.PartitionSpec(None, "expert", "fsdp", "tensor")
+    wrong = dict(state["params"], embed=jax.device_put(state["params"]["embed"], sharding.Sharder(mesh).named(())))
+    with pytest.raises(RuntimeError, match="embed"):
+        sharding.check_shardings(wrong, t.param_shardings)
+    assert checkpoint.abstract_like(state, t.state_shardings)["step"].shape == ()

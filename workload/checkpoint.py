@@ -1,0 +1,63 @@
+"""Orbax checkpoints: async saves every `interval` steps and at the last step, keep K, resume.
+
+Orbax writes each step into a temporary directory and renames it when every process has
+finished, so a process killed mid-save leaves only a temporary directory that `latest_step`
+ignores: resume picks the latest complete checkpoint. Restore places arrays straight onto the
+current mesh (the target carries shardings), so the mesh may differ from the one that saved.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+    def __init__(self, directory: str, interval: int, keep: int, total_steps: int):
+        self.interval, self.total_steps = interval, total_steps
+        self.manager = ocp.CheckpointManager(
+            directory, options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep, enable_async_checkpointing=True, create=True))
+        self._complete = self.manager.latest_step()
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def restore(self, abstract_state):
+        """Latest complete checkpoint onto `abstract_state`'s shardings (ShapeDtypeStructs)."""
+        step = self.manager.latest_step()
+        log.info("restoring checkpoint step %d from %s", step, self.manager.directory)
+        return self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+
+    def maybe_save(self, step: int, state) -> bool:
+        if step % self.interval and step != self.total_steps:
+            return False
+        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        return True
+
+    def last_complete_step(self) -> int | None:
+        """Step of the newest checkpoint whose save has finished (never one still being written)."""
+        if not self.manager.is_saving_in_progress():
+            self._complete = self.manager.latest_step()
+        else:  # finalized step directories only; the save in flight is still a temporary one
+            done = [int(p.name) for p in epath.Path(self.manager.directory).iterdir() if p.name.isdigit()]
+            self._complete = max(done) if done else self._complete
+        return self._complete
+
+    def finish(self) -> int | None:
+        self.manager.wait_until_finished()
+        self._complete = self.manager.latest_step()
+        return self._complete
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def abstract_like(tree, shardings):
+    """ShapeDtypeStructs with shardings: the restore target."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)

@@ -1,0 +1,116 @@
+"""What process 0 reports: JSON lines on stdout, /status and /metrics over HTTP, TensorBoard.
+
+The HTTP server (stdlib, daemon thread) serves the latest values until the process exits;
+`TPUJOB_LINGER_SECONDS` keeps it up that long after training completes so the operator can read
+the final values.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+log = logging.getLogger(__name__)
+
+STEP_KEYS = ("step", "loss", "step_time_s", "tokens_per_s", "mfu", "last_checkpoint_step")
+PROMETHEUS = (("tpujob_step", "step", "Completed training steps."),
+              ("tpujob_loss", "loss", "Training loss of the latest reported step."),
+              ("tpujob_step_time_seconds", "step_time_s", "Latest step time in seconds."),
+              ("tpujob_tokens_per_second", "tokens_per_s", "Training throughput, tokens per second."),
+              ("tpujob_mfu", "mfu", "Model FLOPs utilisation, 0..1."),
+              ("tpujob_last_checkpoint_step", "last_checkpoint_step", "Step of the latest complete checkpoint."))
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+class Status:
+    """The latest values, shared between the training loop and the HTTP thread."""
+
+    def __init__(self, total_steps: int, process_count: int):
+        self._lock = threading.Lock()
+        self._values = {k: None for k in STEP_KEYS} | {
+            "total_steps": total_steps, "state": "running", "time": _now(), "process_count": process_count}
+
+    def update(self, **values) -> None:
+        with self._lock:
+            self._values.update(values, time=_now())
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return dict(self._values)
+
+    def prometheus(self) -> str:
+        v = self.snapshot()
+        lines = []
+        for name, key, help_ in PROMETHEUS:
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+            if v[key] is not None:
+                lines.append(f"{name} {float(v[key])!r}")
+        return "\n".join(lines) + "\n"
+
+
+def serve(status: Status, port: int) -> ThreadingHTTPServer | None:
+    """Serve /status and /metrics on `port` (0 picks a free one) from a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            path = self.path.split("?")[0]
+            if path == "/status":
+                body, ctype = json.dumps(status.snapshot()).encode(), "application/json"
+            elif path == "/metrics":
+                body, ctype = status.prometheus().encode(), "text/plain; version=0.0.4"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    try:
+        server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    except OSError as exc:
+        # Training matters more than its metrics: carry on; the operator reports them unreachable.
+        log.error("metrics: cannot serve on port %d (%s); training continues without /status", port, exc)
+        return None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True, name="metrics-http").start()
+    log.info("metrics: serving /status and /metrics on port %d", server.server_address[1])
+    return server
+
+
+def emit(record: dict) -> None:
+    """One JSON line on stdout (process 0 only; humans read stderr)."""
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+class TensorBoard:
+    def __init__(self, logdir: str | None):
+        self.writer = None
+        if logdir:
+            from tensorboardX import SummaryWriter
+
+            self.writer = SummaryWriter(logdir)
+            log.info("tensorboard: %s", logdir)
+
+    def scalars(self, step: int, values: dict) -> None:
+        if self.writer is None:
+            return
+        for k, v in values.items():
+            if isinstance(v, (int, float)) and v is not None:
+                self.writer.add_scalar(f"train/{k}", v, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,230 @@
+"""Decoder-only LM on Flax NNX: RMSNorm, RoPE, grouped-query attention, SwiGLU or MoE MLP.
+
+Parameters are f32 (master weights) and cast to bf16 where used; activations are bf16, softmax
+and loss f32. Layers are stacked on a leading "layers" axis and run with `jax.lax.scan`; the
+remat policy wraps the scanned body. Every parameter names its logical axes in `sharding`
+metadata; activations are constrained by logical names (see sharding.py).
+
+Dimension letters: B batch, T length, D model dim, N query heads, K kv heads, H head dim,
+F MLP dim, E experts, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from tpu_operator.models import REMAT_TENSORS, KernelsSpec, ModelDims, RematSpec
+
+from . import attention, moe
+from .sharding import constrain
+
+COMPUTE = jnp.bfloat16
+AUX_LOSS_WEIGHT = 0.01
+ROPE_THETA = 10_000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Everything the model needs: shape, kernels, precision, remat. Static under jit."""
+
+    dims: ModelDims
+    kernels: KernelsSpec = KernelsSpec(attention="xla", moe_matmul="ragged_dot")
+    precision: str = "bf16"
+    remat: RematSpec = RematSpec(policy="none")
+    interpret: bool = True  # Pallas kernels in interpret mode (off-TPU)
+
+
+def _param(rngs: nnx.Rngs, shape, axes, std: float | None = None, ones: bool = False) -> nnx.Param:
+    value = jnp.ones(shape, jnp.float32) if ones else std * jax.random.normal(rngs.params(), shape, jnp.float32)
+    return nnx.Param(value, sharding=axes, eager_sharding=False)
+
+
+def _einsum(cfg: ModelConfig, eq: str, x, w):
+    """A bf16 matmul against an f32 master weight; fp8 (e4m3 forward, e5m2 gradients) via qwix."""
+    w = w.astype(COMPUTE)
+    if cfg.precision == "fp8":
+        return jnp.einsum(eq, x, w, _dot_general=_fp8_dot_general())
+    return jnp.einsum(eq, x, w)
+
+
+@functools.cache
+def _fp8_dot_general():
+    from qwix._src.core import dot_general_qt
+
+    qt = dot_general_qt.DotGeneralQtConfig(
+        lhs_qtype=jnp.float8_e4m3fn, rhs_qtype=jnp.float8_e4m3fn,
+        dlhs_grad_qtype=jnp.float8_e5m2, drhs_grad_qtype=jnp.float8_e5m2)
+
+    def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **_):
+        out = dot_general_qt.dot_general_qt(lhs, rhs, dimension_numbers, qt)
+        return out.astype(preferred_element_type or lhs.dtype)
+
+    return dot_general
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, rngs: nnx.Rngs):
+        self.scale = _param(rngs, (dim,), ("norm",), ones=True)
+
+    def __call__(self, x_BTD):
+        x = x_BTD.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        return (x * self.scale[...]).astype(COMPUTE)
+
+
+def rope(x_BTNH, pos_BT):
+    H = x_BTNH.shape[-1]
+    freq = ROPE_THETA ** (-jnp.arange(0, H, 2, dtype=jnp.float32) / H)
+    angle_BTh = pos_BT[..., None].astype(jnp.float32) * freq
+    sin, cos = jnp.sin(angle_BTh)[:, :, None], jnp.cos(angle_BTh)[:, :, None]
+    x1, x2 = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BTNH.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d = cfg.dims
+        self.cfg = cfg
+        std = d.model_dim**-0.5
+        self.wq = _param(rngs, (d.model_dim, d.heads, d.head_dim), ("embed", "heads", "head_dim"), std)
+        self.wk = _param(rngs, (d.model_dim, d.kv_heads, d.head_dim), ("embed", "kv_heads", "head_dim"), std)
+        self.wv = _param(rngs, (d.model_dim, d.kv_heads, d.head_dim), ("embed", "kv_heads", "head_dim"), std)
+        self.wo = _param(rngs, (d.heads, d.head_dim, d.model_dim), ("heads", "head_dim", "embed"),
+                         (d.heads * d.head_dim) ** -0.5)
+
+    def __call__(self, x_BTD, pos_BT):
+        cfg = self.cfg
+        q_BTNH = _einsum(cfg, "btd,dnh->btnh", x_BTD, self.wq[...])
+        k_BTKH = _einsum(cfg, "btd,dkh->btkh", x_BTD, self.wk[...])
+        v_BTKH = _einsum(cfg, "btd,dkh->btkh", x_BTD, self.wv[...])
+        q_BTNH, k_BTKH, v_BTKH = (checkpoint_name(a, "qkv_proj") for a in (q_BTNH, k_BTKH, v_BTKH))
+        q_BTNH = constrain(rope(q_BTNH, pos_BT), ("batch", "length", "act_heads", None))
+        k_BTKH = constrain(rope(k_BTKH, pos_BT), ("batch", "length", "act_kv_heads", None))
+        v_BTKH = constrain(v_BTKH, ("batch", "length", "act_kv_heads", None))
+        if cfg.kernels.attention == "splash":
+            out_BTNH = attention.splash_attention(q_BTNH, k_BTKH, v_BTKH, spec=cfg.kernels.splash,
+                                                  interpret=cfg.interpret)
+        else:
+            out_BTNH = attention.reference_attention(q_BTNH, k_BTKH, v_BTKH, pos_BT, pos_BT)
+        out_BTNH = checkpoint_name(out_BTNH, "attention_out")
+        out_BTD = _einsum(cfg, "btnh,nhd->btd", out_BTNH, self.wo[...])
+        return checkpoint_name(out_BTD, "out_proj")
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d = cfg.dims
+        self.cfg = cfg
+        self.gate = _param(rngs, (d.model_dim, d.mlp_dim), ("embed", "mlp"), d.model_dim**-0.5)
+        self.up = _param(rngs, (d.model_dim, d.mlp_dim), ("embed", "mlp"), d.model_dim**-0.5)
+        self.down = _param(rngs, (d.mlp_dim, d.model_dim), ("mlp", "embed"), d.mlp_dim**-0.5)
+
+    def __call__(self, x_BTD):
+        cfg = self.cfg
+        g_BTF = checkpoint_name(_einsum(cfg, "btd,df->btf", x_BTD, self.gate[...]), "mlp_in")
+        u_BTF = checkpoint_name(_einsum(cfg, "btd,df->btf", x_BTD, self.up[...]), "mlp_in")
+        h_BTF = constrain(jax.nn.silu(g_BTF) * u_BTF, ("batch", "length", "act_mlp"))
+        return checkpoint_name(_einsum(cfg, "btf,fd->btd", h_BTF, self.down[...]), "mlp_out"), 0.0
+
+
+class MoE(nnx.Module):
+    """Experts' MLP matmuls stay bf16 under fp8 (qwix intercepts only the dense einsums here)."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d = cfg.dims
+        self.cfg = cfg
+        self.router = _param(rngs, (d.model_dim, d.experts), ("embed", "router"), d.model_dim**-0.5)
+        self.gate = _param(rngs, (d.experts, d.model_dim, d.mlp_dim), ("exp", "embed", "mlp"), d.model_dim**-0.5)
+        self.up = _param(rngs, (d.experts, d.model_dim, d.mlp_dim), ("exp", "embed", "mlp"), d.model_dim**-0.5)
+        self.down = _param(rngs, (d.experts, d.mlp_dim, d.model_dim), ("exp", "mlp", "embed"), d.mlp_dim**-0.5)
+
+    def __call__(self, x_BTD):
+        cfg = self.cfg
+        weights_BTk, experts_BTk, aux = moe.route(x_BTD, self.router[...], cfg.dims.experts_per_token)
+        x_BTD = checkpoint_name(x_BTD, "mlp_in")
+        y_BTD = moe.experts(x_BTD, weights_BTk, experts_BTk, self.gate[...], self.up[...], self.down[...],
+                            impl=cfg.kernels.moe_matmul, interpret=cfg.interpret)
+        return checkpoint_name(y_BTD, "mlp_out"), aux
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.dims.model_dim, rngs)
+        self.attn = Attention(cfg, rngs)
+        self.mlp_norm = RMSNorm(cfg.dims.model_dim, rngs)
+        self.mlp = MoE(cfg, rngs) if cfg.dims.is_moe else MLP(cfg, rngs)
+
+    def __call__(self, x_BTD, pos_BT):
+        x_BTD = checkpoint_name(constrain(x_BTD, ("batch", "length", "act_embed")), "decoder_layer_input")
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), pos_BT)
+        y_BTD, aux = self.mlp(self.mlp_norm(x_BTD))
+        return x_BTD + y_BTD, aux
+
+
+def remat_policy(spec: RematSpec, offload_ok: bool):
+    """The jax.checkpoint policy for a scanned layer; None means no remat at all."""
+    cp = jax.checkpoint_policies
+    if spec.policy == "none":
+        return None
+    if spec.policy == "full":
+        return cp.nothing_saveable
+    if spec.policy == "minimal":
+        return cp.dots_with_no_batch_dims_saveable
+    keep = [n for n in REMAT_TENSORS if spec.tensors.get(n) == "device"]
+    offload = [n for n in REMAT_TENSORS if spec.tensors.get(n) == "offload"]
+    if not offload_ok:  # no host-offload memory space (CPU): keep them on device instead
+        keep, offload = keep + offload, []
+    return cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=keep, names_which_can_be_offloaded=offload,
+        offload_src="device", offload_dst="pinned_host")
+
+
+class Decoder(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d = cfg.dims
+        self.cfg = cfg
+        self.embed = _param(rngs, (d.vocab, d.model_dim), ("vocab", "embed"), 1.0)
+
+        @nnx.split_rngs(splits=d.layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make_layers(rngs):
+            return Block(cfg, rngs)
+
+        self.layers = make_layers(rngs)
+        self.final_norm = RMSNorm(d.model_dim, rngs)
+        self.unembed = _param(rngs, (d.model_dim, d.vocab), ("embed", "vocab"), d.model_dim**-0.5)
+
+    def __call__(self, tokens_BT, pos_BT):
+        """Logits (f32) and the summed MoE auxiliary loss."""
+        cfg = self.cfg
+        x_BTD = jnp.take(self.embed[...].astype(COMPUTE), tokens_BT, axis=0)
+        x_BTD = constrain(x_BTD, ("batch", "length", "act_embed"))
+        graphdef, layers = nnx.split(self.layers)
+
+        def body(carry, layer):
+            x_BTD, aux = carry
+            x_BTD, layer_aux = nnx.merge(graphdef, layer)(x_BTD, pos_BT)
+            return (x_BTD, aux + layer_aux), None
+
+        policy = remat_policy(cfg.remat, offload_ok=not cfg.interpret)
+        if policy is not None:
+            body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+        (x_BTD, aux), _ = jax.lax.scan(body, (x_BTD, jnp.zeros((), jnp.float32)), layers)
+        x_BTD = self.final_norm(x_BTD)
+        logits_BTV = _einsum(cfg, "btd,dv->btv", x_BTD, self.unembed[...]).astype(jnp.float32)
+        return constrain(logits_BTV, ("batch", "length", "act_vocab")), aux / cfg.dims.layers
+
+
+def loss_fn(model: Decoder, tokens_BT, targets_BT, pos_BT):
+    """Mean next-token cross entropy plus the weighted MoE load-balancing loss."""
+    logits_BTV, aux = model(tokens_BT, pos_BT)
+    logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+    target_logit_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+    ce = jnp.mean(logz_BT - target_logit_BT)
+    return ce + AUX_LOSS_WEIGHT * aux, {"ce": ce, "aux": aux}

@@ -1,0 +1,133 @@
+"""Mixture-of-experts feed-forward: top-k router, dropless grouped matmuls, expert parallelism.
+
+Dimension letters: B batch, T length, D model dim, F expert MLP dim, E experts, X local experts
+(E / expert-parallel degree), k experts per token, M tokens, R = M*k routed rows.
+
+Dropless routing: every (token, choice) row is sorted by expert, the experts run as one grouped
+matmul over contiguous groups, and the rows are unsorted and combined with the router weights.
+With expert parallelism, each `expert` shard gathers the tokens of its expert group, runs its
+X local experts on the rows routed to them, and a reduce-scatter returns each shard its tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from . import sharding
+
+
+def route(x_BTD, router_DE, k: int):
+    """Top-k routing: weights (renormalised over the k choices), expert ids, load-balancing loss."""
+    logits_BTE = jnp.einsum("btd,de->bte", x_BTD, router_DE.astype(x_BTD.dtype),
+                            preferred_element_type=jnp.float32)
+    probs_BTE = jax.nn.softmax(logits_BTE, axis=-1)
+    weights_BTk, experts_BTk = jax.lax.top_k(probs_BTE, k)
+    weights_BTk = weights_BTk / jnp.sum(weights_BTk, axis=-1, keepdims=True)
+    E = router_DE.shape[1]
+    # Switch-style auxiliary loss: E * sum_e (fraction of routed rows to e) * (mean router prob of e).
+    fraction_E = jnp.mean(jax.nn.one_hot(experts_BTk, E, dtype=jnp.float32), axis=(0, 1, 2))
+    aux = E * jnp.sum(fraction_E * jnp.mean(probs_BTE, axis=(0, 1)))
+    return weights_BTk, experts_BTk, aux
+
+
+def grouped_matmul(lhs_RD, rhs_XDF, group_sizes_X, impl: str, interpret: bool):
+    """Rows of group g times rhs[g]; rows past sum(group_sizes) come back as zeros.
+
+    Megablox leaves rows outside every group (forward and in its lhs gradient) unwritten, so the
+    input and output are both masked: `where`'s gradient zeroes those rows' cotangents.
+    """
+    valid_R = jnp.arange(lhs_RD.shape[0]) < jnp.sum(group_sizes_X)
+    lhs_RD = jnp.where(valid_R[:, None], lhs_RD, 0)
+    if impl == "ragged_dot":
+        out = jax.lax.ragged_dot(lhs_RD, rhs_XDF, group_sizes_X, preferred_element_type=jnp.float32)
+    elif impl == "gmm":
+        from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+        R, D = lhs_RD.shape
+        F = rhs_XDF.shape[2]
+        tm = 128 if R >= 128 else max(8, -(-R // 8) * 8)
+        pad = -R % tm
+        lhs = jnp.pad(lhs_RD, ((0, pad), (0, 0)))
+        tiling = (tm, min(128, D) if D % min(128, D) == 0 else D, min(128, F) if F % min(128, F) == 0 else F)
+        out = gmm(lhs, rhs_XDF, group_sizes_X.astype(jnp.int32), preferred_element_type=jnp.float32,
+                  tiling=tiling, interpret=interpret)[:R]
+    else:
+        raise ValueError(f"unknown moe matmul {impl!r}")
+    return jnp.where(valid_R[:, None], out, 0.0)
+
+
+def _local_experts(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, first_expert, num_experts,
+                   impl, interpret):
+    """Run local experts [first_expert, first_expert + X) on the rows routed to them; others give 0."""
+    M, D = x_MD.shape
+    k = experts_Mk.shape[1]
+    X = gate_XDF.shape[0]
+    flat_R = experts_Mk.reshape(-1)
+    order_R = jnp.argsort(flat_R, stable=True)
+    x_RD = x_MD[order_R // k]
+    sizes_E = jnp.bincount(flat_R, length=num_experts)
+    local_X = jax.lax.dynamic_slice_in_dim(sizes_E, first_expert, X)
+    shift = jnp.sum(jnp.where(jnp.arange(num_experts) < first_expert, sizes_E, 0))
+    x_RD = jnp.roll(x_RD, -shift, axis=0)  # local experts' rows first
+    mm = functools.partial(grouped_matmul, group_sizes_X=local_X, impl=impl, interpret=interpret)
+    dt = x_MD.dtype
+    h_RF = jax.nn.silu(mm(x_RD, gate_XDF.astype(dt))) * mm(x_RD, up_XDF.astype(dt))
+    y_RD = mm(h_RF.astype(dt), down_XFD.astype(dt))
+    y_RD = jnp.roll(y_RD, shift, axis=0)
+    y_MkD = jnp.zeros_like(y_RD).at[order_R].set(y_RD).reshape(M, k, D)
+    return jnp.einsum("mkd,mk->md", y_MkD, weights_Mk.astype(jnp.float32))
+
+
+def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, impl: str, interpret: bool):
+    """Dropless experts, sharded: tokens over batch/length, experts over `expert`, F over `tensor`."""
+    E = gate_EDF.shape[0]
+    sh = sharding.current()
+    if sh is None:  # single device: every expert is local
+        B, T, D = x_BTD.shape
+        y = _local_experts(x_BTD.reshape(B * T, D), weights_BTk.reshape(B * T, -1),
+                           experts_BTk.reshape(B * T, -1), gate_EDF, up_EDF, down_EFD, first_expert=0,
+                           num_experts=E, impl=impl, interpret=interpret)
+        return y.reshape(B, T, D).astype(x_BTD.dtype)
+    B = x_BTD.shape[0]
+    batch = sh.spec(("batch",), (B,))[0]
+    length = "context" if sh.axis_size("context") > 1 else None
+    tok = P(batch, length, None)
+    mlp = "tensor" if sh.axis_size("tensor") > 1 and gate_EDF.shape[2] % sh.axis_size("tensor") == 0 else None
+    ex = "expert" if sh.axis_size("expert") > 1 else None
+    ep_gathers = ex is not None and batch is not None and "expert" in (batch if isinstance(batch, tuple) else (batch,))
+
+    @functools.partial(jax.shard_map, mesh=sh.mesh,
+                       in_specs=(tok, tok, tok, P(ex, None, mlp), P(ex, None, mlp), P(ex, mlp, None)),
+                       out_specs=tok, check_vma=False)
+    def run(x_btD, w_btk, e_btk, gate, up, down):
+        if ep_gathers:  # the expert group's tokens
+            x_btD, w_btk, e_btk = (jax.lax.all_gather(a, "expert", axis=0, tiled=True) for a in (x_btD, w_btk, e_btk))
+        b, t, D = x_btD.shape
+        X = gate.shape[0]
+        first = jax.lax.axis_index("expert") * X if ex else 0
+        y = _local_experts(x_btD.reshape(b * t, D), w_btk.reshape(b * t, -1), e_btk.reshape(b * t, -1),
+                           gate, up, down, first_expert=first, num_experts=E, impl=impl, interpret=interpret)
+        if mlp:
+            y = jax.lax.psum(y, "tensor")
+        y = y.reshape(b, t, D)
+        if ep_gathers:
+            y = jax.lax.psum_scatter(y, "expert", scatter_dimension=0, tiled=True)
+        elif ex:
+            y = jax.lax.psum(y, "expert")
+        return y.astype(x_btD.dtype)
+
+    return run(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD)
+
+
+def reference_experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD):
+    """Every expert on every token, then pick the routed ones: the definition, for tests."""
+    dt = x_BTD.dtype
+    h = jax.nn.silu(jnp.einsum("btd,edf->btef", x_BTD, gate_EDF.astype(dt), preferred_element_type=jnp.float32))
+    h = h * jnp.einsum("btd,edf->btef", x_BTD, up_EDF.astype(dt), preferred_element_type=jnp.float32)
+    y_BTED = jnp.einsum("btef,efd->bted", h.astype(dt), down_EFD.astype(dt), preferred_element_type=jnp.float32)
+    picked_BTkD = jnp.take_along_axis(y_BTED, experts_BTk[..., None], axis=2)
+    return jnp.einsum("btkd,btk->btd", picked_BTkD, weights_BTk.astype(jnp.float32)).astype(dt)
