@@ -117,6 +117,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    from .operator_main import run as run_operator  # kopf is imported only to run the operator
+
+    return run_operator(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpujob", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +147,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="the run directory of `tpujob run --local`")
     p.add_argument("-o", "--output", help="PNG path (default RUN_DIR/report.png)")
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("operator", help="run the operator: TPUTrainingJobs -> JobSets, status from JobSets and trainers")
+    p.add_argument("--namespace", "-n", action="append", default=[], help="namespace to serve (repeatable)")
+    p.add_argument("--all-namespaces", "-A", action="store_true", help="serve every namespace (the default)")
+    p.add_argument("--standalone", action="store_true", help="single replica: no kopf peering")
+    p.add_argument("--health-port", type=int, default=0, help="serve kopf's liveness probe at :PORT/healthz")
+    p.add_argument("--health-host", default="0.0.0.0", help="address of the liveness endpoint")
+    p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics at :PORT/metrics")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint")
+    p.add_argument("--default-image", help="trainer image for jobs that name none")
+    p.add_argument("--metrics-access", choices=("proxy", "direct"), default="proxy",
+                   help="reach the trainer's /status through the API server's pod proxy, or directly by pod IP")
+    p.add_argument("--metrics-interval", type=float, default=10.0, help="seconds between trainer metric reads")
+    p.add_argument("--verbose", "-v", action="store_true", help="debug logs")
+    p.add_argument("--print-rbac", action="store_true", help="print the RBAC rules the operator needs, and exit")
+    p.set_defaults(func=cmd_operator)
     return parser
 
 

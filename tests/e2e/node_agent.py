@@ -61,17 +61,24 @@ class NodeAgent:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            stream = watch.Watch().stream(self.custom.list_namespaced_custom_object, GROUP, VERSION,
-                                          self.namespace, PLURAL, timeout_seconds=5)
-            for event in stream:
-                js = event["object"]
-                name = js["metadata"]["name"]
-                if event["type"] in ("ADDED", "MODIFIED") and not js["spec"].get("suspend") and name not in self.runs:
-                    thread = threading.Thread(target=self._run, args=(js,), daemon=True, name=f"jobset-{name}")
-                    self.runs[name] = thread
-                    thread.start()
-                if self._stop.is_set():
+            try:
+                self._watch_once()
+            except Exception:  # a dropped watch or the server going away: watch again unless stopping
+                if self._stop.wait(0.2):
                     return
+
+    def _watch_once(self) -> None:
+        stream = watch.Watch().stream(self.custom.list_namespaced_custom_object, GROUP, VERSION,
+                                      self.namespace, PLURAL, timeout_seconds=5)
+        for event in stream:
+            js = event["object"]
+            name = js["metadata"]["name"]
+            if event["type"] in ("ADDED", "MODIFIED") and not js["spec"].get("suspend") and name not in self.runs:
+                thread = threading.Thread(target=self._run, args=(js,), daemon=True, name=f"jobset-{name}")
+                self.runs[name] = thread
+                thread.start()
+            if self._stop.is_set():
+                return
 
     def _patch_status(self, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, name,

@@ -1,0 +1,115 @@
+"""The whole loop: kubectl apply → operator → JobSet → pod processes → trainer → metrics → .status.
+
+The API server (tests/kubeapi) and `tpujob operator` run as processes. There is no JobSet controller
+or kubelet: the node agent (node_agent.py) stands in for both and runs the real trainer, so these
+tests are marked `fake_controller` and named for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import EXAMPLES, JOBSET_CRD, ROOT
+from tests.e2e.node_agent import NodeAgent
+from tests.kubeapi.harness import kubectl, running_apiserver, wait_for
+from tests.operator_process import free_port, running_operator
+
+pytestmark = [
+    pytest.mark.fake_controller,
+    pytest.mark.skipif(not JOBSET_CRD.exists(), reason=f"{JOBSET_CRD} is absent: the JobSet CRD is in ../shared"),
+]
+TRAIN_S = 300.0
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with running_apiserver(tmp_path, crds=[JOBSET_CRD]) as server:
+        # The CRD goes in the way a user installs it.
+        kubectl(server, "apply", "--server-side", "-f", str(ROOT / "crds" / "tputrainingjob.yaml"), check=True)
+        kubectl(server, "wait", "--for=condition=established", "crd/tputrainingjobs.training.tpu-operator.dev",
+                check=True)
+        with running_operator(server, tmp_path, "--namespace", "default", "--metrics-access", "direct",
+                              "--metrics-interval", "1") as operator:
+            agent = NodeAgent(server.kubeconfig, "default", tmp_path / "nodes").start()
+            try:
+                yield server, operator, agent
+            finally:
+                agent.stop()
+
+
+def _apply_quickstart(server, tmp_path, **training) -> dict:
+    doc = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
+    doc["spec"]["checkpoint"] = {"directory": str(tmp_path / "ckpt"), "interval": 5, "keep": 3}
+    doc["spec"]["runtime"] = {"metricsPort": free_port()}
+    doc["spec"]["training"].update(training)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kubectl(server, "apply", "-f", str(path), check=True)
+    return doc
+
+
+def _status(server) -> dict:
+    out = kubectl(server, "get", "tpujob", "quickstart", "-o", "json", check=True).stdout
+    return json.loads(out).get("status") or {}
+
+
+def _watch_phases(server, operator, until: str, seen: list, steps: list) -> dict:
+    """Poll the job's status until `phase == until`, recording every phase and step seen."""
+    def check():
+        status = _status(server)
+        if status.get("phase") and (not seen or seen[-1] != status["phase"]):
+            seen.append(status["phase"])
+        if status.get("step") is not None:
+            steps.append(status["step"])
+        assert status.get("phase") not in {"Failed", "Invalid"} - {until}, (status, operator.log_tail())
+        return status if status.get("phase") == until else None
+    return wait_for(check, TRAIN_S, 0.2, f"phase {until}")
+
+
+def test_fake_jobset_controller_job_trains_to_success_with_metrics_in_status(cluster, tmp_path):
+    server, operator, agent = cluster
+    doc = _apply_quickstart(server, tmp_path, steps=10)
+    phases, steps = [], []
+    status = _watch_phases(server, operator, "Succeeded", phases, steps)
+    total = doc["spec"]["training"]["steps"]
+    assert "Running" in phases
+    assert status["step"] == total and status["mfu"] > 0 and status["stepTimeSeconds"] > 0
+    # The status carries the trainer's own final report (what process 0 served at the end).
+    summary = agent.outcomes["quickstart"].summary
+    assert status["mfu"] == pytest.approx(summary["mfu"], rel=1e-3)  # the operator rounds
+    assert status["stepTimeSeconds"] == pytest.approx(summary["step_time_s"], rel=1e-3)
+    assert status["lastCheckpointStep"] == total and (tmp_path / "ckpt" / str(total)).is_dir()
+    table = kubectl(server, "get", "tpujobs", check=True).stdout.splitlines()
+    assert table[0].split()[:7] == ["NAME", "PHASE", "TOPOLOGY", "STEP", "MFU", "STEP", "TIME"], table
+    row = table[1].split()
+    assert row[:4] == ["quickstart", "Succeeded", "2x2x2", str(total)] and float(row[4]) > 0
+
+
+def test_fake_jobset_controller_killed_pod_restarts_and_resumes(cluster, tmp_path):
+    server, operator, agent = cluster
+    _apply_quickstart(server, tmp_path, steps=20)
+    phases, steps = [], []
+
+    def checkpointed():
+        status = _status(server)
+        return (status.get("lastCheckpointStep") or 0) >= 5 and status
+    before = wait_for(checkpointed, TRAIN_S, 0.2, "a first checkpoint in status")
+    # Kill host 1 of the slice, as a node failure would.
+    os.killpg(agent.pids["quickstart"][1], signal.SIGKILL)
+    status = _watch_phases(server, operator, "Succeeded", phases, steps)
+    assert "Restarting" in phases and phases.index("Restarting") < len(phases) - 1
+    assert phases[phases.index("Restarting") + 1] == "Running", phases
+    assert status["restarts"] == 1 and status["step"] == 20
+    # Training resumed from the checkpoint: the step never went back past it.
+    assert min(steps[steps.index(before["step"]):] if before["step"] in steps else steps) >= \
+        before["lastCheckpointStep"]
+    coordinator_log = (tmp_path / "nodes" / "quickstart" / "logs" / "quickstart-slice-0-0.log").read_text()
+    assert "--- attempt 1" in coordinator_log
+    assert f"starting at step {before['lastCheckpointStep']}" in coordinator_log.split("--- attempt 1")[1] or \
+        "starting at step" in coordinator_log.split("--- attempt 1")[1]

@@ -1,0 +1,517 @@
+"""Black-box tests: the test API server and `tpujob operator` run as real processes; the tests drive
+them over HTTP and kubectl and assert on objects, status, Events and the request log.
+
+There is no JobSet controller and no kubelet here: tests that write a JobSet's status or a Pod
+stand in for them, say so in their names (`test_fake_jobset_controller_...`) and are marked
+`fake_controller`. One operator (namespace `default`, direct metrics access, 1 s metrics interval)
+serves the module; tests that kill or restart an operator run their own in their own namespace.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import JOBSET_CRD, ROOT, tiny_job
+from tests.kubeapi.harness import Server, kubectl, running_apiserver, wait_for
+from tests.operator_process import Operator, running_operator
+
+TPUJOB_CRD = ROOT / "crds" / "tputrainingjob.yaml"
+JOBS = "/apis/training.tpu-operator.dev/v1alpha1/namespaces/{ns}/tputrainingjobs"
+JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets"
+CONFIGMAPS = "/api/v1/namespaces/{ns}/configmaps"
+PODS = "/api/v1/namespaces/{ns}/pods"
+WAIT_S = 30.0
+
+pytestmark = pytest.mark.skipif(not JOBSET_CRD.exists(),
+                                reason=f"{JOBSET_CRD} is absent: the JobSet CRD lives in ../shared/schemas")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Operator]]:
+    workdir = tmp_path_factory.mktemp("operator-e2e")
+    with running_apiserver(workdir, crds=[TPUJOB_CRD, JOBSET_CRD]) as server:
+        with running_operator(server, workdir, "--namespace", "default", "--metrics-access", "direct",
+                              "--metrics-interval", "1") as op:
+            yield server, op
+
+
+@pytest.fixture
+def server(cluster: tuple[Server, Operator]) -> Iterator[Server]:
+    try:
+        yield cluster[0]
+    finally:
+        cluster[0].clear_faults()  # a failed test leaves no injected fault behind for the next one
+
+
+@pytest.fixture
+def operator(cluster: tuple[Server, Operator]) -> Operator:
+    return cluster[1]
+
+
+# --- helpers --------------------------------------------------------------------------------------------
+
+
+def job_doc(name: str, **spec: Any) -> dict[str, Any]:
+    doc = tiny_job(**spec)
+    doc["metadata"]["name"] = name
+    return doc
+
+
+def create_job(server: Server, doc: dict[str, Any], ns: str = "default") -> dict[str, Any]:
+    code, body = server.request("POST", JOBS.format(ns=ns), doc)
+    assert code == 201, f"creating the job failed: {code} {body}"
+    return body
+
+
+def get(server: Server, path: str) -> dict[str, Any] | None:
+    code, body = server.request("GET", path)
+    if code == 404:
+        return None
+    assert code == 200, f"GET {path}: {code} {body}"
+    return body
+
+
+def job(server: Server, name: str, ns: str = "default") -> dict[str, Any] | None:
+    return get(server, f"{JOBS.format(ns=ns)}/{name}")
+
+
+def jobset(server: Server, name: str, ns: str = "default") -> dict[str, Any] | None:
+    return get(server, f"{JOBSETS.format(ns=ns)}/{name}")
+
+
+def wait_status(server: Server, operator: Operator, name: str, test: Callable[[dict[str, Any]], Any],
+                what: str, ns: str = "default", timeout: float = WAIT_S) -> dict[str, Any]:
+    """Wait until `test(status)` holds; fail with the last status and the operator's log."""
+    last: dict[str, Any] = {}
+
+    def check() -> Any:
+        nonlocal last
+        obj = job(server, name, ns)
+        last = (obj or {}).get("status") or {}
+        return last if test(last) else None
+
+    try:
+        return wait_for(check, timeout, 0.1, what)
+    except AssertionError:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what} of job {ns}/{name}; last status:\n"
+                             f"{json.dumps(last, indent=1)}\noperator log:\n{operator.log_tail()}") from None
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
+
+
+def events(server: Server, name: str, ns: str = "default") -> list[dict[str, Any]]:
+    items = (get(server, f"/api/v1/namespaces/{ns}/events") or {}).get("items") or []
+    return [e for e in items if (e.get("involvedObject") or {}).get("name") == name
+            and (e.get("involvedObject") or {}).get("kind") == "TPUTrainingJob"]
+
+
+def wait_event(server: Server, name: str, reason: str, ns: str = "default") -> dict[str, Any]:
+    found = wait_for(lambda: [e for e in events(server, name, ns) if e.get("reason") == reason], WAIT_S, 0.1,
+                     f"a {reason} Event on {ns}/{name}")
+    return found[0]
+
+
+def patch_jobset_status(server: Server, name: str, status: dict[str, Any], ns: str = "default") -> None:
+    """Stand in for the JobSet controller: write the JobSet's status."""
+    code, body = server.request("PATCH", f"{JOBSETS.format(ns=ns)}/{name}/status", {"status": status},
+                                content_type="application/merge-patch+json")
+    assert code == 200, f"patching the JobSet status failed: {code} {body}"
+
+
+def replicated(active: int = 0, ready: int = 0, succeeded: int = 0, failed: int = 0) -> list[dict[str, Any]]:
+    return [{"name": "slice", "active": active, "ready": ready, "succeeded": succeeded, "failed": failed,
+             "suspended": 0}]
+
+
+def jobset_condition(type_: str, message: str = "") -> dict[str, Any]:
+    return {"type": type_, "status": "True", "reason": f"{type_}Reason", "message": message,
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}
+
+
+def created_ok(server: Server, method: str, path_suffix: str) -> int:
+    return sum(1 for r in server.requests_log()
+               if r["method"] == method and r["path"].endswith(path_suffix) and r["status"] in (200, 201))
+
+
+# --- tests ------------------------------------------------------------------------------------------------
+
+
+def test_valid_job_gets_configmap_and_jobset_owned_by_it(server, operator):
+    created = create_job(server, job_doc("shape", failurePolicy={"maxRestarts": 4}))
+    uid = created["metadata"]["uid"]
+    status = wait_status(server, operator, "shape", lambda s: s.get("phase") == "Pending" and s.get("jobSetName"),
+                         "phase Pending with a JobSet")
+    js, cm = jobset(server, "shape"), get(server, f"{CONFIGMAPS.format(ns='default')}/shape-config")
+    assert js is not None and cm is not None
+    for child in (js, cm):
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert ref["uid"] == uid and ref["kind"] == "TPUTrainingJob" and ref["controller"] is True
+        assert child["metadata"]["labels"]["training.tpu-operator.dev/job"] == "shape"
+    (rjob,) = js["spec"]["replicatedJobs"]
+    assert rjob["replicas"] == 1 and rjob["template"]["spec"]["parallelism"] == 1  # 2x2x1 = 1 host
+    assert js["spec"]["failurePolicy"]["maxRestarts"] == 4 and js["spec"]["suspend"] is False
+    assert json.loads(cm["data"]["config.json"])["name"] == "shape"
+    assert condition(status, "Ready")["status"] == "True" and status["observedGeneration"] == 1
+    assert wait_event(server, "shape", "Created")["type"] == "Normal"
+    assert "finalizers" not in job(server, "shape")["metadata"]  # no finalizer: deletion is plain GC
+
+
+def test_invalid_job_is_marked_invalid_with_event_and_no_children(server, operator):
+    # Valid for the CRD schema (its pattern), invalid for the operator: v7x has no 3x3x3 slice.
+    create_job(server, job_doc("broken", tpu={"generation": "v7x", "topology": "3x3x3"}))
+    status = wait_status(server, operator, "broken", lambda s: s.get("phase") == "Invalid", "phase Invalid")
+    ready = condition(status, "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+    assert "spec.tpu.topology" in ready["message"] and "3x3x3" in ready["message"]
+    event = wait_event(server, "broken", "Invalid")
+    assert event["type"] == "Warning" and "spec.tpu.topology" in event["message"]
+    assert jobset(server, "broken") is None and get(server, f"{CONFIGMAPS.format(ns='default')}/broken-config") is None
+
+    # Fixing the spec makes it run.
+    code, body = server.request("PATCH", f"{JOBS.format(ns='default')}/broken",
+                                {"spec": {"tpu": {"topology": "2x2x1"}}}, content_type="application/merge-patch+json")
+    assert code == 200, body
+    status = wait_status(server, operator, "broken", lambda s: s.get("phase") == "Pending", "phase Pending after a fix")
+    assert condition(status, "Ready")["status"] == "True" and jobset(server, "broken") is not None
+
+
+@pytest.mark.fake_controller
+def test_fake_jobset_controller_running_restarting_succeeded(server, operator):
+    create_job(server, job_doc("lifecycle"))
+    wait_status(server, operator, "lifecycle", lambda s: s.get("phase") == "Pending", "phase Pending")
+
+    patch_jobset_status(server, "lifecycle", {"restarts": 0, "replicatedJobsStatus": replicated(active=1)})
+    status = wait_status(server, operator, "lifecycle", lambda s: s.get("phase") == "Running", "phase Running")
+    assert status["startTime"] and condition(status, "Running")["status"] == "True"
+    running_since = condition(status, "Running")["lastTransitionTime"]
+
+    patch_jobset_status(server, "lifecycle", {"restarts": 1, "replicatedJobsStatus": replicated(active=1, ready=0)})
+    status = wait_status(server, operator, "lifecycle", lambda s: s.get("phase") == "Restarting", "phase Restarting")
+    assert status["restarts"] == 1
+    assert wait_event(server, "lifecycle", "Restarted")["type"] == "Warning"
+
+    patch_jobset_status(server, "lifecycle", {"replicatedJobsStatus": replicated(active=1, ready=1)})
+    status = wait_status(server, operator, "lifecycle", lambda s: s.get("phase") == "Running", "Running again")
+    assert status["restarts"] == 1
+
+    patch_jobset_status(server, "lifecycle", {"terminalState": "Completed", "replicatedJobsStatus": replicated(succeeded=1),
+                                              "conditions": [jobset_condition("Completed", "jobset completed")]})
+    status = wait_status(server, operator, "lifecycle", lambda s: s.get("phase") == "Succeeded", "phase Succeeded")
+    assert status["completionTime"] and condition(status, "Succeeded")["status"] == "True"
+    assert condition(status, "Running")["status"] == "False"
+    assert condition(status, "Running")["lastTransitionTime"] >= running_since
+    wait_event(server, "lifecycle", "Succeeded")
+
+
+@pytest.mark.fake_controller
+def test_fake_jobset_controller_failed(server, operator):
+    create_job(server, job_doc("doomed"))
+    wait_status(server, operator, "doomed", lambda s: s.get("phase") == "Pending", "phase Pending")
+    patch_jobset_status(server, "doomed", {"restarts": 3, "terminalState": "Failed",
+                                           "conditions": [jobset_condition("Failed", "reached max restarts")]})
+    status = wait_status(server, operator, "doomed", lambda s: s.get("phase") == "Failed", "phase Failed")
+    assert status["restarts"] == 3 and "reached max restarts" in status["message"] and status["completionTime"]
+    assert condition(status, "Failed")["status"] == "True"
+    assert wait_event(server, "doomed", "Failed")["type"] == "Warning"
+
+
+@pytest.mark.fake_controller
+def test_fake_jobset_controller_suspend_and_resume(server, operator):
+    create_job(server, job_doc("pausable"))
+    wait_status(server, operator, "pausable", lambda s: s.get("phase") == "Pending", "phase Pending")
+    patch = {"spec": {"suspend": True}}
+    code, body = server.request("PATCH", f"{JOBS.format(ns='default')}/pausable", patch,
+                                content_type="application/merge-patch+json")
+    assert code == 200, body
+    wait_for(lambda: jobset(server, "pausable")["spec"].get("suspend") is True, WAIT_S, 0.1, "JobSet spec.suspend=true")
+    patch_jobset_status(server, "pausable", {"conditions": [jobset_condition("Suspended", "jobset suspended")]})
+    status = wait_status(server, operator, "pausable", lambda s: s.get("phase") == "Suspended", "phase Suspended")
+    assert condition(status, "SpecChange")["status"] == "True"  # suspend is an allowed change
+
+    code, body = server.request("PATCH", f"{JOBS.format(ns='default')}/pausable", {"spec": {"suspend": False}},
+                                content_type="application/merge-patch+json")
+    assert code == 200, body
+    wait_for(lambda: jobset(server, "pausable")["spec"].get("suspend") is False, WAIT_S, 0.1, "JobSet spec.suspend=false")
+    patch_jobset_status(server, "pausable", {"conditions": [], "replicatedJobsStatus": replicated(active=1)})
+    wait_status(server, operator, "pausable", lambda s: s.get("phase") == "Running", "phase Running after resume")
+    wait_event(server, "pausable", "Resumed")
+
+
+def test_spec_change_is_refused_and_jobset_kept(server, operator):
+    create_job(server, job_doc("frozen"))
+    wait_status(server, operator, "frozen", lambda s: s.get("phase") == "Pending", "phase Pending")
+    before = jobset(server, "frozen")
+    code, body = server.request("PATCH", f"{JOBS.format(ns='default')}/frozen",
+                                {"spec": {"training": {"steps": 99}, "image": "example.com/other:1"}},
+                                content_type="application/merge-patch+json")
+    assert code == 200, body
+    status = wait_status(server, operator, "frozen", lambda s: condition(s, "SpecChange").get("status") == "False",
+                         "SpecChange=False")
+    change = condition(status, "SpecChange")
+    assert change["reason"] == "Immutable"
+    assert "spec.training.steps" in change["message"] and "spec.image" in change["message"]
+    assert "delete and re-create" in change["message"]
+    assert status["observedGeneration"] == 2
+    event = wait_event(server, "frozen", "SpecChangeRefused")
+    assert event["type"] == "Warning" and "spec.training.steps" in event["message"]
+    after = jobset(server, "frozen")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert after["spec"] == before["spec"]
+
+
+def test_deleting_the_job_deletes_its_children(server, operator):
+    create_job(server, job_doc("ephemeral"))
+    wait_status(server, operator, "ephemeral", lambda s: s.get("jobSetName"), "a JobSet")
+    kubectl(server, "delete", "tpujob", "ephemeral", "--wait=false", check=True)
+    wait_for(lambda: job(server, "ephemeral") is None and jobset(server, "ephemeral") is None
+             and get(server, f"{CONFIGMAPS.format(ns='default')}/ephemeral-config") is None,
+             WAIT_S, 0.1, "the job, its JobSet and its ConfigMap to be gone")
+
+
+def test_name_conflict_with_an_unowned_jobset(server, operator):
+    foreign = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "squatted"},
+               "spec": {"replicatedJobs": [{"name": "x", "replicas": 1, "template": {"spec": {"template": {"spec": {
+                   "containers": [{"name": "c", "image": "busybox"}], "restartPolicy": "Never"}}}}}]}}
+    code, body = server.request("POST", JOBSETS.format(ns="default"), foreign)
+    assert code == 201, body
+    create_job(server, job_doc("squatted"))
+    status = wait_status(server, operator, "squatted", lambda s: condition(s, "Ready").get("reason") == "NameConflict",
+                         "Ready=False NameConflict")
+    assert condition(status, "Ready")["status"] == "False" and "JobSet squatted" in condition(status, "Ready")["message"]
+    wait_event(server, "squatted", "NameConflict")
+    assert jobset(server, "squatted")["metadata"]["resourceVersion"] == body["metadata"]["resourceVersion"]
+
+
+def test_jobset_deleted_under_a_running_job_is_recreated(server, operator):
+    create_job(server, job_doc("phoenix"))
+    wait_status(server, operator, "phoenix", lambda s: s.get("jobSetName"), "a JobSet")
+    first = jobset(server, "phoenix")["metadata"]["uid"]
+    code, _ = server.request("DELETE", f"{JOBSETS.format(ns='default')}/phoenix")
+    assert code == 200
+    wait_for(lambda: (js := jobset(server, "phoenix")) is not None and js["metadata"]["uid"] != first,
+             WAIT_S, 0.1, "a new JobSet")
+
+
+@pytest.mark.fake_controller
+def test_fake_jobset_controller_api_errors_and_dropped_watch_recover(server, operator):
+    create_job(server, job_doc("bumpy"))
+    wait_status(server, operator, "bumpy", lambda s: s.get("phase") == "Pending", "phase Pending")
+    # Status writes fail for a while (503s, then resourceVersion conflicts), and every watch is cut.
+    server.inject_fault(r"/tputrainingjobs/bumpy/status$", 503, method="PATCH", count=3)
+    server.inject_fault(r"/tputrainingjobs/bumpy/status$", 409, method="PATCH", count=2)
+    assert server.drop_watches() >= 2
+    patch_jobset_status(server, "bumpy", {"replicatedJobsStatus": replicated(active=1, ready=1)})
+    wait_status(server, operator, "bumpy", lambda s: s.get("phase") == "Running", "phase Running after API errors",
+                timeout=60)
+    assert not server.request("GET", "/_test/faults")[1]["items"], "the injected faults were not all hit"
+    assert operator.process.poll() is None
+
+
+def test_operator_metrics_and_rbac_printout(server, operator):
+    create_job(server, job_doc("counted"))
+    wait_status(server, operator, "counted", lambda s: s.get("jobSetName"), "a JobSet")
+    text = wait_for(lambda: next((t for t in [operator.metrics()] if 'handler="job"' in t), None), WAIT_S, 0.2,
+                    "reconcile metrics")
+    assert '# TYPE tpu_operator_reconciles_total counter' in text
+    assert 'tpu_operator_reconcile_duration_seconds_bucket{handler="job",le="+Inf"}' in text
+    assert 'tpu_operator_reconcile_errors_total{handler="job"}' in text
+    rbac = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "operator", "--print-rbac"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "jobsets" in rbac and "tputrainingjobs/status" in rbac and "pods/proxy" in rbac
+
+
+# --- the trainer's metrics --------------------------------------------------------------------------------
+
+
+class Trainer:
+    """A tiny HTTP server standing in for process 0 of the trainer: GET /status."""
+
+    def __init__(self) -> None:
+        self.sample: dict[str, Any] = {}
+        trainer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                body = json.dumps(trainer.sample).encode()
+                self.send_response(200 if self.path == "/status" else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def trainer() -> Iterator[Trainer]:
+    t = Trainer()
+    try:
+        yield t
+    finally:
+        t.stop()
+
+
+def fake_pod0(server: Server, jobset_name: str, ns: str = "default") -> None:
+    """Stand in for JobSet + kubelet: pod 0 of slice 0, running on 127.0.0.1."""
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": f"{jobset_name}-slice-0-0-abcde", "labels": {
+               "jobset.sigs.k8s.io/jobset-name": jobset_name, "jobset.sigs.k8s.io/job-index": "0",
+               "batch.kubernetes.io/job-completion-index": "0"}},
+           "spec": {"containers": [{"name": "trainer", "image": "x"}]}}
+    code, body = server.request("POST", PODS.format(ns=ns), pod)
+    assert code == 201, body
+    code, body = server.request("PATCH", f"{PODS.format(ns=ns)}/{pod['metadata']['name']}/status",
+                                {"status": {"phase": "Running", "podIP": "127.0.0.1"}},
+                                content_type="application/merge-patch+json")
+    assert code == 200, body
+
+
+@pytest.mark.fake_controller
+def test_fake_jobset_controller_trainer_metrics_land_in_status_and_columns(server, operator, trainer):
+    trainer.sample = {"step": 42, "loss": 2.5, "step_time_s": 0.75, "tokens_per_s": 1234.5, "mfu": 0.41,
+                      "last_checkpoint_step": 40, "total_steps": 100, "state": "training", "time": 1.0}
+    create_job(server, job_doc("measured", runtime={"metricsPort": trainer.port}))
+    wait_status(server, operator, "measured", lambda s: s.get("phase") == "Pending", "phase Pending")
+    fake_pod0(server, "measured")
+    patch_jobset_status(server, "measured", {"replicatedJobsStatus": replicated(active=1, ready=1)})
+    status = wait_status(server, operator, "measured", lambda s: s.get("step") == 42, "step 42 from the trainer")
+    assert status["mfu"] == 0.41 and status["stepTimeSeconds"] == 0.75 and status["tokensPerSecond"] == 1234.5
+    assert status["lastCheckpointStep"] == 40 and status["metricsTime"]
+    assert condition(status, "Metrics")["status"] == "True"
+    table = kubectl(server, "get", "tpujobs", "measured", check=True).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split()[:6] == ["NAME", "PHASE", "TOPOLOGY", "STEP", "MFU", "STEP"], table
+    assert row.split()[:6] == ["measured", "Running", "2x2x1", "42", "0.41", "0.75"], table
+
+    # The trainer goes away: stale values, Metrics=False Unreachable, operator still up.
+    trainer.stop()
+    status = wait_status(server, operator, "measured", lambda s: condition(s, "Metrics").get("status") == "False",
+                         "Metrics=False")
+    assert condition(status, "Metrics")["reason"] == "Unreachable" and status["step"] == 42
+    assert operator.process.poll() is None
+
+
+@pytest.mark.fake_controller
+def test_fake_jobset_controller_final_metrics_read_on_completion(server, operator, trainer):
+    trainer.sample = {"step": 5, "step_time_s": 1.0, "mfu": 0.3}
+    create_job(server, job_doc("finisher", runtime={"metricsPort": trainer.port}))
+    wait_status(server, operator, "finisher", lambda s: s.get("phase") == "Pending", "phase Pending")
+    fake_pod0(server, "finisher")
+    trainer.sample = {"step": 10, "step_time_s": 0.9, "mfu": 0.35, "state": "done"}  # the trainer's final values
+    patch_jobset_status(server, "finisher", {"terminalState": "Completed",
+                                             "conditions": [jobset_condition("Completed")]})
+    status = wait_status(server, operator, "finisher", lambda s: s.get("phase") == "Succeeded", "phase Succeeded")
+    assert status["step"] == 10 and status["mfu"] == 0.35
+
+
+# --- restarts of the operator ------------------------------------------------------------------------------
+
+
+def make_namespace(server: Server, name: str) -> None:
+    code, body = server.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    assert code in (201, 409), body
+
+
+def test_operator_killed_mid_reconcile_creates_exactly_one_jobset(server, tmp_path):
+    ns = "restarts"
+    make_namespace(server, ns)
+    # JobSet creation fails while the first operator runs: it has made the ConfigMap, not the JobSet.
+    server.inject_fault(rf"/namespaces/{ns}/jobsets$", 503, method="POST", count=10_000)
+    with running_operator(server, tmp_path, "--namespace", ns) as first:
+        create_job(server, job_doc("survivor"), ns)
+        wait_for(lambda: get(server, f"{CONFIGMAPS.format(ns=ns)}/survivor-config"), WAIT_S, 0.1, "the ConfigMap")
+        wait_for(lambda: any(r["method"] == "POST" and r["path"].endswith(f"/{ns}/jobsets") for r in server.requests_log()),
+                 WAIT_S, 0.1, "a JobSet create attempt")
+        first.kill(signal.SIGKILL)
+    server.clear_faults()
+    with running_operator(server, tmp_path, "--namespace", ns) as second:
+        wait_status(server, second, "survivor", lambda s: s.get("jobSetName") and s.get("phase") == "Pending",
+                    "a JobSet after the restart", ns=ns)
+        wait_event(server, "survivor", "Created", ns)  # Events are posted in the background: let it go out
+        # Killed again after everything exists, and restarted: it adopts, creates nothing new.
+        second.kill(signal.SIGKILL)
+    with running_operator(server, tmp_path, "--namespace", ns) as third:
+        patch_jobset_status(server, "survivor", {"replicatedJobsStatus": replicated(active=1)}, ns)
+        wait_status(server, third, "survivor", lambda s: s.get("phase") == "Running", "phase Running", ns=ns)
+    items = get(server, JOBSETS.format(ns=ns))["items"]
+    assert [js["metadata"]["name"] for js in items] == ["survivor"]
+    assert len(get(server, CONFIGMAPS.format(ns=ns))["items"]) == 1
+    assert created_ok(server, "POST", f"/{ns}/jobsets") == 1
+    assert created_ok(server, "POST", f"/{ns}/configmaps") == 1
+    assert len([e for e in events(server, "survivor", ns) if e["reason"] == "Created"]) == 1
+
+
+@pytest.mark.fake_controller
+def test_fake_jobset_controller_deleting_a_running_job_completes(server, operator):
+    # While Running, kopf holds its finalizer on the job for the metrics timer; deletion must still finish.
+    create_job(server, job_doc("busy"))
+    wait_status(server, operator, "busy", lambda s: s.get("phase") == "Pending", "phase Pending")
+    patch_jobset_status(server, "busy", {"replicatedJobsStatus": replicated(active=1, ready=1)})
+    wait_status(server, operator, "busy", lambda s: s.get("phase") == "Running", "phase Running")
+    code, body = server.request("DELETE", f"{JOBS.format(ns='default')}/busy")
+    assert code == 200, body
+    wait_for(lambda: job(server, "busy") is None and jobset(server, "busy") is None
+             and get(server, f"{CONFIGMAPS.format(ns='default')}/busy-config") is None,
+             WAIT_S, 0.1, "the Running job and its children to be gone")
+
+
+def _rbac_of(request: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(apiGroup, resource[/subresource], verb) of one logged request; None for discovery paths."""
+    parts = [p for p in request["path"].split("/") if p]
+    if parts[:1] == ["api"] and len(parts) > 2:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) > 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    if rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
+    method, watch = request["method"], request["query"].get("watch") in ("true", "1")
+    verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method) or (
+        "watch" if watch else "get" if name else "list")
+    return group, f"{resource}/{sub}" if sub else resource, verb
+
+
+def test_every_operator_request_is_covered_by_its_rbac_rules(server, operator):
+    from tpu_operator.operator_main import RBAC_RULES
+
+    allowed = {(g, r, v) for rule in RBAC_RULES for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    used = {rbac for r in server.requests_log() if r["userAgent"].startswith("kopf")
+            if (rbac := _rbac_of(r)) is not None}
+    assert ("jobset.x-k8s.io", "jobsets", "create") in used and ("", "events", "create") in used
+    assert used <= allowed, f"requests outside the RBAC rules: {sorted(used - allowed)}"
+    print("RBAC used:", sorted(used))
+
+
+def test_all_namespaces_operator_serves_a_namespace_made_after_it_started(tmp_path):
+    # Its own API server: an --all-namespaces operator would also serve the module's namespaces.
+    with running_apiserver(tmp_path, crds=[TPUJOB_CRD, JOBSET_CRD]) as server, \
+            running_operator(server, tmp_path, "--all-namespaces", "--default-image", "example.com/trainer:7") as op:
+        make_namespace(server, "team-a")
+        create_job(server, job_doc("late"), "team-a")
+        wait_status(server, op, "late", lambda s: s.get("jobSetName"), "a JobSet in a new namespace", ns="team-a")
+        pod = jobset(server, "late", "team-a")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["image"] == "example.com/trainer:7"

@@ -1,0 +1,27 @@
+"""README's first command: the quickstart job trains on this machine as a 2-host v7x slice."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quickstart_runs_locally_and_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f",
+                             str(ROOT / "examples" / "quickstart.yaml"), "--run-dir", str(run_dir)],
+                            capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())["spec"]["training"]["steps"]
+    status = yaml.safe_load((run_dir / "status.yaml").read_text())["status"]
+    assert status["phase"] == "Succeeded" and status["step"] == steps and status["restarts"] == 0
+    assert status["mfu"] > 0 and status["stepTimeSeconds"] > 0 and status["lastCheckpointStep"] == steps
+    records = [yaml.safe_load(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["loss"] < records[0]["loss"] - 1.0, "the loss did not fall"
+    assert (run_dir / "checkpoints" / str(steps)).is_dir()
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["quickstart-slice-0-0.log",
+                                                                    "quickstart-slice-0-1.log"]
+    assert (run_dir / "report.png").stat().st_size > 10_000
