@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-from pathlib import Path
 
 import pytest
 import yaml
