@@ -34,7 +34,8 @@ def cluster(tmp_path):
         kubectl(server, "apply", "--server-side", "-f", str(ROOT / "crds" / "tputrainingjob.yaml"), check=True)
         kubectl(server, "wait", "--for=condition=established", "crd/tputrainingjobs.training.tpu-operator.dev",
                 check=True)
-        with running_operator(server, tmp_path, "--namespace", "default", "--metrics-access", "direct",
+        # Proxy mode: the operator reads the trainer through the API server, as from outside a cluster.
+        with running_operator(server, tmp_path, "--namespace", "default", "--metrics-access", "proxy",
                               "--metrics-interval", "1") as operator:
             agent = NodeAgent(server.kubeconfig, "default", tmp_path / "nodes").start()
             try:
@@ -85,6 +86,9 @@ def test_fake_jobset_controller_job_trains_to_success_with_metrics_in_status(clu
     assert status["mfu"] == pytest.approx(summary["mfu"], rel=1e-3)  # the operator rounds
     assert status["stepTimeSeconds"] == pytest.approx(summary["step_time_s"], rel=1e-3)
     assert status["lastCheckpointStep"] == total and (tmp_path / "ckpt" / str(total)).is_dir()
+    # ...read through the API server's pod proxy, from outside the (absent) cluster network.
+    assert any(r["path"].endswith(f":{doc['spec']['runtime']['metricsPort']}/proxy/status") and r["status"] == 200
+               for r in server.requests_log())
     table = kubectl(server, "get", "tpujobs", check=True).stdout.splitlines()
     assert table[0].split()[:7] == ["NAME", "PHASE", "TOPOLOGY", "STEP", "MFU", "STEP", "TIME"], table
     row = table[1].split()

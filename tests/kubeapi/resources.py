@@ -67,7 +67,7 @@ BUILTINS: tuple[ResourceType, ...] = (
     _builtin("", "v1", "configmaps", "ConfigMap", short_names=("cm",)),
     _builtin("", "v1", "secrets", "Secret"),
     _builtin("", "v1", "services", "Service", short_names=("svc",), subresources=("status",), categories=("all",)),
-    _builtin("", "v1", "pods", "Pod", short_names=("po",), subresources=("status",), categories=("all",)),
+    _builtin("", "v1", "pods", "Pod", short_names=("po",), subresources=("status", "proxy"), categories=("all",)),
     _builtin("", "v1", "events", "Event", short_names=("ev",)),
     _builtin("", "v1", "serviceaccounts", "ServiceAccount", short_names=("sa",)),
     _builtin("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", short_names=("pvc",), subresources=("status",)),

@@ -128,11 +128,40 @@ class KubeApi(kmock.RawHandler):
                 return await super()._handle(request)
             except NotImplementedError:
                 pass
+        if (target is not None and target.group == "" and target.plural == "pods" and target.name
+                and (target.subresource or "").split("/")[0] == "proxy"):
+            try:
+                return await self._proxy(request, target)
+            except ApiError as exc:
+                return await _error(exc)(request)
         try:
             reply = self._route(request, target)
         except ApiError as exc:
             reply = _error(exc)
         return await reply(request)
+
+    async def _proxy(self, request: rendering.Request, target: Target) -> aiohttp.web.StreamResponse:
+        """pods/NAME[:PORT]/proxy/PATH, forwarded to the pod's status.podIP as the API server does."""
+        fault = self.faults.take(request._raw_request.method, request._raw_request.path_qs)
+        if fault is not None:
+            raise ApiError(fault.status, fault.message)
+        name, _, port = target.name.partition(":")
+        pod = self.store.get(self.store.lookup("", "v1", "pods"), target.namespace, name)
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip:
+            raise ApiError(503, f"pod {name} has no IP address yet", "ServiceUnavailable")
+        path = target.subresource[len("proxy"):] or "/"
+        url = f"http://{ip}:{port or 80}{path}"
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+                async with session.request(request._raw_request.method, url, params=request.params,
+                                           data=request.body or None) as upstream:
+                    body = await upstream.read()
+                    return aiohttp.web.Response(status=upstream.status, body=body, headers={
+                        "Content-Type": upstream.headers.get("Content-Type", "application/octet-stream")})
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            # What kube-apiserver answers when the pod does not answer.
+            raise ApiError(503, f"error trying to reach service: {exc!r}", "ServiceUnavailable") from None
 
     def _parse(self, path: str) -> Target | None:
         parts = [part for part in path.split("/") if part]
