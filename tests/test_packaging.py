@@ -31,7 +31,7 @@ def test_installed_wheel_renders_and_prints_the_crd(wheel_venv):
     # Dependencies come from the test environment; the package itself only from the wheel. Plain
     # PYTHONPATH entries do not run .pth files, so the editable install of this checkout stays out.
     env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"}
-    where = subprocess.run([str(python), "-c", "import tpu_operator; print(tpu_operator.__file__)"],
+    where = subprocess.run([str(python), "-c", "import tpu_operator.render as r; print(r.__file__)"],
                            capture_output=True, text=True, cwd=tmp, env=env)
     assert str(tmp / "venv") in where.stdout, where.stdout + where.stderr
     render = subprocess.run([str(python), "-m", "tpu_operator.cli", "render", "-f",
