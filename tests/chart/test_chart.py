@@ -16,25 +16,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tpu_operator.operator_main import RBAC_RULES
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tpu-operator"
 LOCAL_HELM = ROOT / ".tools" / "bin" / "helm"
 
-# The operator's permissions, exactly: (apiGroup, resource) -> verbs.
-NAMESPACED_RULES = {
-    ("training.tpu-operator.dev", "tputrainingjobs"): {"get", "list", "watch", "patch", "update"},
-    ("training.tpu-operator.dev", "tputrainingjobs/status"): {"get", "patch", "update"},
-    ("jobset.x-k8s.io", "jobsets"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "configmaps"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "pods"): {"get", "list", "watch"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
-}
-PROXY_RULES = {("", "pods/proxy"): {"get"}}
-CRD_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
-NAMESPACE_RULES = {("", "namespaces"): {"get", "list", "watch"}}
+# The operator's permissions, exactly as the operator declares them (`tpujob operator --print-rbac`),
+# split by where the chart grants them: (apiGroup, resource) -> verbs.
+_OPERATOR = {(r["apiGroups"][0], res): set(r["verbs"]) for r in RBAC_RULES for res in r["resources"]}
+PROXY_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "pods/proxy"}
+CRD_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "customresourcedefinitions"}
+NAMESPACE_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "namespaces"}
+PEERING = {k for k in _OPERATOR if k[0] == "kopf.dev"}  # the chart runs --standalone: no peering
+NAMESPACED_RULES = {k: v for k, v in _OPERATOR.items()
+                    if k not in {**PROXY_RULES, **CRD_RULES, **NAMESPACE_RULES} and k not in PEERING}
 
 LONG_RELEASE = "a-release-name-that-is-exactly-fifty-three-characters"  # helm's maximum
 assert len(LONG_RELEASE) == 53

@@ -108,19 +108,19 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
 {{- define "tpu-operator.namespacedRules" -}}
 - apiGroups: ["training.tpu-operator.dev"]
   resources: ["tputrainingjobs"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["training.tpu-operator.dev"]
   resources: ["tputrainingjobs/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list"]
 {{- if eq .Values.operator.metricsAccess "proxy" }}
 - apiGroups: [""]
   resources: ["pods/proxy"]
@@ -128,21 +128,18 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
 {{- end }}
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 
 {{/* Cluster-scoped reads: kopf scans CRDs; --all-namespaces also watches namespaces. */}}
 {{- define "tpu-operator.clusterRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- if not .Values.operator.watchNamespaces }}
 - apiGroups: [""]
   resources: ["namespaces"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- end }}
 {{- end }}
 
