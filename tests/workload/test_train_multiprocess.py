@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 
-import pytest
 
 from conftest import trainer_config
 
@@ -34,6 +34,19 @@ def test_moe_fsdp_context_expert_two_processes(trainers):
     _falls(trainers.run(cfg, processes=2, devices=4))
 
 
+def _get(url: str, attempts: int = 5) -> bytes:
+    """GET with a few bounded retries: in long full-suite runs the first connection to the lingering
+    trainer was intermittently reset (cause not found yet; a lone run never shows it)."""
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return response.read()
+        except ConnectionError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
+
+
 def test_metrics_endpoint_serves_what_stdout_says(trainers):
     cfg = trainer_config("tiny", mesh=dict(data=1, fsdp=2, context=2, expert=1, tensor=2), steps=8)
     # Port 0: the trainer binds a free port itself and logs it (no race with other listeners).
@@ -48,11 +61,11 @@ def test_metrics_endpoint_serves_what_stdout_says(trainers):
     steps, summary = _falls(lines)
     port = int(re.search(r"on port (\d+)", trainers.stderr(procs[0])).group(1))
     # The metrics endpoint serves what stdout says (process 0 lingers after completion).
-    status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10))
+    status = json.loads(_get(f"http://127.0.0.1:{port}/status"))
     assert status["state"] == "completed" and status["total_steps"] == 8 and status["process_count"] == 1
     for key in ("step", "loss", "step_time_s", "tokens_per_s", "mfu", "last_checkpoint_step"):
         assert status[key] == summary[key], key
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = _get(f"http://127.0.0.1:{port}/metrics").decode()
     values = dict(line.split() for line in text.splitlines() if line and not line.startswith("#"))
     assert float(values["tpujob_step"]) == 8
     assert float(values["tpujob_loss"]) == summary["loss"]
