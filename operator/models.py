@@ -174,8 +174,12 @@ class DataSpec(Base):
     source: Literal["synthetic", "files"] = _desc("synthetic tokens, or tokenized files under `path`.",
                                                   default="synthetic")
     path: str | None = _desc("Directory or glob of tokenized files (.npy or flat uint16/uint32 .bin) "
-                             "visible to every pod, e.g. gs://bucket/tokens or a mounted path.", default=None)
+                             "visible to every pod: a mounted path, or gs://bucket/prefix (read by byte "
+                             "range with the pod's Google credentials).", default=None)
     format: Literal["npy", "bin"] = _desc("File format of `path`.", default="npy")
+    shuffle: bool = _desc("Shuffle the sequences of `files`, a new permutation each pass over the data "
+                          "(seeded by training.seed; the order stays a pure function of the step, so "
+                          "resume is exact).", default=True)
 
     @model_validator(mode="after")
     def _path_for_files(self) -> "DataSpec":
@@ -271,6 +275,10 @@ class KernelsSpec(Base):
     splash: SplashSpec = _desc("Splash block sizes.", default_factory=SplashSpec)
     moe_matmul: Literal["gmm", "ragged_dot"] = _desc(
         "gmm: Megablox grouped matmul (interpret mode off-TPU); ragged_dot: the reference.", default="gmm")
+    tuning_cache: str | None = _desc(
+        "Directory (mounted path or gs://) of Splash block sizes tuned per chip and shape by "
+        "`python -m tpu_workload.tuning`; used when every splash block size is left at its default.",
+        default=None, min_length=1)
 
 
 # ---------------------------------------------------------------------------------------------

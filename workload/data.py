@@ -8,15 +8,17 @@ Sources:
   synthetic  arithmetic sequences mod vocab with a per-row start and stride (learnable: the
              loss falls), from a hash of (seed, step, row).
   files      flat token arrays (`*.npy`, or raw `*.bin`: uint16 when vocab <= 65536, else
-             uint32) under a directory, read in sorted order as one stream of windows of
-             sequenceLength + 1 tokens; global sequence g = step * globalBatch + row.
+             uint32) under a local directory or a gs:// prefix, read in sorted order as one
+             stream of windows of sequenceLength + 1 tokens, served by a Grain MapDataset
+             (optionally shuffled) indexed by global sequence g = step * globalBatch + row, so
+             a batch is a pure function of its step.
 """
 
 from __future__ import annotations
 
-import glob
-import os
-
+import fsspec
+import fsspec.implementations.local
+import grain
 import jax
 import numpy as np
 
@@ -46,40 +48,102 @@ class SyntheticTokens:
         return ((start[:, None] + stride[:, None] * t[None, :]) % self.vocab).astype(np.int32)
 
 
-class FileTokens:
-    def __init__(self, path: str, fmt: str, vocab: int, seq_len: int, batch: int):
-        pattern = path if any(c in path for c in "*?[") else os.path.join(path, f"*.{fmt}")
-        files = sorted(glob.glob(pattern))
-        if not files:
-            raise FileNotFoundError(f"no .{fmt} token files match {pattern}")
-        dtype = np.uint16 if vocab <= 65536 else np.uint32
-        self.arrays = [np.load(f, mmap_mode="r").reshape(-1) if fmt == "npy" else np.memmap(f, dtype=dtype, mode="r")
-                       for f in files]
-        self.offsets = np.cumsum([0] + [len(a) for a in self.arrays])
-        self.seq_len, self.batch = seq_len, batch
-        self.windows = (int(self.offsets[-1]) - 1) // seq_len
-        if self.windows < 1:
-            raise ValueError(f"{pattern}: {self.offsets[-1]} tokens, fewer than one sequence of {seq_len + 1}")
+class TokenWindows:
+    """Random-access Grain source: window w is tokens [w * seq_len, w * seq_len + seq_len + 1) of
+    the files read in sorted order as one stream (windows overlap by the one target token)."""
 
-    def _read(self, start: int, length: int) -> np.ndarray:
-        out, pos = [], start
+    def __init__(self, arrays: list, seq_len: int):
+        self.arrays, self.seq_len = arrays, seq_len
+        self.offsets = np.cumsum([0] + [len(a) for a in arrays])
+        self.windows = (int(self.offsets[-1]) - 1) // seq_len
+
+    def __len__(self) -> int:
+        return self.windows
+
+    def __getitem__(self, w: int) -> np.ndarray:
+        out, pos, length = [], int(w) * self.seq_len, self.seq_len + 1
         while length > 0:
             i = int(np.searchsorted(self.offsets, pos, side="right")) - 1
             local = pos - int(self.offsets[i])
             piece = np.asarray(self.arrays[i][local:local + length])
             out.append(piece)
             pos, length = pos + len(piece), length - len(piece)
-        return np.concatenate(out)
+        return np.concatenate(out).astype(np.int32)
+
+
+class RemoteTokens:
+    """A flat token file on an fsspec filesystem (gs:// through gcsfs), read by byte range: a
+    window costs one ranged read, never a download of the file."""
+
+    def __init__(self, fs, path: str, fmt: str, dtype):
+        self.fs, self.path = fs, path
+        self.offset, self.dtype = 0, np.dtype(dtype)
+        if fmt == "npy":
+            with fs.open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    np.lib.format.read_array_header_2_0
+                shape, fortran, self.dtype = read_header(f)
+                self.offset, self.length = f.tell(), int(np.prod(shape))
+        else:
+            self.length = fs.size(path) // self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, s: slice) -> np.ndarray:
+        a, b, _ = s.indices(self.length)
+        size = self.dtype.itemsize
+        raw = self.fs.cat_file(self.path, start=self.offset + a * size, end=self.offset + b * size)
+        return np.frombuffer(raw, self.dtype)
+
+
+def _open_token_files(path: str, fmt: str, dtype) -> tuple[str, list]:
+    """(the glob used, one array-like per file in sorted order): local files memory-mapped, URLs
+    (gs://bucket/dir, or any fsspec protocol) read by byte range."""
+    fs, root = fsspec.core.url_to_fs(path)
+    pattern = root if any(c in root for c in "*?[") else root.rstrip("/") + f"/*.{fmt}"
+    files = sorted(fs.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no .{fmt} token files match {path if pattern == root else pattern}")
+    if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
+        return pattern, [np.load(f, mmap_mode="r").reshape(-1) if fmt == "npy" else np.memmap(f, dtype=dtype, mode="r")
+                         for f in files]
+    return pattern, [RemoteTokens(fs, f, fmt, dtype) for f in files]
+
+
+class FileTokens:
+    """A Grain MapDataset over the token windows, indexed by global sequence g = step * batch + row.
+
+    Past the end of the data g wraps around; with `shuffle` each pass over the data is a fresh
+    permutation seeded by (seed, pass). Either way the batch of a step is a pure function of the
+    step, so the data position is the training step and resume is exact with no iterator state.
+    """
+
+    def __init__(self, path: str, fmt: str, vocab: int, seq_len: int, batch: int, *, shuffle: bool = False,
+                 seed: int = 0):
+        dtype = np.uint16 if vocab <= 65536 else np.uint32
+        pattern, arrays = _open_token_files(path, fmt, dtype)
+        self.seq_len, self.batch = seq_len, batch
+        self.source = TokenWindows(arrays, seq_len)
+        self.windows = self.source.windows
+        if self.windows < 1:
+            raise ValueError(f"{pattern}: {self.source.offsets[-1]} tokens, fewer than one sequence of {seq_len + 1}")
+        # Both index any g >= 0: the source wraps g % windows, the shuffle re-permutes every pass.
+        self.dataset = grain.MapDataset.source(self.source)
+        if shuffle:
+            self.dataset = self.dataset.shuffle(seed=seed)
 
     def rows(self, step: int, rows: range) -> np.ndarray:
-        g = step * self.batch + np.arange(rows.start, rows.stop)
-        return np.stack([self._read(int(w) * self.seq_len, self.seq_len + 1) for w in g % self.windows]).astype(np.int32)
+        """Rows `rows` of the global batch of `step`, one sequence of seq_len + 1 tokens each."""
+        return np.stack([self.dataset[step * self.batch + r] for r in rows])
 
 
 def make_source(training, vocab: int):
     d = training.data
     if d.source == "files":
-        return FileTokens(d.path, d.format, vocab, training.sequence_length, training.global_batch)
+        return FileTokens(d.path, d.format, vocab, training.sequence_length, training.global_batch,
+                          shuffle=d.shuffle, seed=training.seed)
     return SyntheticTokens(vocab, training.sequence_length, training.global_batch, training.seed)
 
 

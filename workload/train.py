@@ -24,14 +24,19 @@ from . import data as data_lib
 from . import flops as flops_lib
 from . import metrics as metrics_lib
 from . import model as model_lib
-from . import sharding
+from . import sharding, tuning
 from .checkpoint import Checkpointer, abstract_like
 
 log = logging.getLogger(__name__)
 
 
 def model_config(cfg: TrainerConfig, interpret: bool) -> model_lib.ModelConfig:
-    return model_lib.ModelConfig(dims=cfg.model, kernels=cfg.kernels, precision=cfg.training.precision,
+    kernels = cfg.kernels
+    if kernels.attention == "splash" and kernels.tuning_cache:
+        splash = tuning.resolve_splash(kernels.splash, cfg.training.sequence_length, cfg.model.heads,
+                                       cfg.model.head_dim, kernels.tuning_cache)
+        kernels = kernels.model_copy(update={"splash": splash})
+    return model_lib.ModelConfig(dims=cfg.model, kernels=kernels, precision=cfg.training.precision,
                                  remat=cfg.training.remat, interpret=interpret)
 
 
