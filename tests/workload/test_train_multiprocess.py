@@ -59,7 +59,9 @@ def test_metrics_endpoint_serves_what_stdout_says(trainers):
         if line.get("summary"):
             break
     steps, summary = _falls(lines)
-    port = int(re.search(r"on port (\d+)", trainers.stderr(procs[0])).group(1))
+    # The port from the metrics server's own log line, not any "on port N" another library may log.
+    logged = re.search(r"metrics: serving /status and /metrics on port (\d+)", trainers.stderr(procs[0]))
+    port = int(logged.group(1))
     # The metrics endpoint serves what stdout says (process 0 lingers after completion).
     status = json.loads(_get(f"http://127.0.0.1:{port}/status"))
     assert status["state"] == "completed" and status["total_steps"] == 8 and status["process_count"] == 1
