@@ -8,6 +8,7 @@ The sharder that is active while a step is traced is set with `use(sharder)`; mo
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -107,24 +108,62 @@ def constrain(x: jax.Array, logical: Logical) -> jax.Array:
 
 
 def make_mesh(shape: dict[str, int], slices: int = 1) -> jax.sharding.Mesh:
-    """The 5-axis device mesh; deterministic device order on every process.
+    """The 5-axis device mesh over all global devices; the same device order on every process.
 
-    Multi-slice TPU: `data` spans slices (DCN), the other axes one slice (ICI).
+    TPU: `tpu_grid` (with several slices, `data` spans slices over DCN, the other axes one
+    slice's ICI). Elsewhere (the CPU, where the local runner emulates a slice as a group of
+    processes) `jax.make_mesh` lays the devices out in process order, so `data` varies slowest.
     """
     dims = tuple(shape[a] for a in MESH_AXES)
     devices = jax.devices()
-    if int(np.prod(dims)) != len(devices):
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, dims))} needs {int(np.prod(dims))} devices, "
-                         f"but there are {len(devices)}")
+    check_mesh(dims, slices, len(devices))
     auto = (AxisType.Auto,) * len(MESH_AXES)
-    if slices > 1 and hasattr(devices[0], "slice_index"):
-        from jax.experimental import mesh_utils
-
-        ici = (1,) + dims[1:]
-        dcn = (dims[0],) + (1,) * (len(dims) - 1)
-        arr = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
-        return jax.sharding.Mesh(arr, MESH_AXES, axis_types=auto)
+    if devices[0].platform == "tpu":
+        return jax.sharding.Mesh(tpu_grid(dims, slices, devices), MESH_AXES, axis_types=auto)
     return jax.make_mesh(dims, MESH_AXES, axis_types=auto, devices=devices)
+
+
+def check_mesh(dims: Sequence[int], slices: int, n_devices: int) -> None:
+    """Raise ValueError unless `dims` (in MESH_AXES order) fits `n_devices` split into `slices`."""
+    named = dict(zip(MESH_AXES, dims))
+    if int(np.prod(dims)) != n_devices:
+        raise ValueError(f"mesh {named} needs {int(np.prod(dims))} devices, but there are {n_devices}")
+    if slices < 1 or dims[0] % slices:
+        raise ValueError(f"mesh data={dims[0]} must be a multiple of slices={slices}: only `data` "
+                         "spans slices (DCN); every other axis stays inside one slice")
+
+
+def tpu_grid(dims: Sequence[int], slices: int, devices: Sequence) -> np.ndarray:
+    """TPU devices as an array of shape `dims` whose `data` axis runs over slices (`slice_index`).
+
+    Each slice holds `data // slices` consecutive data indices and all of fsdp, context, expert
+    and tensor; mesh_utils places each slice's share on its ICI torus. A degree that is not a
+    product of whole torus axes (e.g. 2 on a 4-long axis) is placed by splitting a physical axis,
+    with a warning, rather than failing.
+    """
+    from jax.experimental import mesh_utils
+
+    check_mesh(dims, slices, len(devices))
+    sizes = collections.Counter(getattr(d, "slice_index", None) for d in devices)
+    if len(sizes) != slices or (slices > 1 and None in sizes):
+        raise ValueError(f"the config says {slices} slice(s) but the devices report slice_index "
+                         f"{sorted(sizes, key=str)}: are MEGASCALE_NUM_SLICES / MEGASCALE_SLICE_ID set on every host?")
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"slices must be equal; devices per slice_index: {dict(sorted(sizes.items()))}")
+    ici = (dims[0] // slices,) + tuple(dims[1:])
+    dcn = (slices,) + (1,) * (len(dims) - 1)
+
+    def build(split: bool) -> np.ndarray:
+        if slices == 1:
+            return mesh_utils.create_device_mesh(dims, devices, allow_split_physical_axes=split)
+        return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices, allow_split_physical_axes=split)
+
+    try:
+        return build(False)
+    except NotImplementedError as e:  # mesh_utils' signal that no whole-axis assignment exists
+        log.warning("mesh %s does not map onto whole torus axes of a slice; splitting physical axes (%s)",
+                    dict(zip(MESH_AXES, ici)), str(e).split(".")[0])
+        return build(True)
 
 
 def check_shardings(tree, planned) -> None:
