@@ -134,7 +134,7 @@ class MLP(nnx.Module):
 
 
 class MoE(nnx.Module):
-    """Experts' MLP matmuls stay bf16 under fp8 (qwix intercepts only the dense einsums here)."""
+    """Under fp8 the experts' matmuls run qwix's quantised ragged_dot (see moe.py); the router stays bf16."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         d = cfg.dims
@@ -149,7 +149,7 @@ class MoE(nnx.Module):
         weights_BTk, experts_BTk, aux = moe.route(x_BTD, self.router[...], cfg.dims.experts_per_token)
         x_BTD = checkpoint_name(x_BTD, "mlp_in")
         y_BTD = moe.experts(x_BTD, weights_BTk, experts_BTk, self.gate[...], self.up[...], self.down[...],
-                            impl=cfg.kernels.moe_matmul, interpret=cfg.interpret)
+                            impl=cfg.kernels.moe_matmul, interpret=cfg.interpret, fp8=cfg.precision == "fp8")
         return checkpoint_name(y_BTD, "mlp_out"), aux
 
 

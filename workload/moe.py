@@ -7,6 +7,9 @@ Dropless routing: every (token, choice) row is sorted by expert, the experts run
 matmul over contiguous groups, and the rows are unsorted and combined with the router weights.
 With expert parallelism, each `expert` shard gathers the tokens of its expert group, runs its
 X local experts on the rows routed to them, and a reduce-scatter returns each shard its tokens.
+
+fp8: the expert matmuls run qwix's quantised XLA ragged_dot (e4m3 forward, e5m2 gradients)
+whatever the matmul implementation, because the Megablox kernel takes only bf16/f32 operands.
 """
 
 from __future__ import annotations
@@ -34,15 +37,18 @@ def route(x_BTD, router_DE, k: int):
     return weights_BTk, experts_BTk, aux
 
 
-def grouped_matmul(lhs_RD, rhs_XDF, group_sizes_X, impl: str, interpret: bool):
+def grouped_matmul(lhs_RD, rhs_XDF, group_sizes_X, impl: str, interpret: bool, fp8: bool = False):
     """Rows of group g times rhs[g]; rows past sum(group_sizes) come back as zeros.
 
     Megablox leaves rows outside every group (forward and in its lhs gradient) unwritten, so the
-    input and output are both masked: `where`'s gradient zeroes those rows' cotangents.
+    input and output are both masked: `where`'s gradient zeroes those rows' cotangents. With fp8
+    the XLA ragged_dot runs on fp8 operands instead of `impl` (Megablox takes no fp8).
     """
     valid_R = jnp.arange(lhs_RD.shape[0]) < jnp.sum(group_sizes_X)
     lhs_RD = jnp.where(valid_R[:, None], lhs_RD, 0)
-    if impl == "ragged_dot":
+    if fp8:
+        out = _fp8_ragged_dot(lhs_RD, rhs_XDF, group_sizes_X)
+    elif impl == "ragged_dot":
         out = jax.lax.ragged_dot(lhs_RD, rhs_XDF, group_sizes_X, preferred_element_type=jnp.float32)
     elif impl == "gmm":
         from jax.experimental.pallas.ops.tpu.megablox import gmm
@@ -60,8 +66,23 @@ def grouped_matmul(lhs_RD, rhs_XDF, group_sizes_X, impl: str, interpret: bool):
     return jnp.where(valid_R[:, None], out, 0.0)
 
 
+def _fp8_ragged_dot(lhs_RD, rhs_XDF, group_sizes_X):
+    """qwix's ragged_dot with a custom VJP: e4m3 operands scaled per lhs row and per rhs column
+    (shared by the X experts), e5m2 output gradients; f32 out.
+
+    Its VJP returns gradients in the output type, so the operands go in as f32 (the casts' VJPs
+    bring the gradients back to the callers' dtypes); they are quantised to fp8 inside.
+    """
+    from qwix._src.core import ragged_dot_qt
+
+    qt = ragged_dot_qt.RaggedDotQtConfig(lhs_qtype=jnp.float8_e4m3fn, rhs_qtype=jnp.float8_e4m3fn,
+                                         dlhs_grad_qtype=jnp.float8_e5m2, drhs_grad_qtype=jnp.float8_e5m2)
+    f32 = jnp.float32
+    return ragged_dot_qt.ragged_dot_qt(lhs_RD.astype(f32), rhs_XDF.astype(f32), group_sizes_X, qt, None, f32)
+
+
 def _local_experts(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, first_expert, num_experts,
-                   impl, interpret):
+                   impl, interpret, fp8):
     """Run local experts [first_expert, first_expert + X) on the rows routed to them; others give 0."""
     M, D = x_MD.shape
     k = experts_Mk.shape[1]
@@ -73,7 +94,7 @@ def _local_experts(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, 
     local_X = jax.lax.dynamic_slice_in_dim(sizes_E, first_expert, X)
     shift = jnp.sum(jnp.where(jnp.arange(num_experts) < first_expert, sizes_E, 0))
     x_RD = jnp.roll(x_RD, -shift, axis=0)  # local experts' rows first
-    mm = functools.partial(grouped_matmul, group_sizes_X=local_X, impl=impl, interpret=interpret)
+    mm = functools.partial(grouped_matmul, group_sizes_X=local_X, impl=impl, interpret=interpret, fp8=fp8)
     dt = x_MD.dtype
     h_RF = jax.nn.silu(mm(x_RD, gate_XDF.astype(dt))) * mm(x_RD, up_XDF.astype(dt))
     y_RD = mm(h_RF.astype(dt), down_XFD.astype(dt))
@@ -82,7 +103,8 @@ def _local_experts(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, 
     return jnp.einsum("mkd,mk->md", y_MkD, weights_Mk.astype(jnp.float32))
 
 
-def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, impl: str, interpret: bool):
+def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, impl: str, interpret: bool,
+            fp8: bool = False):
     """Dropless experts, sharded: tokens over batch/length, experts over `expert`, F over `tensor`."""
     E = gate_EDF.shape[0]
     sh = sharding.current()
@@ -90,7 +112,7 @@ def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, impl
         B, T, D = x_BTD.shape
         y = _local_experts(x_BTD.reshape(B * T, D), weights_BTk.reshape(B * T, -1),
                            experts_BTk.reshape(B * T, -1), gate_EDF, up_EDF, down_EFD, first_expert=0,
-                           num_experts=E, impl=impl, interpret=interpret)
+                           num_experts=E, impl=impl, interpret=interpret, fp8=fp8)
         return y.reshape(B, T, D).astype(x_BTD.dtype)
     B = x_BTD.shape[0]
     batch = sh.spec(("batch",), (B,))[0]
@@ -110,7 +132,8 @@ def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, impl
         X = gate.shape[0]
         first = jax.lax.axis_index("expert") * X if ex else 0
         y = _local_experts(x_btD.reshape(b * t, D), w_btk.reshape(b * t, -1), e_btk.reshape(b * t, -1),
-                           gate, up, down, first_expert=first, num_experts=E, impl=impl, interpret=interpret)
+                           gate, up, down, first_expert=first, num_experts=E, impl=impl, interpret=interpret,
+                           fp8=fp8)
         if mlp:
             y = jax.lax.psum(y, "tensor")
         y = y.reshape(b, t, D)
