@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from typing import Sequence
@@ -123,6 +124,17 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return run_operator(args)
 
 
+def seconds(text: str) -> float:
+    """An interval on the command line: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpujob", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -158,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--default-image", help="trainer image for jobs that name none")
     p.add_argument("--metrics-access", choices=("proxy", "direct"), default="proxy",
                    help="reach the trainer's /status through the API server's pod proxy, or directly by pod IP")
-    p.add_argument("--metrics-interval", type=float, default=10.0, help="seconds between trainer metric reads")
+    p.add_argument("--metrics-interval", type=seconds, default=10.0, help="seconds between trainer metric reads")
+    p.add_argument("--resync-interval", type=seconds, default=60.0,
+                   help="seconds between two re-reads of an unfinished job's JobSet, to catch up on a lost event")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logs")
     p.add_argument("--print-rbac", action="store_true", help="print the RBAC rules the operator needs, and exit")
     p.set_defaults(func=cmd_operator)

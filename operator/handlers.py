@@ -4,12 +4,16 @@
 - JobSet events (only JobSets labelled `training.tpu-operator.dev/job`): `reconcile.follow_jobset`.
   This is a watch, not polling: the status follows the JobSet as its controller updates it.
 - Timer on Running jobs, every `--metrics-interval` seconds: `reconcile.refresh_metrics`.
+- Timer on unfinished jobs that have a JobSet, every `--resync-interval` seconds:
+  `reconcile.resync_job` re-derives the status from the JobSet as it is, should an event have been
+  missed or its handling have given up (kopf calls an event handler once per event, never again).
 
 No deletion handler: the ConfigMap and JobSet carry owner references and the garbage collector
 deletes them with the job. kopf puts its own finalizer (kopf.zalando.org/KopfFinalizerMarker) on a
-job while the metrics timer runs for it (phase Running) so that it can stop the timer; on deletion
-it stops the timer and removes the finalizer at once. With the operator down, deleting a Running
-job waits for the operator (or for someone to remove that finalizer by hand).
+job while a timer runs for it (the resync timer: from the moment it has a JobSet until it has
+finished) so that it can stop the timer; on deletion it stops the timer and removes the finalizer
+at once, and it removes it from a job that finishes. With the operator down, deleting an
+unfinished job waits for the operator (or for someone to remove that finalizer by hand).
 """
 
 from __future__ import annotations
@@ -107,8 +111,8 @@ async def _timed(stats: Stats, handler: str, work: Awaitable[str]) -> None:
 
 async def _retrying(work: Callable[[], Awaitable[str]], attempts: int = 6) -> str:
     """kopf never retries an event handler, and a JobSet's last event (Completed) may be the only one:
-    retry API failures here, with backoff, beyond kopf's own request retries (an operator restart
-    also catches up: resuming a job re-reads its JobSet)."""
+    retry API failures here, with backoff, beyond kopf's own request retries (the resync timer, and
+    an operator restart, also catch up: both re-read the JobSet)."""
     for attempt in range(1, attempts + 1):
         try:
             return await work()
@@ -148,6 +152,11 @@ def register(registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings, c
                 when=lambda status, **_: status.get("phase") == "Running")
     async def metrics(body: kopf.Body, **_: Any) -> None:
         await _timed(stats, "metrics", reconcile.refresh_metrics(kube, reader, _plain(body), emit))
+
+    @kopf.timer(*JOB, id="resync", interval=config.resync_interval_s, initial_delay=config.resync_interval_s,
+                registry=registry, when=lambda status, **_: reconcile.resync_due(status))
+    async def resync(body: kopf.Body, **_: Any) -> None:
+        await _timed(stats, "resync", reconcile.resync_job(kube, _plain(body), config, emit, reader))
 
     @kopf.on.cleanup(registry=registry)
     async def close_reader(**_: Any) -> None:

@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(level)
     log = logging.getLogger("tpu_operator")
     config = OperatorConfig(default_image=args.default_image, metrics_access=args.metrics_access,
-                            metrics_interval_s=args.metrics_interval)
+                            metrics_interval_s=args.metrics_interval, resync_interval_s=args.resync_interval)
     settings, registry, stats = _settings(args), kopf.OperatorRegistry(), Stats()
     if handlers.credentials(logger=log, settings=settings) is None:  # kopf would wait forever without them
         log.error(handlers.NO_CREDENTIALS)
@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("starting tpu-operator", extra={
         "namespaces": "*" if all_namespaces else args.namespace, "standalone": args.standalone,
         "metrics_access": config.metrics_access, "metrics_interval_s": config.metrics_interval_s,
+        "resync_interval_s": config.resync_interval_s,
         "rbac": [f"{'/'.join(r['apiGroups'])}:{','.join(r['resources'])}:{','.join(r['verbs'])}" for r in RBAC_RULES]})
 
     async def main() -> None:

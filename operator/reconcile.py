@@ -37,6 +37,7 @@ class OperatorConfig:
     metrics_access: Literal["proxy", "direct"] = "proxy"
     metrics_interval_s: float = 10.0
     metrics_timeout_s: float = 3.0
+    resync_interval_s: float = 60.0
     conflict_retry_s: float = 30.0
 
 
@@ -321,6 +322,37 @@ async def follow_jobset(kube: Kube, jobset: Obj, event_type: str | None, config:
 
     done = await update_status(kube, namespace, name, uid, compute, emit)
     return "followed" if done is not None else "gone"
+
+
+# --- the periodic resync -------------------------------------------------------------------------------
+
+
+def resync_due(job_status: Obj) -> bool:
+    """Whether a job's status still follows a JobSet: it has one and has not finished."""
+    return bool(job_status.get("jobSetName")) and job_status.get("phase") not in (*phases.TERMINAL, "Invalid")
+
+
+async def resync_job(kube: Kube, job_obj: Obj, config: OperatorConfig, emit: Emit,
+                     reader: MetricsReader | None = None, now: Callable[[], str] = utcnow) -> str:
+    """Re-derive a job's status from its JobSet as it is now. The JobSet's events drive the status; this
+    catches up when one was missed or its handling gave up (kopf never calls an event handler twice for
+    one event). A JobSet that is gone, or no longer this job's, is handed to `reconcile_job`, as its
+    DELETED event would be. Returns skipped | unchanged | followed | gone, or reconcile_job's result."""
+    meta, status = job_obj["metadata"], job_obj.get("status") or {}
+    if meta.get("deletionTimestamp") or not resync_due(status):
+        return "skipped"
+    namespace = meta.get("namespace", "default")
+    try:
+        jobset: Obj | None = await kube.get(jobset_path(namespace, status["jobSetName"]))
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        jobset = None
+    if jobset is None or owner_of(jobset) != (namespace, meta["name"], meta.get("uid")):
+        return await reconcile_job(kube, job_obj, config, emit, now)
+    if phases.follow(status, jobset, now())[0] == status:
+        return "unchanged"  # the usual case: one GET, no write
+    return await follow_jobset(kube, jobset, None, config, emit, reader, now)
 
 
 # --- training metrics -------------------------------------------------------------------------------------

@@ -164,7 +164,8 @@ def test_valid_job_gets_configmap_and_jobset_owned_by_it(server, operator):
     assert json.loads(cm["data"]["config.json"])["name"] == "shape"
     assert condition(status, "Ready")["status"] == "True" and status["observedGeneration"] == 1
     assert wait_event(server, "shape", "Created")["type"] == "Normal"
-    assert "finalizers" not in job(server, "shape")["metadata"]  # no finalizer: deletion is plain GC
+    # No finalizer of ours (children go by garbage collection); kopf's holds an unfinished job for its resync timer.
+    assert set(job(server, "shape")["metadata"].get("finalizers") or []) <= {"kopf.zalando.org/KopfFinalizerMarker"}
 
 
 def test_invalid_job_is_marked_invalid_with_event_and_no_children(server, operator):
@@ -474,6 +475,46 @@ def test_fake_jobset_controller_deleting_a_running_job_completes(server, operato
     wait_for(lambda: job(server, "busy") is None and jobset(server, "busy") is None
              and get(server, f"{CONFIGMAPS.format(ns='default')}/busy-config") is None,
              WAIT_S, 0.1, "the Running job and its children to be gone")
+
+
+# --- the periodic resync ------------------------------------------------------------------------------------
+
+# kopf's log line when the JobSet event handler ends with update_status's RetryLater, its attempts spent.
+GAVE_UP = "Handler 'jobset' failed temporarily: the status of resync/straggler kept changing under this operator"
+
+
+@pytest.mark.fake_controller
+def test_fake_jobset_controller_lost_completion_is_caught_up_by_the_resync(server, tmp_path):
+    ns = "resync"
+    make_namespace(server, ns)
+    with running_operator(server, tmp_path, "--namespace", ns, "--resync-interval", "1") as op:
+        create_job(server, job_doc("straggler"), ns)
+        wait_status(server, op, "straggler", lambda s: s.get("jobSetName") and s.get("phase") == "Pending",
+                    "phase Pending with a JobSet", ns=ns)
+        # Every status write conflicts, as if another writer kept changing the status: handling the JobSet's
+        # completion event spends its attempts and gives up, and kopf never calls an event handler again.
+        # 16 = two writers' worth (the event handler's and a resync tick's, should one overlap it).
+        server.inject_fault(rf"/namespaces/{ns}/tputrainingjobs/straggler/status$", 409, method="PATCH", count=16)
+        completed = {"terminalState": "Completed", "replicatedJobsStatus": replicated(succeeded=1),
+                     "conditions": [jobset_condition("Completed", "jobset completed")]}
+        patch_jobset_status(server, "straggler", completed, ns)
+        wait_for(lambda: GAVE_UP in op.log_path.read_text(errors="replace"), WAIT_S, 0.1,
+                 "the handling of the JobSet's completion event to give up")
+        # No JobSet event comes after the last one: only the resync can see that the JobSet completed.
+        status = wait_status(server, op, "straggler", lambda s: s.get("phase") == "Succeeded",
+                             "phase Succeeded through the resync", ns=ns)
+        assert status["completionTime"] and condition(status, "Succeeded")["status"] == "True"
+        assert status["message"] == "jobset completed"
+        wait_event(server, "straggler", "Succeeded", ns)
+        # A finished job has nothing left to resync: kopf stops its timer and drops its finalizer.
+        wait_for(lambda: not job(server, "straggler", ns)["metadata"].get("finalizers"), WAIT_S, 0.1,
+                 "the finished job to lose kopf's finalizer")
+        assert len([e for e in events(server, "straggler", ns) if e["reason"] == "Succeeded"]) == 1
+    assert not server.request("GET", "/_test/faults")[1]["items"], "the injected conflicts were not all hit"
+    # The resync re-derived the status and created nothing.
+    assert [js["metadata"]["name"] for js in get(server, JOBSETS.format(ns=ns))["items"]] == ["straggler"]
+    assert created_ok(server, "POST", f"/{ns}/jobsets") == 1
+    assert created_ok(server, "POST", f"/{ns}/configmaps") == 1
 
 
 def _rbac_of(request: dict[str, Any]) -> tuple[str, str, str] | None:

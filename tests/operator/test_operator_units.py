@@ -314,3 +314,84 @@ def test_reconcile_leaves_a_finished_job_alone():
     obj["status"] = {"phase": "Succeeded"}
     assert run_reconcile(kube, obj) == ("finished", [])
     assert not [c for c in kube.calls if c[0] in ("POST", "PATCH")]
+
+
+# --- the periodic resync -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status, due", [
+    ({}, False),  # not reconciled yet: the job handler owns it
+    ({"phase": "Pending"}, False),  # no JobSet yet (e.g. a name conflict)
+    ({"phase": "Pending", "jobSetName": "tiny"}, True),
+    ({"phase": "Running", "jobSetName": "tiny"}, True),
+    ({"phase": "Restarting", "jobSetName": "tiny"}, True),
+    ({"phase": "Suspended", "jobSetName": "tiny"}, True),
+    ({"phase": "Succeeded", "jobSetName": "tiny"}, False),
+    ({"phase": "Failed", "jobSetName": "tiny"}, False),
+    ({"phase": "Invalid"}, False),
+])
+def test_resync_is_due_for_unfinished_jobs_with_a_jobset(status, due):
+    assert reconcile.resync_due(status) is due
+
+
+def run_resync(kube: FakeKube, name: str = "tiny") -> tuple[str, list[phases.Notice]]:
+    notices: list[phases.Notice] = []
+    obj = copy.deepcopy(kube.objects[reconcile.job_path("default", name)])
+    result = asyncio.run(reconcile.resync_job(kube, obj, OperatorConfig(), lambda o, n: notices.append(n),
+                                              now=lambda: LATER))
+    return result, notices
+
+
+def writes(kube: FakeKube) -> list[tuple[str, str]]:
+    return [c for c in kube.calls if c[0] in ("POST", "PATCH")]
+
+
+def test_resync_follows_a_jobset_whose_event_was_lost():
+    kube = FakeKube()
+    run_reconcile(kube, kube.add_job(tiny_job()))
+    assert run_resync(kube) == ("unchanged", [])  # nothing new: one GET of the JobSet, no write
+    # The JobSet controller completes the JobSet; the operator never sees the event.
+    kube.objects[reconcile.jobset_path("default", "tiny")]["status"] = jobset(conditions=("Completed",))["status"]
+    before = len(writes(kube))
+    result, notices = run_resync(kube)
+    status = job_status(kube)
+    assert result == "followed" and status["phase"] == "Succeeded" and status["completionTime"] == LATER
+    assert [n.reason for n in notices] == ["Succeeded"]
+    assert writes(kube)[before:] == [("PATCH", reconcile.job_path("default", "tiny", "status"))]
+    assert run_resync(kube) == ("skipped", [])  # finished: nothing more to follow
+
+
+def test_resync_recreates_a_missing_jobset_exactly_once():
+    kube = FakeKube()
+    run_reconcile(kube, kube.add_job(tiny_job()))
+    del kube.objects[reconcile.jobset_path("default", "tiny")]  # deleted, and its DELETED event lost
+    result, _ = run_resync(kube)
+    assert result == "created"
+    assert kube.objects[reconcile.jobset_path("default", "tiny")]["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
+    assert run_resync(kube) == ("unchanged", [])  # there now: followed, not created again
+    assert writes(kube).count(("POST", reconcile.jobset_path("default"))) == 2  # the first one and the re-creation
+
+
+def test_resync_leaves_deleting_and_finished_jobs_alone():
+    kube = FakeKube()
+    run_reconcile(kube, kube.add_job(tiny_job()))
+    path = reconcile.job_path("default", "tiny")
+    kube.calls.clear()
+    kube.objects[path]["metadata"]["deletionTimestamp"] = NOW
+    assert run_resync(kube) == ("skipped", [])
+    del kube.objects[path]["metadata"]["deletionTimestamp"]
+    kube.objects[path]["status"]["phase"] = "Failed"
+    assert run_resync(kube) == ("skipped", [])
+    assert kube.calls == []
+
+
+def test_operator_intervals_are_positive_seconds():
+    from tpu_operator.cli import build_parser
+
+    args = build_parser().parse_args(["operator"])
+    assert (args.metrics_interval, args.resync_interval) == (10.0, 60.0)
+    assert build_parser().parse_args(["operator", "--resync-interval", "2.5"]).resync_interval == 2.5
+    for flag in ("--resync-interval", "--metrics-interval"):
+        for bad in ("0", "-1", "nan", "inf", "often"):
+            with pytest.raises(SystemExit):
+                build_parser().parse_args(["operator", flag, bad])

@@ -71,6 +71,7 @@ Single replica without kopf peering, hence --standalone (see the Deployment).
 - --default-image={{ .Values.operator.defaultImage }}
 - --metrics-access={{ .Values.operator.metricsAccess }}
 - --metrics-interval={{ .Values.operator.metricsInterval }}
+- --resync-interval={{ .Values.operator.resyncInterval }}
 {{- with .Values.operator.extraArgs }}
 {{ toYaml . }}
 {{- end }}
