@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import urllib.error
 import urllib.request
 
 import kubernetes
@@ -246,6 +247,76 @@ def test_kubectl_crd_objects_table_watch_delete(server, tmp_path):
     deleted = kubectl(server, "delete", "gadget", "g1", check=True)
     assert 'gadget.example.org "g1" deleted' in deleted.stdout
     assert "No resources found" in kubectl(server, "get", "gadgets", check=True).stderr
+
+
+# A CRD whose schema has each case the OpenAPI v2 conversion changes.
+SPROCKET_CRD = {**WIDGET_CRD, "metadata": {"name": "sprockets.example.net"},
+                "spec": {**WIDGET_CRD["spec"], "group": "example.net",
+                         "names": {"plural": "sprockets", "singular": "sprocket", "kind": "Sprocket"},
+                         "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                             "type": "object", "properties": {"spec": {
+                                 "type": "object", "required": ["size", "note"],
+                                 "properties": {
+                                     "size": {"type": "integer", "minimum": 1, "maximum": 9, "default": 1},
+                                     "note": {"type": "string", "nullable": True},
+                                     "mode": {"type": "string", "enum": ["a", "b"], "oneOf": [{"pattern": "a"}]},
+                                     "free": {"type": "array", "x-kubernetes-preserve-unknown-fields": True,
+                                              "items": {"type": "string"}},
+                                     "tags": {"type": "object", "additionalProperties": {"type": "string"}},
+                                 }}}}}}]}}
+
+
+def openapi_v2(server, accept: str) -> tuple[int, str, bytes]:
+    request = urllib.request.Request(server.url + "/openapi/v2", headers={"Accept": accept})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+def test_openapi_v2_publishes_crd_schemas_as_json_and_protobuf(server):
+    from tests.kubeapi.protobuf import _fields
+
+    status, body = server.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SPROCKET_CRD)
+    assert status == 201, body
+    status, content_type, raw = openapi_v2(server, "application/json")
+    assert (status, content_type) == (200, "application/json")
+    doc = json.loads(raw)
+    assert doc["swagger"] == "2.0" and doc["paths"] == {}
+    # CRD kinds only, named as kube-apiserver names them; built-in kinds have no schema here.
+    assert {"com.example.v1.Widget", "net.example.v1.Sprocket"} <= set(doc["definitions"])
+    assert not [name for name in doc["definitions"] if name.startswith("io.k8s.")]
+    sprocket = doc["definitions"]["net.example.v1.Sprocket"]
+    assert sprocket["x-kubernetes-group-version-kind"] == [{"group": "example.net", "version": "v1", "kind": "Sprocket"}]
+    assert {"apiVersion", "kind", "metadata", "spec"} <= set(sprocket["properties"])
+    spec = sprocket["properties"]["spec"]
+    assert spec["required"] == ["size"]  # a nullable field is never required in v2
+    assert spec["properties"]["size"] == {"type": "integer", "minimum": 1, "maximum": 9, "default": 1}
+    assert spec["properties"]["note"] == {}  # nullable: no type in v2
+    assert spec["properties"]["mode"] == {"type": "string", "enum": ["a", "b"]}  # oneOf dropped
+    assert spec["properties"]["free"] == {"x-kubernetes-preserve-unknown-fields": True}  # no items, so no type
+    assert spec["properties"]["tags"] == {"type": "object", "additionalProperties": {"type": "string"}}
+
+    # What client-go asks for (helm, kubectl): gnostic's openapi.v2.Document in protobuf.
+    status, content_type, raw = openapi_v2(server, "application/com.github.proto-openapi.spec.v2@v1.0+protobuf")
+    assert (status, content_type) == (200, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+    fields = dict(_fields(raw))
+    assert fields[1] == b"2.0"
+    names = [dict(_fields(entry))[1].decode() for number, entry in _fields(fields[9]) if number == 1]
+    assert names == list(doc["definitions"])
+    assert openapi_v2(server, "text/html")[0] == 406
+
+
+def test_kubectl_validates_crd_objects_against_openapi_v2(server, tmp_path):
+    bad = yaml.safe_dump({**widget("strict-1"), "spec": {"size": 2, "bogus": True}})
+    result = kubectl(server, "apply", "--validate=strict", "-f", "-", input=bad)
+    assert result.returncode != 0
+    assert 'unknown field "bogus" in com.example.v1.Widget.spec' in result.stderr, result.stderr
+    assert server.request("GET", f"{WIDGETS}/strict-1")[0] == 404
+    kubectl(server, "apply", "--validate=strict", "-f", "-", input=yaml.safe_dump(widget("strict-2")), check=True)
+    explained = kubectl(server, "explain", "widgets.spec", check=True).stdout
+    assert "size" in explained and "<integer>" in explained
 
 
 def test_owner_reference_cascade(server):

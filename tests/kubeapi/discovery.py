@@ -60,7 +60,7 @@ def api_resource_list(types: Iterable[ResourceType], group: str, version: str) -
 
 
 def root_paths(types: Iterable[ResourceType]) -> dict[str, Any]:
-    paths = {"/api", "/api/v1", "/apis", "/version", "/healthz", "/readyz", "/livez"}
+    paths = {"/api", "/api/v1", "/apis", "/version", "/healthz", "/readyz", "/livez", "/openapi/v2"}
     for name, versions in _versions_by_group(types).items():
         if name:
             paths.add(f"/apis/{name}")

@@ -13,6 +13,7 @@ REASONS = {
     403: "Forbidden",
     404: "NotFound",
     405: "MethodNotAllowed",
+    406: "NotAcceptable",
     409: "Conflict",
     410: "Expired",
     415: "UnsupportedMediaType",

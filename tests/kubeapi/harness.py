@@ -133,7 +133,8 @@ def running_apiserver(tmp_path: pathlib.Path, crds: Sequence[os.PathLike | str] 
 
 def kubectl(server: Server, *args: str, timeout: float = 30.0, input: str | None = None,
             check: bool = False) -> subprocess.CompletedProcess:
-    """Run kubectl against `server` (no schema validation: the server publishes no OpenAPI)."""
+    """Run kubectl against `server`; apply/create/replace get `--validate=false` unless the args say otherwise
+    (the server's /openapi/v2 has the CRD kinds only, so kubectl would validate those alone)."""
     command = [KUBECTL, f"--kubeconfig={server.kubeconfig}", f"--cache-dir={server.cache_dir}", *args]
     if args and args[0] in ("apply", "create", "replace") and not any(a.startswith("--validate") for a in args):
         command.insert(4, "--validate=false")

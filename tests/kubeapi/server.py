@@ -23,7 +23,7 @@ import kmock
 import yaml
 from kmock._internal import rendering
 
-from . import discovery, errors, protobuf, selectors, table, watch
+from . import discovery, errors, openapi, protobuf, selectors, table, watch
 from .errors import ApiError
 from .faults import ADMIN_PREFIX, Faults
 from .resources import CRD_KEY, ResourceType
@@ -204,13 +204,15 @@ class KubeApi(kmock.RawHandler):
                 return _reply(200, static[key])
             if path in ("/healthz", "/readyz", "/livez"):
                 return _reply(200, b"ok", "text/plain")
+            if path == "/openapi/v2":
+                return self._openapi_v2(request)
         if target is None:
             parts = [part for part in path.split("/") if part]
             if method == "GET" and len(parts) == 2 and parts[0] == "apis":
                 group = discovery.api_group(types, parts[1])
                 if group is not None:
                     return _reply(200, group)
-            # /openapi/v2 and /openapi/v3 included: kubectl --validate=false does without them.
+            # /openapi/v3 included: kubectl and helm fall back to /openapi/v2.
             raise ApiError(404, "the server could not find the requested resource", "NotFound")
         if target.plural is None:
             listing = discovery.api_resource_list(types, target.group, target.version)
@@ -227,6 +229,13 @@ class KubeApi(kmock.RawHandler):
         if target.name is None:
             return self._collection(rt, target, request)
         return self._object(rt, target, request)
+
+    def _openapi_v2(self, request: rendering.Request) -> rendering.Response:
+        media = openapi.negotiate(request.headers.get("Accept", ""))
+        doc = openapi.document(self.store.types.values(), discovery.VERSION["gitVersion"])
+        if media == openapi.PROTOBUF:
+            return _reply(200, openapi.document_message(doc), openapi.PROTOBUF_RETURNED)
+        return _reply(200, doc)
 
     def _render(self, rt: ResourceType, obj: Obj) -> Obj:
         # One stored form per group+plural; each served version only relabels it (no conversion).
