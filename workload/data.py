@@ -83,7 +83,7 @@ class RemoteTokens:
                 version = np.lib.format.read_magic(f)
                 read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
                     np.lib.format.read_array_header_2_0
-                shape, fortran, self.dtype = read_header(f)
+                shape, _fortran, self.dtype = read_header(f)
                 self.offset, self.length = f.tell(), int(np.prod(shape))
         else:
             self.length = fs.size(path) // self.dtype.itemsize

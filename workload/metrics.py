@@ -108,7 +108,7 @@ class TensorBoard:
         if self.writer is None:
             return
         for k, v in values.items():
-            if isinstance(v, (int, float)) and v is not None:
+            if isinstance(v, (int, float)):  # None (not reported yet) is skipped
                 self.writer.add_scalar(f"train/{k}", v, step)
 
     def close(self) -> None:

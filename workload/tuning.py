@@ -41,23 +41,27 @@ def cache_key(device_kind: str, seq: int, heads: int, head_dim: int) -> str:
     return f"{device_kind}|seq={seq}|heads={heads}|head_dim={head_dim}"
 
 
-def _read(cache_dir: str) -> dict:
+def _cache_file(cache_dir: str):
+    """(filesystem, path of the cache file in it) for a local or URL cache directory."""
     fs, root = fsspec.core.url_to_fs(cache_dir)
-    path = f"{root.rstrip('/')}/{CACHE_FILE}"
+    return fs, f"{root.rstrip('/')}/{CACHE_FILE}"
+
+
+def _read(cache_dir: str) -> dict:
+    fs, path = _cache_file(cache_dir)
     return json.loads(fs.cat_file(path)) if fs.exists(path) else {}
 
 
 def _write(cache_dir: str, key: str, blocks: dict) -> None:
     """Merge one entry into the cache file: a local file is replaced atomically, an object store
     object is written whole (its writes are atomic)."""
-    fs, root = fsspec.core.url_to_fs(cache_dir)
+    fs, path = _cache_file(cache_dir)
     text = json.dumps(_read(cache_dir) | {key: blocks}, indent=1, sort_keys=True)
-    path = f"{root.rstrip('/')}/{CACHE_FILE}"
     if not isinstance(fs, fsspec.implementations.local.LocalFileSystem):
         fs.pipe_file(path, text.encode())
         return
-    os.makedirs(root, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=root, suffix=".tmp")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
