@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -78,6 +79,7 @@ class Trainers:
             p = subprocess.Popen([sys.executable, "-m", "tpu_workload", "--config", str(path)], env=e,
                                  stdout=subprocess.PIPE, stderr=err, text=True)
             p.stderr_path = err.name
+            p.lines = _pump(p.stdout)
             procs.append(p)
         self.procs += procs
         return procs
@@ -86,15 +88,16 @@ class Trainers:
         """Run to completion; the JSON lines of process 0."""
         procs = self.start(cfg, processes, devices, **env)
         deadline = time.monotonic() + timeout
-        outs = []
         for p in procs:
             try:
-                out, _ = p.communicate(timeout=max(1, deadline - time.monotonic()))
+                p.wait(timeout=max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 raise AssertionError(f"trainer timed out; stderr:\n{self.stderr(p)}")
             assert p.returncode == 0, f"trainer exited {p.returncode}; stderr:\n{self.stderr(p)}"
-            outs.append(out)
-        return [json.loads(line) for line in outs[0].splitlines() if line.strip()]
+        lines = []
+        while (line := self.read_line(procs[0], timeout=30)) is not None:
+            lines.append(line)
+        return lines
 
     @staticmethod
     def stderr(p) -> str:
@@ -103,22 +106,18 @@ class Trainers:
 
     @staticmethod
     def read_line(p, timeout=120) -> dict | None:
-        """Next JSON line from p's stdout, polling with a bound; None at EOF."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([p.stdout], [], [], 0.5)
-            if ready:
-                line = p.stdout.readline()
-                return json.loads(line) if line else None
-        raise AssertionError("no output from trainer in time")
+        """Next JSON line from p's stdout within `timeout` seconds; None at EOF."""
+        try:
+            line = p.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError("no output from trainer in time") from None
+        return json.loads(line) if line is not None else None
 
     def close(self):
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=30)
-            if p.stdout:
-                p.stdout.close()
 
 
 @pytest.fixture
@@ -128,3 +127,19 @@ def trainers(tmp_path):
         yield t
     finally:
         t.close()
+
+
+def _pump(stdout) -> queue.Queue:
+    """Lines of `stdout` as they arrive, then None at EOF, read by a thread. (select() on the pipe
+    with readline() misses lines already in the file object's buffer: a reader that fell behind
+    would then see the last line only at EOF, i.e. after a lingering trainer had exited.)"""
+    lines: queue.Queue = queue.Queue()
+
+    def pump():
+        with stdout:
+            for line in stdout:
+                lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
