@@ -132,7 +132,9 @@ class FileTokens:
         # Both index any g >= 0: the source wraps g % windows, the shuffle re-permutes every pass.
         self.dataset = grain.MapDataset.source(self.source)
         if shuffle:
-            self.dataset = self.dataset.shuffle(seed=seed)
+            # Grain seeds pass p with seed + p: hash the seed, or seed s's second pass would be
+            # seed s+1's first.
+            self.dataset = self.dataset.shuffle(seed=int(_mix(seed) >> np.uint64(32)))
 
     def rows(self, step: int, rows: range) -> np.ndarray:
         """Rows `rows` of the global batch of `step`, one sequence of seq_len + 1 tokens each."""
