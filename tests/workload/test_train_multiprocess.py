@@ -51,7 +51,9 @@ def test_metrics_endpoint_serves_what_stdout_says(trainers):
             break
     steps, summary = _falls(lines)
     # The port from the metrics server's own log line, not any "on port N" another library may log.
-    logged = re.search(r"metrics: serving /status and /metrics on port (\d+)", trainers.stderr(procs[0]))
+    with open(procs[0].stderr_path) as f:  # the whole log: `trainers.stderr` is only its tail
+        logged = re.search(r"metrics: serving /status and /metrics on port (\d+)", f.read())
+    assert logged, trainers.stderr(procs[0])
     port = int(logged.group(1))
     # The metrics endpoint serves what stdout says (process 0 lingers after completion).
     assert procs[0].poll() is None, f"the trainer did not linger (exit {procs[0].returncode})"
