@@ -116,10 +116,10 @@ def make_mesh(shape: dict[str, int], slices: int = 1) -> jax.sharding.Mesh:
     """
     dims = tuple(shape[a] for a in MESH_AXES)
     devices = jax.devices()
-    check_mesh(dims, slices, len(devices))
     auto = (AxisType.Auto,) * len(MESH_AXES)
     if devices[0].platform == "tpu":
-        return jax.sharding.Mesh(tpu_grid(dims, slices, devices), MESH_AXES, axis_types=auto)
+        return jax.sharding.Mesh(tpu_grid(dims, slices, devices), MESH_AXES, axis_types=auto)  # checks too
+    check_mesh(dims, slices, len(devices))
     return jax.make_mesh(dims, MESH_AXES, axis_types=auto, devices=devices)
 
 
