@@ -37,7 +37,9 @@ DEFAULT_SEARCH = {f: (128, 256, 512) for f in ("block_q", "block_kv", "block_q_d
                                               "block_q_dq", "block_kv_dq")}
 
 
-def cache_key(device_kind: str, seq: int, heads: int, head_dim: int) -> str:
+def cache_key(seq: int, heads: int, head_dim: int, device_kind: str | None = None) -> str:
+    """The cache entry of an attention shape on `device_kind` (default: this process's chip)."""
+    device_kind = device_kind or jax.devices()[0].device_kind
     return f"{device_kind}|seq={seq}|heads={heads}|head_dim={head_dim}"
 
 
@@ -81,7 +83,7 @@ def tune_splash_blocks(seq: int, heads: int, head_dim: int, *, cache_dir: str, s
                        retune: bool = False) -> dict:
     """Best Splash block sizes for causal attention of this shape on this chip, from the cache or
     tuned (and cached). `search` maps block fields to candidate values (default DEFAULT_SEARCH)."""
-    key = cache_key(jax.devices()[0].device_kind, seq, heads, head_dim)
+    key = cache_key(seq, heads, head_dim)
     if not retune and (hit := _read(cache_dir).get(key)) is not None:
         return hit
     interpret = jax.default_backend() != "tpu" if interpret is None else interpret
@@ -108,7 +110,7 @@ def resolve_splash(spec: SplashSpec, seq: int, heads: int, head_dim: int, cache_
     and the cache has this chip and shape; otherwise `spec` unchanged."""
     if not cache_dir or any(getattr(spec, f) != SplashSpec.model_fields[f].default for f in BLOCK_FIELDS):
         return spec
-    key = cache_key(jax.devices()[0].device_kind, seq, heads, head_dim)
+    key = cache_key(seq, heads, head_dim)
     hit = _read(cache_dir).get(key)
     log.info("splash blocks: %s in %s", f"tuned {hit}" if hit else f"defaults (no entry {key!r})", cache_dir)
     return spec.model_copy(update={f: hit[f] for f in BLOCK_FIELDS}) if hit else spec
@@ -133,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     m = cfg.model
     blocks = tune_splash_blocks(cfg.training.sequence_length, m.heads, m.head_dim, cache_dir=cache_dir,
                                 retune=args.retune)
-    print(json.dumps({"key": cache_key(jax.devices()[0].device_kind, cfg.training.sequence_length, m.heads,
-                                       m.head_dim), "blocks": blocks}))
+    print(json.dumps({"key": cache_key(cfg.training.sequence_length, m.heads, m.head_dim), "blocks": blocks}))
     return 0
 
 

@@ -35,7 +35,7 @@ def test_tune_writes_cache_then_reads_it(tmp_path, monkeypatch):
     blocks = tuning.tune_splash_blocks(256, 1, 128, cache_dir=str(tmp_path), search={"block_kv": [128, 256]})
     assert blocks["block_kv"] in (128, 256) and blocks["block_kv_compute"] == blocks["block_kv"]
     assert set(blocks) == set(tuning.BLOCK_FIELDS)
-    key = tuning.cache_key(jax.devices()[0].device_kind, 256, 1, 128)
+    key = tuning.cache_key(256, 1, 128, jax.devices()[0].device_kind)
     assert json.loads((tmp_path / tuning.CACHE_FILE).read_text()) == {key: blocks}
 
     def no_tuning(*args, **kwargs):
@@ -47,7 +47,7 @@ def test_tune_writes_cache_then_reads_it(tmp_path, monkeypatch):
 
 def test_the_step_uses_tuned_blocks_only_where_the_config_leaves_the_defaults(tmp_path):
     tuned = {f: 128 for f in tuning.BLOCK_FIELDS}
-    key = tuning.cache_key(jax.devices()[0].device_kind, 128, 4, 16)  # the tiny preset at sequence 128
+    key = tuning.cache_key(128, 4, 16, jax.devices()[0].device_kind)  # the tiny preset at sequence 128
     (tmp_path / tuning.CACHE_FILE).write_text(json.dumps({key: tuned}))
     cfg = splash_config(str(tmp_path))
     assert (cfg.model.heads, cfg.model.head_dim, cfg.training.sequence_length) == (4, 16, 128)
