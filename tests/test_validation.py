@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from tests.conftest import tiny_job
-from tpu_operator.validation import InvalidJob, parse_job
+from tpu_operator.api.validation import InvalidJob, parse_job
 
 
 def _with(path: str, value):
@@ -158,3 +158,64 @@ def test_cli_reports_unreadable_and_malformed_input():
     assert result.returncode == 2 and "(yaml)" in result.stderr and result.stdout == ""
     result = _tpujob("render", "-f", "-", stdin="- a\n- b\n")
     assert result.returncode == 2 and "expected a TPUTrainingJob mapping" in result.stderr
+
+
+# Independent problems in different sections, each listed: a section that fails keeps the spec's
+# cross-field rules from running in pydantic, so validation runs those whose inputs are valid.
+MULTI = [
+    # (spec overrides, the problems expected, as (path, a word of the reason))
+    ({"tpu": {"topology": "3x3x3"}, "parallelism": {"fsdp": 8},
+      "training": {"steps": 10, "globalBatch": 12, "sequenceLength": 128}},
+     [("spec.tpu.topology", "not a v7x topology"), ("spec.training.globalBatch", "multiple of data x fsdp x expert = 8")]),
+    ({"tpu": {"topology": "2x2x1"}, "model": {"preset": "tiny", "kvHeads": 3},
+      "training": {"steps": 10, "globalBatch": 12, "sequenceLength": 128}},
+     [("spec.model.kvHeads", "does not divide heads"), ("spec.training.globalBatch", "= 8")]),
+    ({"tpu": {"topology": "2x2x1"}, "image": "has space", "parallelism": {"fsdp": "auto", "tensor": 8},
+      "training": {"steps": 10, "globalBatch": 12, "sequenceLength": 128}},
+     [("spec.image", "pattern"), ("spec.parallelism.tensor", "does not divide model.heads (4)")]),
+    ({"tpu": {"generation": "v5p", "topology": "2x2x3"}, "runtime": {"sparseCoreOffload": {"allGather": True}},
+      "training": {"steps": 10, "globalBatch": 4, "sequenceLength": 100, "precision": "fp8"},
+      "kernels": {"attention": "splash"}},
+     [("spec.tpu.topology", "not a v5p topology"), ("spec.kernels.attention", "multiple of 128, got 100")]),
+    ({"tpu": {"generation": "v5p", "topology": "2x2x1"}, "runtime": {"sparseCoreOffload": {"allGather": True}},
+      "training": {"steps": 10, "globalBatch": 4, "sequenceLength": 128, "precision": "fp8"}, "suspend": "maybe"},
+     [("spec.suspend", "boolean"), ("spec.runtime.sparseCoreOffload", "no SparseCore"),
+      ("spec.training.precision", "no native fp8")]),
+    # All sections valid: the spec's own validator lists every cross-field problem, not the first.
+    ({"tpu": {"generation": "v5p", "topology": "2x2x1"}, "runtime": {"sparseCoreOffload": {"allGather": True}},
+      "training": {"steps": 10, "globalBatch": 3, "sequenceLength": 128, "precision": "fp8"}},
+     [("spec.runtime.sparseCoreOffload", "no SparseCore"), ("spec.training.precision", "no native fp8"),
+      ("spec.training.globalBatch", "= 4")]),
+]
+
+
+@pytest.mark.parametrize("spec,expected", MULTI, ids=[", ".join(p for p, _ in m[1]) for m in MULTI])
+def test_independent_problems_are_all_listed(spec, expected):
+    doc = tiny_job(**spec)
+    with pytest.raises(InvalidJob) as exc:
+        parse_job(doc)
+    got = exc.value.problems
+    for path, word in expected:
+        matching = [p for p in got if p.startswith(f"{path}: ")]
+        assert matching and word in matching[0], f"{path} ({word}) not in {got}"
+    assert len(got) == len(expected), got  # nothing twice, nothing made up
+
+
+def test_a_long_name_is_reported_beside_a_bad_section():
+    doc = tiny_job(training={"steps": 0, "globalBatch": 8, "sequenceLength": 128})
+    doc["metadata"]["name"] = "a" * 60
+    with pytest.raises(InvalidJob) as exc:
+        parse_job(doc)
+    assert [p.split(":")[0] for p in exc.value.problems] == ["spec.training.steps", "metadata.name"]
+
+
+@pytest.mark.parametrize("command", [["validate"], ["render"], ["run", "--local"]])
+def test_a_file_that_is_not_text_is_an_error_naming_it(command, tmp_path):
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe\x00")
+    result = _tpujob(*command, "-f", str(binary))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: {binary}: not a text file"), result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    result = _tpujob(*command, "-f", str(tmp_path))  # a directory
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {tmp_path}: cannot read"), result.stderr

@@ -1,0 +1,221 @@
+"""The contract between the operator and the trainer: the `TrainerConfig` the renderer writes into
+the job's ConfigMap and the trainer reads, and the spec sections it is made of.
+
+This module imports pydantic and nothing else of ours or anyone's, so the trainer (`tpu_workload`)
+installs and imports it without the operator's dependencies (kopf, kubernetes, jinja2). The job API
+(`models.py`) builds on these sections; a field added here is a field of the CRD too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+# The device mesh, outermost first: `data` spans slices (DCN), the others one slice's devices (ICI).
+MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
+SLICE_AXES = MESH_AXES[1:]
+# A PVC name is a DNS-1123 subdomain.
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+class Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=to_camel,
+                              validate_default=True)
+
+
+def _desc(text: str, **kw: Any) -> Any:
+    return Field(description=text, **kw)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The model shape
+
+
+class ModelDims(Base):
+    """A fully resolved model shape: what the trainer builds and MFU is computed from."""
+
+    layers: int = _desc("Decoder layers.", ge=1)
+    model_dim: int = _desc("Embedding (model) dimension.", ge=1)
+    heads: int = _desc("Query heads.", ge=1)
+    kv_heads: int = _desc("Key/value heads.", ge=1)
+    head_dim: int = _desc("Dimension of one attention head.", ge=1)
+    mlp_dim: int = _desc("SwiGLU hidden dimension (per expert for MoE).", ge=1)
+    vocab: int = _desc("Vocabulary size.", ge=2)
+    experts: int = _desc("MoE experts per layer; 0 for dense.", default=0, ge=0)
+    experts_per_token: int = _desc("Top-k experts per token; 0 for dense.", default=0, ge=0)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.training
+
+
+class LearningRateSpec(Base):
+    peak: float = _desc("Peak learning rate.", default=3e-4, gt=0)
+    warmup_steps: int = _desc("Linear warm-up steps from 0 to peak.", default=0, ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = _desc("Decay after warm-up.", default="cosine")
+    min_ratio: float = _desc("Final learning rate as a fraction of peak.", default=0.1, ge=0, le=1)
+
+
+# Activations the trainer names inside a decoder layer; `custom` remat decides each one.
+REMAT_TENSORS = ("decoder_layer_input", "qkv_proj", "attention_out", "out_proj", "mlp_in", "mlp_out")
+
+
+class RematSpec(Base):
+    policy: Literal["full", "minimal", "none", "custom"] = _desc(
+        "full: recompute the whole layer in the backward pass; minimal: keep matmul outputs; "
+        "none: keep everything; custom: decide each named activation in `tensors`.", default="full")
+    tensors: dict[Literal[REMAT_TENSORS], Literal["device", "remat", "offload"]] = _desc(  # type: ignore[valid-type]
+        "For policy custom: keep on device, recompute (remat) or offload to host memory, per named activation.",
+        default_factory=dict)
+
+    @model_validator(mode="after")
+    def _tensors_only_for_custom(self) -> "RematSpec":
+        if self.tensors and self.policy != "custom":
+            raise ValueError(f"tensors: only used with policy custom, not {self.policy}")
+        return self
+
+
+class DataSpec(Base):
+    source: Literal["synthetic", "files"] = _desc("synthetic tokens, or tokenized files under `path`.",
+                                                  default="synthetic")
+    path: str | None = _desc("Directory or glob of tokenized files (.npy or flat uint16/uint32 .bin) "
+                             "visible to every pod: a mounted path, or gs://bucket/prefix (read by byte "
+                             "range with the pod's Google credentials).", default=None)
+    format: Literal["npy", "bin"] = _desc("File format of `path`.", default="npy")
+    shuffle: bool = _desc("Shuffle the sequences of `files`, a new permutation each pass over the data "
+                          "(seeded by training.seed; the order stays a pure function of the step, so "
+                          "resume is exact).", default=True)
+
+    @model_validator(mode="after")
+    def _path_for_files(self) -> "DataSpec":
+        if self.source == "files" and not self.path:
+            raise ValueError("path: required when source is files")
+        if self.source == "synthetic" and self.path:
+            raise ValueError("path: only used when source is files")
+        return self
+
+
+class TrainingSpec(Base):
+    steps: int = _desc("Optimizer steps to train.", ge=1)
+    global_batch: int = _desc("Sequences per step across all slices.", ge=1)
+    sequence_length: int = _desc("Tokens per sequence.", ge=2)
+    learning_rate: LearningRateSpec = _desc("Learning-rate schedule.", default_factory=LearningRateSpec)
+    weight_decay: float = _desc("AdamW weight decay.", default=0.1, ge=0)
+    grad_clip: float = _desc("Global gradient-norm clip; 0 disables.", default=1.0, ge=0)
+    precision: Literal["bf16", "fp8"] = _desc("Matmul precision: bf16, or fp8 through qwix.", default="bf16")
+    remat: RematSpec = _desc("Rematerialisation policy.", default_factory=RematSpec)
+    data: DataSpec = _desc("Training data.", default_factory=DataSpec)
+    seed: int = _desc("Seed for initialisation and synthetic data.", default=0, ge=0)
+    log_every: int = _desc("Report metrics every N steps.", default=1, ge=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The mesh
+
+
+class Mesh(Base):
+    """Resolved device mesh: `data` spans slices, the rest one slice's devices."""
+
+    data: int = _desc("Data parallelism across slices.", ge=1)
+    fsdp: int = _desc("FSDP degree.", ge=1)
+    context: int = _desc("Context-parallel degree.", ge=1)
+    expert: int = _desc("Expert-parallel degree.", ge=1)
+    tensor: int = _desc("Tensor-parallel degree.", ge=1)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in MESH_AXES}
+
+    def __str__(self) -> str:
+        return " x ".join(f"{k}={v}" for k, v in self.shape.items())
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.kernels
+
+
+class SplashSpec(Base):
+    block_q: int = _desc("Query block of the forward pass.", default=512, ge=128, multiple_of=128)
+    block_kv: int = _desc("Key/value block of the forward pass.", default=512, ge=128, multiple_of=128)
+    block_kv_compute: int = _desc("Key/value compute block of the forward pass.", default=512, ge=128,
+                                  multiple_of=128)
+    block_q_dkv: int = _desc("Query block of the dK/dV backward pass.", default=512, ge=128, multiple_of=128)
+    block_kv_dkv: int = _desc("Key/value block of the dK/dV backward pass.", default=512, ge=128, multiple_of=128)
+    block_kv_dkv_compute: int = _desc("Key/value compute block of the dK/dV pass.", default=512, ge=128,
+                                      multiple_of=128)
+    block_q_dq: int = _desc("Query block of the dQ backward pass.", default=512, ge=128, multiple_of=128)
+    block_kv_dq: int = _desc("Key/value block of the dQ backward pass.", default=512, ge=128, multiple_of=128)
+    max_logit_const: float | None = _desc("Fixed softmax max (skips the running max; tokamax only).",
+                                          default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _compute_fits(self) -> "SplashSpec":
+        for compute, block in (("block_kv_compute", "block_kv"), ("block_kv_dkv_compute", "block_kv_dkv")):
+            if getattr(self, block) % getattr(self, compute):
+                raise ValueError(f"{to_camel(compute)}: {getattr(self, compute)} does not divide "
+                                 f"{to_camel(block)} ({getattr(self, block)})")
+        return self
+
+
+class KernelsSpec(Base):
+    attention: Literal["splash", "xla"] = _desc(
+        "splash: the Pallas Splash kernel (interpret mode off-TPU); xla: the reference path.", default="splash")
+    splash: SplashSpec = _desc("Splash block sizes.", default_factory=SplashSpec)
+    moe_matmul: Literal["gmm", "ragged_dot"] = _desc(
+        "gmm: Megablox grouped matmul (interpret mode off-TPU); ragged_dot: the reference.", default="gmm")
+    tuning_cache: str | None = _desc(
+        "Directory (mounted path or gs://) of Splash block sizes tuned per chip and shape by "
+        "`python -m tpu_workload.tuning`; used when every splash block size is left at its default.",
+        default=None, min_length=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.checkpoint
+
+
+class CheckpointSpec(Base):
+    directory: str | None = _desc("gs:// URI or absolute path visible to every pod; unset disables checkpoints.",
+                                  default=None, pattern=r"^(gs://[a-z0-9][-_.a-z0-9]*[a-z0-9](/.*)?|/.*)$")
+    interval: int = _desc("Save every N steps (and at the last step).", default=100, ge=1)
+    keep: int = _desc("Checkpoints to keep.", default=3, ge=1)
+    resume: bool = _desc("Resume from the latest complete checkpoint on start and restart.", default=True)
+    persistent_volume_claim: str | None = _desc(
+        "PVC to mount at `directory` (for a path directory).", default=None, pattern=DNS1123_SUBDOMAIN, max_length=253)
+
+    @model_validator(mode="after")
+    def _pvc_needs_path(self) -> "CheckpointSpec":
+        if self.persistent_volume_claim:
+            if not self.directory:
+                raise ValueError("directory: required when persistentVolumeClaim is set")
+            if self.directory.startswith("gs://"):
+                raise ValueError("persistentVolumeClaim: cannot be mounted at a gs:// directory")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# What the pods read: the ConfigMap file
+
+
+class TrainerConfig(Base):
+    """Everything the trainer needs, resolved. Written as JSON into the job's ConfigMap."""
+
+    name: str = _desc("Job name.")
+    namespace: str = _desc("Job namespace.", default="default")
+    generation: str = _desc("TPU generation (canonical spelling).")
+    topology: str = _desc("Slice topology.")
+    slices: int = _desc("Slices.", ge=1)
+    hosts_per_slice: int = _desc("Hosts (processes) per slice.", ge=1)
+    devices_per_host: int = _desc("JAX devices per host on the TPU.", ge=1)
+    peak_flops_per_device: float = _desc("Peak FLOP/s of one JAX device at the job's precision.", gt=0)
+    model: ModelDims = _desc("Resolved model shape.")
+    training: TrainingSpec = _desc("Training settings.")
+    mesh: Mesh = _desc("Resolved mesh.")
+    kernels: KernelsSpec = _desc("Kernels.")
+    checkpoint: CheckpointSpec = _desc("Checkpointing.")
+    metrics_port: int = _desc("Metrics port of the coordinator.")

@@ -1,0 +1,45 @@
+"""Validation problems as `field.path: reason` lines users can act on, from pydantic's errors."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import ValidationError
+
+_PATH_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*): (.*)$", re.S)
+
+
+_TAG_PREFIXES = ("constrained-", "function-", "literal[", "list[", "dict[", "union[", "tagged-union[", "nullable[",
+                 "json-or-python[", "lax-or-strict[", "is-instance[", "model[")
+
+
+def _loc_part(part: object) -> str | None:
+    """Drop the tags pydantic adds for union branches and validator wrappers ('int', "literal['auto']")."""
+    if isinstance(part, int):
+        return f"[{part}]"
+    text = str(part)
+    skip = text in {"int", "str", "float", "bool", "[key]"} or text.startswith(_TAG_PREFIXES)
+    return None if skip else text
+
+
+def problems(exc: ValidationError, root: str = "") -> list[str]:
+    """Every problem of `exc` as 'path: reason', one per path, in input order. A validator that finds
+    several problems raises one message with a 'path: reason' per line (rules.joined)."""
+    by_path: dict[str, list[str]] = {}
+    for err in exc.errors():
+        parts = [p for p in map(_loc_part, err["loc"]) if p is not None]
+        msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        for line in msg.split("\n") if err["type"] == "value_error" else [msg]:
+            line_parts, line_msg = parts, line
+            m = _PATH_PREFIX.match(line)
+            if m and err["type"] == "value_error":  # "topology: ..." raised by a model validator names its field
+                line_parts, line_msg = [*parts, m.group(1)], m.group(3)
+            if err["type"] == "literal_error" or err["type"] == "enum":
+                line_msg = f"{err.get('input')!r} is not allowed; {line_msg[0].lower()}{line_msg[1:]}"
+            elif err["type"] == "extra_forbidden":
+                line_msg = "unknown field"
+            path = ".".join(p for p in [root, *line_parts] if p).replace(".[", "[")
+            msgs = by_path.setdefault(path or "(root)", [])
+            if line_msg not in msgs:
+                msgs.append(line_msg)
+    return [f"{path}: {' or '.join(msgs)}" for path, msgs in by_path.items()]

@@ -1,0 +1,139 @@
+"""Cross-field rules of a job: checks that read more than one section of the spec.
+
+Each rule runs whenever the values it reads are known, so a job with several independent
+problems gets all of them listed, not only those of the first section that failed. The spec's
+own validator runs them on a whole valid spec (`TPUTrainingJobSpec`); `validation.parse_job`
+runs them on the sections that validated when another did not (`Sections` with None for a
+section that failed). A mesh degree is known when it is a fixed number, or, for the `auto` one,
+when the slice is known too.
+
+Rules return (path under `spec`, reason) pairs; the path names the field to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import catalogue
+from .contract import SLICE_AXES, KernelsSpec, Mesh, ModelDims, TrainingSpec
+from .names import longest_hostname
+
+if TYPE_CHECKING:  # the models import this module; the rules only read them
+    from .models import ParallelismSpec, RuntimeSpec, TPUSpec
+
+Problem = tuple[str, str]  # (path under spec, reason)
+
+
+@dataclass(frozen=True)
+class Sections:
+    """The parts of a spec the rules read; None where that part did not validate."""
+
+    tpu: TPUSpec | None = None
+    slices: int | None = None  # known on its own when the topology is not valid
+    model: ModelDims | None = None
+    training: TrainingSpec | None = None
+    parallelism: ParallelismSpec | None = None
+    kernels: KernelsSpec | None = None
+    runtime: RuntimeSpec | None = None
+
+
+def resolve_mesh(par: ParallelismSpec, devices: int, slices: int) -> Mesh:
+    """Fill an `auto` degree so the four degrees multiply to one slice's devices."""
+    fixed = {a: getattr(par, a) for a in SLICE_AXES if getattr(par, a) != "auto"}
+    product = 1
+    for v in fixed.values():
+        product *= v
+    auto = next((a for a in SLICE_AXES if getattr(par, a) == "auto"), None)
+    if auto is None:
+        if product != devices:
+            raise ValueError(f"parallelism: fsdp x context x expert x tensor = {product}, but one slice has "
+                             f"{devices} devices; make them equal or set one axis to auto")
+        return Mesh(data=slices, **fixed)
+    if devices % product:
+        raise ValueError(f"parallelism: the fixed degrees multiply to {product}, which does not divide the "
+                         f"{devices} devices of one slice")
+    return Mesh(data=slices, **fixed, **{auto: devices // product})
+
+
+def _degrees(s: Sections) -> tuple[dict[str, int | None], list[Problem]]:
+    """Every mesh degree that is known (None where it is not), and the mesh's own problem."""
+    if s.parallelism is None:
+        return dict.fromkeys(("data", *SLICE_AXES)), []
+    if s.tpu is not None:
+        try:
+            return resolve_mesh(s.parallelism, s.tpu.slice.devices, s.tpu.slices).shape, []
+        except ValueError as exc:
+            problem = [_split(str(exc))]
+    else:
+        problem = []
+    known = {a: getattr(s.parallelism, a) for a in SLICE_AXES}
+    return {"data": s.tpu.slices if s.tpu else s.slices,
+            **{a: (None if v == "auto" else v) for a, v in known.items()}}, problem
+
+
+def _split(message: str) -> Problem:
+    path, _, reason = message.partition(": ")
+    return path, reason
+
+
+def spec_problems(s: Sections) -> list[Problem]:
+    """Every cross-field problem whose inputs are known."""
+    mesh, problems = _degrees(s)
+    gen = catalogue.generation(s.tpu.generation) if s.tpu else None
+    dims, t = s.model, s.training
+    if dims is not None and mesh["expert"] is not None:
+        if dims.is_moe and dims.experts % mesh["expert"]:
+            problems.append(("parallelism.expert", f"{mesh['expert']} does not divide model.experts ({dims.experts})"))
+        elif not dims.is_moe and mesh["expert"] > 1:
+            problems.append(("parallelism.expert", f"{mesh['expert']} needs an MoE model (model.experts > 0)"))
+    if dims is not None and mesh["tensor"] is not None and dims.heads % mesh["tensor"]:
+        problems.append(("parallelism.tensor", f"{mesh['tensor']} does not divide model.heads ({dims.heads})"))
+    batch_axes = (mesh["data"], mesh["fsdp"], mesh["expert"])
+    if t is not None and None not in batch_axes:
+        shards = batch_axes[0] * batch_axes[1] * batch_axes[2]
+        if t.global_batch % shards:
+            problems.append(("training.globalBatch", f"{t.global_batch} is not a multiple of data x fsdp x expert "
+                                                     f"= {shards}, the axes the batch is sharded over"))
+    context = mesh["context"]
+    # Load-balanced causal context parallelism splits each shard's sequence in two halves.
+    if t is not None and context is not None and context > 1 and t.sequence_length % (2 * context):
+        problems.append(("training.sequenceLength", f"{t.sequence_length} is not a multiple of 2 x context = "
+                                                    f"{2 * context}"))
+    if t is not None and context is not None and s.kernels is not None and s.kernels.attention == "splash":
+        per_shard = t.sequence_length // context
+        if per_shard % 128:
+            problems.append(("kernels.attention", f"splash needs sequenceLength / context to be a multiple of 128, "
+                                                  f"got {per_shard}; use attention xla for short sequences"))
+    if gen is not None and s.runtime is not None:
+        problems += _runtime_problems(gen, s.runtime)
+    if gen is not None and t is not None and t.precision == "fp8" and gen.name == "v5p":
+        problems.append(("training.precision", "v5p has no native fp8; use bf16"))
+    return problems
+
+
+def _runtime_problems(gen: catalogue.Generation, runtime: Any) -> list[Problem]:
+    problems = []
+    offload = runtime.sparse_core_offload
+    if not gen.sparse_core and any(getattr(offload, f) for f in type(offload).model_fields):
+        problems.append(("runtime.sparseCoreOffload", f"{gen.name} has no SparseCore; remove the offload settings"))
+    vmem = runtime.scoped_vmem_limit_kib
+    if vmem is not None and (gen.vmem_kib is None or vmem > gen.vmem_kib):
+        limit = f"at most {gen.vmem_kib}" if gen.vmem_kib else "not settable"
+        problems.append(("runtime.scopedVmemLimitKiB", f"{vmem} exceeds the VMEM of a {gen.name} core ({limit})"))
+    return problems
+
+
+def hostname_problem(name: str, tpu: TPUSpec) -> Problem | None:
+    """The pod hostnames JobSet derives from the job's name must fit 63 characters."""
+    host = longest_hostname(name, tpu.slices, tpu.slice.hosts)
+    if len(host) <= 63:
+        return None
+    room = 63 - (len(host) - len(name))
+    return "metadata.name", (f"{name!r} is too long for this slice: pod hostname {host!r} would have "
+                             f"{len(host)} characters (limit 63); use at most {room}")
+
+
+def joined(problems: list[Problem]) -> str:
+    """One validator message for several problems, one 'path: reason' per line (see problems.py)."""
+    return "\n".join(f"{path}: {reason}" for path, reason in problems)
