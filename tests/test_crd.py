@@ -6,7 +6,7 @@ import yaml
 from tests.conftest import EXAMPLES, tiny_job
 from tests.kubeapi.schema import CrdSchema
 from tests.kubeapi.errors import ApiError
-from tpu_operator import crd
+from tpu_operator.api import crd
 
 CRD_PATH = EXAMPLES.parent / "crds" / crd.CRD_FILE
 

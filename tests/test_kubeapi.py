@@ -9,10 +9,10 @@ import kubernetes
 import pytest
 import yaml
 
+from tests.conftest import NO_REAL_JOBSET_CRD, REAL_JOBSET_CRD
 from tests.kubeapi.harness import kubectl, kubectl_background, read_until, running_apiserver, wait_for
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-JOBSET_CRD = REPO_ROOT.parent / "shared" / "schemas" / "jobset.x-k8s.io_jobsets.yaml"
 CM = "/api/v1/namespaces/default/configmaps"
 WIDGETS = "/apis/example.com/v1/namespaces/default/widgets"
 
@@ -360,9 +360,9 @@ def test_fault_injection_and_request_log(server):
         response.read()  # returns at once: the server ended the stream
 
 
-@pytest.mark.skipif(not JOBSET_CRD.exists(), reason=f"the JobSet CRD is not at {JOBSET_CRD} (../shared/schemas)")
+@pytest.mark.skipif(not REAL_JOBSET_CRD.exists(), reason=NO_REAL_JOBSET_CRD)
 def test_jobset_schema_validation(tmp_path):
-    with running_apiserver(tmp_path, crds=[JOBSET_CRD]) as srv:
+    with running_apiserver(tmp_path, crds=[REAL_JOBSET_CRD]) as srv:
         jobsets = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets"
         pod = {"spec": {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"cpu": 1}}}],
                         "restartPolicy": "Never"}}

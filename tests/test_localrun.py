@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from tests.conftest import tiny_job
-from tpu_operator.localrun import TooLargeForLocal, check_fits, scale_down
-from tpu_operator.validation import parse_job
+from tpu_operator.local.run import TooLargeForLocal, check_fits, scale_down
+from tpu_operator.api.validation import parse_job
 
 # Process 0 prints metric lines; every process records its environment; host 1 fails on the first
 # attempt with the exit code in $FAIL_CODE (when set), and any process can be told to hang.
@@ -60,6 +60,7 @@ def _run(tmp_path, job_path, *extra, **kw):
                           timeout=120, cwd=tmp_path, **kw)
 
 
+@pytest.mark.e2e
 def test_each_pod_gets_the_manifest_environment_on_loopback(tmp_path):
     result = _run(tmp_path, _job(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -85,6 +86,7 @@ def test_each_pod_gets_the_manifest_environment_on_loopback(tmp_path):
     assert (tmp_path / "run" / "report.png").stat().st_size > 1000
 
 
+@pytest.mark.e2e
 def test_restartable_failure_restarts_the_whole_slice(tmp_path):
     result = _run(tmp_path, _job(tmp_path, FAIL_CODE="3"))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -93,6 +95,7 @@ def test_restartable_failure_restarts_the_whole_slice(tmp_path):
     assert status["phase"] == "Succeeded" and status["restarts"] == 1 and status["step"] == 6
 
 
+@pytest.mark.e2e
 def test_unlisted_exit_code_fails_at_once(tmp_path):
     result = _run(tmp_path, _job(tmp_path, FAIL_CODE="9"))
     assert result.returncode == 1
@@ -101,6 +104,7 @@ def test_unlisted_exit_code_fails_at_once(tmp_path):
     assert "not in restartOnExitCodes [3]" in status["message"]
 
 
+@pytest.mark.e2e
 def test_interrupt_stops_every_process(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f",
                              str(_job(tmp_path, HANG="1")), "--run-dir", str(tmp_path / "run")],

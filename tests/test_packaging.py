@@ -1,5 +1,7 @@
-"""A non-editable install carries the templates and the CRD: the wheel renders from any directory."""
+"""Installs: the wheel carries the templates and the CRD and renders from any directory; the trainer
+installs without the operator's dependencies."""
 
+import json
 import subprocess
 import sys
 import sysconfig
@@ -9,6 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +36,7 @@ def test_installed_wheel_renders_and_prints_the_crd(wheel_venv):
     # Dependencies come from the test environment; the package itself only from the wheel. Plain
     # PYTHONPATH entries do not run .pth files, so the editable install of this checkout stays out.
     env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"}
-    where = subprocess.run([str(python), "-c", "import tpu_operator.render as r; print(r.__file__)"],
+    where = subprocess.run([str(python), "-c", "import tpu_operator.rendering.manifests as r; print(r.__file__)"],
                            capture_output=True, text=True, cwd=tmp, env=env)
     assert str(tmp / "venv") in where.stdout, where.stdout + where.stderr
     render = subprocess.run([str(python), "-m", "tpu_operator.cli", "render", "-f",
@@ -42,3 +47,21 @@ def test_installed_wheel_renders_and_prints_the_crd(wheel_venv):
     crd = subprocess.run([str(python), "-m", "tpu_operator.cli", "crd"], capture_output=True, text=True, cwd=tmp,
                          env=env, timeout=60)
     assert crd.stdout == (ROOT / "crds" / "tputrainingjob.yaml").read_text()
+
+
+def test_the_workload_installs_without_the_operator_side(tmp_path):
+    """`pip install '.[workload]'` (what the trainer image does) into a fresh venv: the trainer imports,
+    and kopf, kubernetes and jinja2 are not there."""
+    venv.create(tmp_path / "venv", with_pip=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", f"{ROOT}[workload]"], capture_output=True,
+                             text=True, timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    probe = ("import importlib.util, json, tpu_workload.train, tpu_workload.__main__; "
+             "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in "
+             "['kopf', 'kubernetes', 'jinja2', 'jax', 'pydantic']}))")
+    result = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                            env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"kopf": False, "kubernetes": False, "jinja2": False, "jax": True,
+                                         "pydantic": True}

@@ -4,7 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+
+pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it out
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from tests.conftest import EXAMPLES, example, tiny_job
-from tpu_operator.models import TrainerConfig
-from tpu_operator.render import render, to_yaml_stream
-from tpu_operator.validation import InvalidJob, parse_job
+from tpu_operator.api.contract import TrainerConfig
+from tpu_operator.rendering.manifests import render, to_yaml_stream
+from tpu_operator.api.validation import InvalidJob, parse_job
 
 GOLDEN = Path(__file__).parent / "golden"
 

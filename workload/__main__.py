@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("tpu_workload")
 
-    from tpu_operator.models import TrainerConfig
+    from tpu_operator.api.contract import TrainerConfig
 
     from . import metrics, runtime
 
@@ -39,16 +39,20 @@ def main(argv: list[str] | None = None) -> int:
 
     port = env.metrics_port if env.metrics_port is not None else cfg.metrics_port
     status = metrics.Status(cfg.training.steps, jax.process_count())
+    # Process 0 serves /status and /metrics from start-up (compile included) until it exits.
+    server = metrics.serve(status, port) if jax.process_index() == 0 else None
     try:
-        summary = train.run(cfg, metrics_port=port, peak_flops_per_device=runtime.peak_flops_per_device(
-            env, cfg.peak_flops_per_device), run_dir=env.run_dir, status=status)
+        train.run(cfg, peak_flops_per_device=runtime.peak_flops_per_device(env, cfg.peak_flops_per_device),
+                  run_dir=env.run_dir, status=status)
     except Exception:
         status.update(state="failed")
         log.exception("training failed")
         return 1
-    if summary.get("_server") is not None and env.linger_s > 0:
-        log.info("serving final metrics for %.0f s", env.linger_s)
-        time.sleep(env.linger_s)
+    if server is not None:
+        if env.linger_s > 0:
+            log.info("serving final metrics for %.0f s", env.linger_s)
+            time.sleep(env.linger_s)
+        server.shutdown()
     return 0
 
 

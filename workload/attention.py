@@ -16,7 +16,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import sharding
 
@@ -128,20 +127,18 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool):
     sh = sharding.current()
     if sh is None:
         raise RuntimeError("splash attention needs an active sharding.Sharder (sharding.use)")
-    mesh, context, tensor = sh.mesh, sh.axis_size("context"), sh.axis_size("tensor")
-    B, T, N, H = q_BTNH.shape
+    context, tensor = sh.degree("length"), sh.degree("act_heads")
+    _, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     if tensor > 1 and K % tensor:
         k_BSKH = jnp.repeat(k_BSKH, N // K, axis=2)
         v_BSKH = jnp.repeat(v_BSKH, N // K, axis=2)
     kernel = make_splash_kernel(T, context, spec, interpret)
-    kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P("context")))
-    batch = sh.spec(("batch",), (B,))[0]
-    heads = "tensor" if tensor > 1 else None
-    q_spec = P(batch, "context" if context > 1 else None, heads, None)
-    kv_spec = P(batch, None, heads, None)
+    kernel_spec = kernel.manual_sharding_spec(sh.named(("length",)))
+    q_spec = sh.spec(("batch", "length", "act_heads", None), q_BTNH.shape)
+    kv_spec = sh.spec(("batch", None, "act_kv_heads", None), k_BSKH.shape)  # the whole sequence
 
-    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec),
+    @functools.partial(jax.shard_map, mesh=sh.mesh, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec),
                        out_specs=q_spec, check_vma=False)
     def run(kernel, q_BTNH, k_BSKH, v_BSKH):
         q_BNTH = jnp.swapaxes(q_BTNH * H**-0.5, 1, 2)

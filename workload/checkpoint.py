@@ -1,4 +1,4 @@
-"""Orbax checkpoints: async saves every `interval` steps and at the last step, keep K, resume.
+"""Orbax checkpoints: asynchronous saves (the loop's checkpoint hook picks the steps), keep K, resume.
 
 Orbax writes each step into a temporary directory and renames it when every process has
 finished, so a process killed mid-save leaves only a temporary directory that `latest_step`
@@ -18,8 +18,7 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
-    def __init__(self, directory: str, interval: int, keep: int, total_steps: int):
-        self.interval, self.total_steps = interval, total_steps
+    def __init__(self, directory: str, keep: int):
         self.manager = ocp.CheckpointManager(
             directory, options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep, enable_async_checkpointing=True, create=True))
@@ -34,11 +33,9 @@ class Checkpointer:
         log.info("restoring checkpoint step %d from %s", step, self.manager.directory)
         return self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
 
-    def maybe_save(self, step: int, state) -> bool:
-        if step % self.interval and step != self.total_steps:
-            return False
+    def save(self, step: int, state) -> None:
+        """Start an asynchronous save of `state` at `step` (the caller decides which steps)."""
         self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
-        return True
 
     def last_complete_step(self) -> int | None:
         """Step of the newest checkpoint whose save has finished (never one still being written)."""

@@ -9,7 +9,7 @@ pinned by a hand count in the tests instead.
 
 from __future__ import annotations
 
-from tpu_operator.models import ModelDims, TrainingSpec
+from tpu_operator.api.contract import ModelDims, TrainingSpec
 
 
 def flops_per_step(model: ModelDims, training: TrainingSpec) -> float:

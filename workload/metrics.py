@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 log = logging.getLogger(__name__)
@@ -55,20 +56,16 @@ class Status:
         return "\n".join(lines) + "\n"
 
 
-def serve(status: Status, port: int) -> ThreadingHTTPServer | None:
-    """Serve /status and /metrics on `port` (0 picks a free one) from a daemon thread."""
+Respond = Callable[[str], "tuple[int, bytes, str]"]  # path -> (HTTP status, body, content type)
+
+
+def serve_http(respond: Respond, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Answer GET requests with `respond(path)` from a daemon thread (port 0 picks a free one)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            path = self.path.split("?")[0]
-            if path == "/status":
-                body, ctype = json.dumps(status.snapshot()).encode(), "application/json"
-            elif path == "/metrics":
-                body, ctype = status.prometheus().encode(), "text/plain; version=0.0.4"
-            else:
-                self.send_error(404)
-                return
-            self.send_response(200)
+            code, body, ctype = respond(self.path.split("?")[0])
+            self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -77,14 +74,28 @@ def serve(status: Status, port: int) -> ThreadingHTTPServer | None:
         def log_message(self, *args):
             pass
 
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True, name="http").start()
+    return server
+
+
+def serve(status: Status, port: int) -> ThreadingHTTPServer | None:
+    """Serve /status (JSON) and /metrics (Prometheus) on `port` (0 picks a free one)."""
+
+    def respond(path: str) -> tuple[int, bytes, str]:
+        if path == "/status":
+            return 200, json.dumps(status.snapshot()).encode(), "application/json"
+        if path == "/metrics":
+            return 200, status.prometheus().encode(), "text/plain; version=0.0.4"
+        return 404, b"not found\n", "text/plain"
+
     try:
-        server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        server = serve_http(respond, port)
     except OSError as exc:
         # Training matters more than its metrics: carry on; the operator reports them unreachable.
         log.error("metrics: cannot serve on port %d (%s); training continues without /status", port, exc)
         return None
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True, name="metrics-http").start()
     log.info("metrics: serving /status and /metrics on port %d", server.server_address[1])
     return server
 

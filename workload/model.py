@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from tpu_operator.models import REMAT_TENSORS, KernelsSpec, ModelDims, RematSpec
+from tpu_operator.api.contract import REMAT_TENSORS, KernelsSpec, ModelDims, RematSpec
 
 from . import attention, moe
 from .sharding import constrain

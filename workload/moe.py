@@ -18,7 +18,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from . import sharding
 
@@ -114,36 +113,41 @@ def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, impl
                            experts_BTk.reshape(B * T, -1), gate_EDF, up_EDF, down_EFD, first_expert=0,
                            num_experts=E, impl=impl, interpret=interpret, fp8=fp8)
         return y.reshape(B, T, D).astype(x_BTD.dtype)
-    B = x_BTD.shape[0]
-    batch = sh.spec(("batch",), (B,))[0]
-    length = "context" if sh.axis_size("context") > 1 else None
-    tok = P(batch, length, None)
-    mlp = "tensor" if sh.axis_size("tensor") > 1 and gate_EDF.shape[2] % sh.axis_size("tensor") == 0 else None
-    ex = "expert" if sh.axis_size("expert") > 1 else None
-    ep_gathers = ex is not None and batch is not None and "expert" in (batch if isinstance(batch, tuple) else (batch,))
+    tok = sh.spec(("batch", "length", None), x_BTD.shape)
+    # Weights enter whole along embed (gathered over fsdp): experts over `exp`, F over `mlp` axes.
+    w_in, w_out = sh.spec(("exp", None, "mlp"), gate_EDF.shape), sh.spec(("exp", "mlp", None), down_EFD.shape)
+    ex = _spec_axes(w_in[0])  # mesh axes the experts are split over
+    mlp = _spec_axes(w_in[2])  # and their MLP dimension
+    # With experts split over axes the batch is split over too, each shard gathers its expert
+    # group's tokens (and scatters the results back); otherwise every shard holds all the tokens.
+    ep_gathers = bool(ex) and set(ex) <= set(_spec_axes(tok[0]))
 
-    @functools.partial(jax.shard_map, mesh=sh.mesh,
-                       in_specs=(tok, tok, tok, P(ex, None, mlp), P(ex, None, mlp), P(ex, mlp, None)),
+    @functools.partial(jax.shard_map, mesh=sh.mesh, in_specs=(tok, tok, tok, w_in, w_in, w_out),
                        out_specs=tok, check_vma=False)
     def run(x_btD, w_btk, e_btk, gate, up, down):
         if ep_gathers:  # the expert group's tokens
-            x_btD, w_btk, e_btk = (jax.lax.all_gather(a, "expert", axis=0, tiled=True) for a in (x_btD, w_btk, e_btk))
+            x_btD, w_btk, e_btk = (jax.lax.all_gather(a, ex, axis=0, tiled=True) for a in (x_btD, w_btk, e_btk))
         b, t, D = x_btD.shape
         X = gate.shape[0]
-        first = jax.lax.axis_index("expert") * X if ex else 0
+        first = jax.lax.axis_index(ex) * X if ex else 0
         y = _local_experts(x_btD.reshape(b * t, D), w_btk.reshape(b * t, -1), e_btk.reshape(b * t, -1),
                            gate, up, down, first_expert=first, num_experts=E, impl=impl, interpret=interpret,
                            fp8=fp8)
         if mlp:
-            y = jax.lax.psum(y, "tensor")
+            y = jax.lax.psum(y, mlp)
         y = y.reshape(b, t, D)
         if ep_gathers:
-            y = jax.lax.psum_scatter(y, "expert", scatter_dimension=0, tiled=True)
+            y = jax.lax.psum_scatter(y, ex, scatter_dimension=0, tiled=True)
         elif ex:
-            y = jax.lax.psum(y, "expert")
+            y = jax.lax.psum(y, ex)
         return y.astype(x_btD.dtype)
 
     return run(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD)
+
+
+def _spec_axes(entry) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (None, a name, or a tuple of names)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def reference_experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD):

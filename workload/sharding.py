@@ -3,7 +3,9 @@
 Model code names logical axes only ("embed", "mlp", "batch", ...). `RULES` maps them to the
 mesh axes of `MESH_AXES`; a `Sharder` (mesh + rules) turns logical names into PartitionSpecs.
 The sharder that is active while a step is traced is set with `use(sharder)`; model code calls
-`constrain(x, axes)` and `current()` and never builds a PartitionSpec itself.
+`constrain(x, axes)` and `current()` and never builds a PartitionSpec itself: kernels under
+`shard_map` ask the sharder for their specs (`spec`), the mesh axes of a logical axis
+(`mesh_axes`, for collectives) and its degree (`degree`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
+from tpu_operator.api.contract import MESH_AXES
+
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
 BATCH_AXES = ("data", "fsdp", "expert")
 
 # One strategy: FSDP over `fsdp` (weights' embed dim), batch over data x fsdp x expert,
@@ -57,17 +60,22 @@ class Sharder:
     mesh: jax.sharding.Mesh
     rules: dict = dataclasses.field(default_factory=lambda: dict(RULES))
 
-    def axis_size(self, name: str) -> int:
-        return self.mesh.shape[name]
+    def mesh_axes(self, logical: str | None) -> tuple[str, ...]:
+        """The mesh axes (of size > 1) that the logical axis `logical` is sharded over."""
+        axes = self.rules.get(logical) if logical is not None else None
+        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        return tuple(a for a in axes if self.mesh.shape[a] > 1)
+
+    def degree(self, logical: str) -> int:
+        """How many ways the logical axis `logical` is split."""
+        return int(np.prod([self.mesh.shape[a] for a in self.mesh_axes(logical)]))
 
     def spec(self, logical: Logical, shape: Sequence[int] | None = None) -> P:
         """PartitionSpec for `logical`; with `shape`, mesh axes that do not divide a dim are dropped."""
         used: set[str] = set()
         out = []
         for i, name in enumerate(logical):
-            axes = self.rules.get(name) if name is not None else None
-            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-            axes = tuple(a for a in axes if a not in used and self.mesh.shape[a] > 1)
+            axes = tuple(a for a in self.mesh_axes(name) if a not in used)
             if shape is not None:
                 size = int(np.prod([self.mesh.shape[a] for a in axes])) if axes else 1
                 if shape[i] % size:

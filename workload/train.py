@@ -1,8 +1,10 @@
 """Training state, the train step, and the loop.
 
 The step is pure and built once (`build`): features (kernels, remat, fp8) are chosen in the
-model config, not by branches inside the step. The loop never blocks dispatch on metrics: after
-dispatching step n it reads step n-1's loss, so step time = time between completions.
+model config, not by branches inside the step. A run is set up once (`setup`), then `train` loops
+over the steps and calls its hooks (stdout line, /status, TensorBoard, checkpoint); it never
+blocks dispatch on metrics: after dispatching step n it reads step n-1's loss, so step time =
+time between completions. The metrics server belongs to the caller (`__main__`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import dataclasses
 import logging
 import statistics
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +21,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from tpu_operator.models import TrainerConfig, TrainingSpec
+from tpu_operator.api.contract import TrainerConfig, TrainingSpec
 
 from . import data as data_lib
 from . import flops as flops_lib
@@ -134,23 +137,95 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
                      out_shardings=(state_shardings, replicated), donate_argnums=0))
 
 
-def _tensorboard_dir(cfg: TrainerConfig, run_dir: str | None) -> str | None:
-    base = cfg.checkpoint.directory or run_dir
-    return f"{base.rstrip('/')}/tensorboard" if base else None
+# ---------------------------------------------------------------------------------------------
+# The run: set-up, the loop with its hooks, the summary
 
 
-def run(cfg: TrainerConfig, *, metrics_port: int | None = None, peak_flops_per_device: float,
-        run_dir: str | None = None, status: metrics_lib.Status | None = None) -> dict:
-    """Train `cfg` on all global devices; returns the summary record (on every process)."""
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """What one reported step says (a JSON line on stdout, /status, TensorBoard)."""
+
+    step: int
+    loss: float
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    last_checkpoint_step: int | None
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """How a run ended: the last step's loss and the median step time over the timed steps (the
+    first step of a run, which compiles, is not timed). A run that found its last step already
+    checkpointed trains nothing: `already_complete`, and no loss or timing."""
+
+    step: int
+    last_checkpoint_step: int | None
+    loss: float | None = None
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    steps_timed: int = 0
+    already_complete: bool = False
+
+    def as_dict(self) -> dict:
+        if self.already_complete:
+            return {"summary": True, "step": self.step, "already_complete": True,
+                    "last_checkpoint_step": self.last_checkpoint_step,
+                    "message": f"already complete: the checkpoint at step {self.last_checkpoint_step} is the "
+                               f"last step; nothing was trained"}
+        return {"summary": True, **{k: v for k, v in dataclasses.asdict(self).items() if k != "already_complete"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    """Work done on every `every`-th step and on the last: `on_state` with the new state right after
+    the step is dispatched (checkpoints must see it before the next step donates it), `on_record`
+    with the step's metrics once they are read."""
+
+    every: int
+    on_state: Callable[[int, dict], object] | None = None
+    on_record: Callable[[StepRecord], object] | None = None
+
+    def due(self, step: int, total: int) -> bool:
+        return step % self.every == 0 or step == total
+
+
+@dataclasses.dataclass
+class Run:
+    """One run, set up: the built step, the state it starts from, the data, the checkpoints, and
+    what a step's metrics are measured against."""
+
+    cfg: TrainerConfig
+    trainer: Trainer
+    state: dict
+    start: int
+    batches: data_lib.Batches
+    ckpt: Checkpointer | None
+    flops_per_step: float
+    peak_flops: float  # of all devices in the mesh
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.training.global_batch * self.cfg.training.sequence_length
+
+    def record(self, step: int, loss: float, step_time_s: float) -> StepRecord:
+        return StepRecord(step=step, loss=loss, step_time_s=step_time_s,
+                          tokens_per_s=self.tokens_per_step / step_time_s,
+                          mfu=self.flops_per_step / step_time_s / self.peak_flops,
+                          last_checkpoint_step=self.ckpt.last_complete_step() if self.ckpt else None)
+
+
+def setup(cfg: TrainerConfig, *, peak_flops_per_device: float) -> Run:
+    """Mesh, step, and the state to start from: the latest complete checkpoint when resuming."""
     t = cfg.training
     mesh = sharding.make_mesh(cfg.mesh.shape, cfg.slices)
-    main = jax.process_index() == 0
     log.info("mesh %s over %d devices (%d processes)", cfg.mesh, mesh.size, jax.process_count())
     trainer = build(cfg, mesh)
-    status = status or metrics_lib.Status(t.steps, jax.process_count())
-    server = metrics_lib.serve(status, metrics_port) if main and metrics_port is not None else None
-    tb = metrics_lib.TensorBoard(_tensorboard_dir(cfg, run_dir) if main else None)
-    ckpt = (Checkpointer(cfg.checkpoint.directory, cfg.checkpoint.interval, cfg.checkpoint.keep, t.steps)
+    ckpt = (Checkpointer(cfg.checkpoint.directory, cfg.checkpoint.keep)
             if cfg.checkpoint.directory else None)
     if ckpt and cfg.checkpoint.resume and ckpt.latest_step() is not None:
         state = ckpt.restore(trainer.abstract_state)
@@ -159,56 +234,80 @@ def run(cfg: TrainerConfig, *, metrics_port: int | None = None, peak_flops_per_d
     sharding.check_shardings(state["params"], trainer.param_shardings)
     start = int(jax.device_get(state["step"]))
     log.info("starting at step %d of %d", start, t.steps)
-
     batches = data_lib.Batches(data_lib.make_source(t, cfg.model.vocab), trainer.batch_sharding, cfg.mesh.context)
-    flops = flops_lib.flops_per_step(cfg.model, t)
-    tokens = t.global_batch * t.sequence_length
-    last_ckpt = ckpt.last_complete_step() if ckpt else None
-    times: list[float] = []
-    record: dict = {"step": start, "loss": None}
+    return Run(cfg=cfg, trainer=trainer, state=state, start=start, batches=batches, ckpt=ckpt,
+               flops_per_step=flops_lib.flops_per_step(cfg.model, t),
+               peak_flops=peak_flops_per_device * mesh.size)
 
-    def report(step: int, metrics, t_prev: float) -> float:
-        nonlocal last_ckpt, record
-        loss = float(jax.device_get(metrics["loss"]))  # blocks until step `step` is done
-        now = time.perf_counter()
-        dt = now - t_prev
-        times.append(dt)
-        last_ckpt = ckpt.last_complete_step() if ckpt else None
-        record = {"step": step, "loss": loss, "step_time_s": dt, "tokens_per_s": tokens / dt,
-                  "mfu": flops_lib.mfu(flops, dt, peak_flops_per_device, mesh.size), "last_checkpoint_step": last_ckpt}
-        if step % t.log_every == 0 or step == t.steps:
-            status.update(**record)
-            tb.scalars(step, record)
-            if main:
-                metrics_lib.emit(record)
-        return now
 
-    t_prev = time.perf_counter()
-    pending = None
-    for step in range(start, t.steps):
-        batch = batches(step)
-        state, metrics = trainer.step(state, batch)
-        # Read step n-1 before saving step n: a save waits for n's arrays, and doing it first would
-        # book n's compute as n-1's time (and ~0 for n).
-        if pending is not None:
-            t_prev = report(*pending, t_prev)
-        if ckpt:
-            ckpt.maybe_save(step + 1, state)
-        pending = (step + 1, metrics)
-    if pending is not None:
-        report(*pending, t_prev)
-    if ckpt:
-        last_ckpt = ckpt.finish()
-        ckpt.close()
-    timed = times[1:] or times
-    median = statistics.median(timed) if timed else None
-    summary = {"summary": True, "step": t.steps, "loss": record["loss"], "step_time_s": median,
-               "tokens_per_s": tokens / median if median else None,
-               "mfu": flops_lib.mfu(flops, median, peak_flops_per_device, mesh.size) if median else None,
-               "last_checkpoint_step": last_ckpt, "steps_timed": len(timed)}
-    status.update(**{k: summary[k] for k in metrics_lib.STEP_KEYS}, state="completed")
-    tb.close()
+def reporting_hooks(run: Run, status: metrics_lib.Status, tb: metrics_lib.TensorBoard, main: bool) -> list[Hook]:
+    """The stdout JSON line (process 0), /status and TensorBoard every `logEvery` steps, and the
+    checkpoint every `interval` steps."""
+    every = run.cfg.training.log_every
+    hooks = [Hook(every, on_record=lambda r: status.update(**r.as_dict())),
+             Hook(every, on_record=lambda r: tb.scalars(r.step, r.as_dict()))]
     if main:
-        metrics_lib.emit(summary)
-    summary["_server"] = server
+        hooks.append(Hook(every, on_record=lambda r: metrics_lib.emit(r.as_dict())))
+    if run.ckpt:
+        hooks.append(Hook(run.cfg.checkpoint.interval, on_state=run.ckpt.save))
+    return hooks
+
+
+def train(run: Run, hooks: list[Hook]) -> Summary:
+    """The loop. It never waits for step n before dispatching step n+1: step n's loss is read after
+    n+1 is dispatched, so a step's time is the time between two completions."""
+    total = run.cfg.training.steps
+    if run.start >= total:
+        last = run.ckpt.last_complete_step() if run.ckpt else None
+        log.info("already complete: the checkpoint at step %s is the last step (%d)", last, total)
+        return Summary(step=run.start, last_checkpoint_step=last, already_complete=True)
+    state, times, record, pending = run.state, [], None, None
+    t_prev = time.perf_counter()
+    for step in range(run.start, total):
+        state, metrics = run.trainer.step(state, run.batches(step))
+        if pending is not None:  # before step+1's hooks: a save waits for its arrays
+            record, t_prev = _report(run, hooks, *pending, t_prev, times)
+        for hook in hooks:
+            if hook.on_state and hook.due(step + 1, total):
+                hook.on_state(step + 1, state)
+        pending = (step + 1, metrics)
+    record, _ = _report(run, hooks, *pending, t_prev, times)
+    last = run.ckpt.finish() if run.ckpt else None
+    timed = times[1:] or times
+    median = statistics.median(timed)
+    return Summary(step=total, last_checkpoint_step=last, loss=record.loss, step_time_s=median,
+                   tokens_per_s=run.tokens_per_step / median,
+                   mfu=run.flops_per_step / median / run.peak_flops, steps_timed=len(timed))
+
+
+def _report(run: Run, hooks: list[Hook], step: int, metrics: dict, t_prev: float,
+            times: list[float]) -> tuple[StepRecord, float]:
+    loss = float(jax.device_get(metrics["loss"]))  # blocks until step `step` is done
+    now = time.perf_counter()
+    times.append(now - t_prev)
+    record = run.record(step, loss, now - t_prev)
+    for hook in hooks:
+        if hook.on_record and hook.due(step, run.cfg.training.steps):
+            hook.on_record(record)
+    return record, now
+
+
+def run(cfg: TrainerConfig, *, peak_flops_per_device: float, run_dir: str | None = None,
+        status: metrics_lib.Status | None = None) -> Summary:
+    """Train `cfg` on all global devices; every process returns the summary, process 0 prints it."""
+    main = jax.process_index() == 0
+    status = status or metrics_lib.Status(cfg.training.steps, jax.process_count())
+    prepared = setup(cfg, peak_flops_per_device=peak_flops_per_device)
+    base = cfg.checkpoint.directory or run_dir
+    tb = metrics_lib.TensorBoard(f"{base.rstrip('/')}/tensorboard" if base and main else None)
+    try:
+        summary = train(prepared, reporting_hooks(prepared, status, tb, main))
+    finally:
+        tb.close()
+        if prepared.ckpt:
+            prepared.ckpt.close()
+    status.update(**{k: getattr(summary, k) for k in metrics_lib.STEP_KEYS if hasattr(summary, k)},
+                  state="completed")
+    if main:
+        metrics_lib.emit(summary.as_dict())
     return summary

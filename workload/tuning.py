@@ -24,7 +24,7 @@ import fsspec.implementations.local
 import jax
 import jax.numpy as jnp
 
-from tpu_operator.models import SplashSpec, TrainerConfig
+from tpu_operator.api.contract import SplashSpec, TrainerConfig
 
 from . import attention
 

@@ -1,9 +1,15 @@
-"""Names and labels of everything a job owns. Deterministic: the operator finds and adopts by name."""
+"""Names and labels of everything a job owns. Deterministic: the operator finds and adopts by name.
+
+Part of the API rather than of rendering: validation refuses a job whose pod hostnames would be too
+long, and the controller finds a job's children by these names and labels.
+"""
 
 from __future__ import annotations
 
 REPLICATED_JOB = "slice"  # short on purpose: it is part of every pod hostname
 LABEL_JOB = "training.tpu-operator.dev/job"
+# On the JobSet: the spec it was rendered from (rendering.manifests.applied_spec), as JSON.
+APPLIED_SPEC = "training.tpu-operator.dev/applied-spec"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "tpu-operator"
 JAX_COORDINATOR_PORT = 8476

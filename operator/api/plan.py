@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import catalogue, flags, naming
-from .models import TPUTrainingJob, TrainerConfig
+from . import catalogue
+from .contract import TrainerConfig
+from .models import TPUTrainingJob
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,6 @@ class Plan:
     def peak_flops_per_device(self) -> float:
         return self.gen.peak_flops(self.job.spec.training.precision) / self.gen.devices_per_chip
 
-    @property
-    def libtpu_init_args(self) -> list[str]:
-        return flags.libtpu_init_args(self.gen, self.job.spec.runtime)
-
     def trainer_config(self) -> TrainerConfig:
         spec = self.job.spec
         return TrainerConfig(
@@ -56,33 +53,3 @@ class Plan:
             devices_per_host=self.devices_per_host, peak_flops_per_device=self.peak_flops_per_device,
             model=spec.model_dims, training=spec.training, mesh=spec.mesh, kernels=spec.kernels,
             checkpoint=spec.checkpoint, metrics_port=spec.runtime.metrics_port)
-
-    def summary(self) -> list[str]:
-        """A few readable lines for `tpujob validate`."""
-        spec, sl, gen = self.job.spec, self.slice, self.gen
-        dims = spec.model_dims
-        kind = f"MoE {dims.experts} experts top-{dims.experts_per_token}" if dims.is_moe else "dense"
-        ckpt = spec.checkpoint
-        ckpt_line = (f"{ckpt.directory} every {ckpt.interval} steps, keep {ckpt.keep}, "
-                     f"resume {'on' if ckpt.resume else 'off'}") if ckpt.directory else "off"
-        offload = flags.offloaded(gen, spec.runtime)
-        return [
-            f"job:        {self.job.metadata.namespace}/{self.job.metadata.name}",
-            f"tpu:        {gen.name} {spec.tpu.topology} x {self.slices} slice(s): {self.total_chips} chips, "
-            f"{self.total_hosts} hosts ({sl.chips_per_host} chips/host, {sl.machine_type}), "
-            f"{self.total_devices} JAX devices",
-            f"peak:       {gen.peak_flops(spec.training.precision) * self.total_chips / 1e15:.1f} PFLOP/s "
-            f"{spec.training.precision} ({gen.peak_flops(spec.training.precision) / 1e12:.0f} TFLOP/s per chip)",
-            f"model:      {dims.layers} layers, d={dims.model_dim}, {dims.heads}/{dims.kv_heads} heads x "
-            f"{dims.head_dim}, mlp {dims.mlp_dim}, vocab {dims.vocab}, {kind}",
-            f"mesh:       {spec.mesh}",
-            f"training:   {spec.training.steps} steps, batch {spec.training.global_batch} x "
-            f"{spec.training.sequence_length} tokens, {spec.training.precision}, remat {spec.training.remat.policy}, "
-            f"attention {spec.kernels.attention}" + (f", moe {spec.kernels.moe_matmul}" if dims.is_moe else ""),
-            f"offload:    SparseCore {', '.join(offload) if offload else 'off'}",
-            f"flags:      LIBTPU_INIT_ARGS={' '.join(self.libtpu_init_args) or '(none)'}",
-            f"checkpoint: {ckpt_line}",
-            f"restarts:   up to {spec.failure_policy.max_restarts}",
-            f"pods:       {naming.hostname(self.job.metadata.name, 0, 0)} .. "
-            f"{naming.longest_hostname(self.job.metadata.name, self.slices, sl.hosts)}",
-        ]

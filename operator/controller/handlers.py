@@ -29,9 +29,10 @@ import kopf
 from kopf._cogs.clients import api as kopf_api  # kopf's authenticated client: re-login on 401, retries 5xx
 from kopf._cogs.clients import errors as kopf_errors
 
-from . import naming, phases, reconcile
+from ..api import names
+from ..api.models import GROUP, PLURAL, VERSION
+from . import phases, reconcile
 from .metrics_reader import MetricsReader
-from .models import GROUP, PLURAL, VERSION
 from .reconcile import ApiError, OperatorConfig, RetryLater
 
 JOB = (GROUP, VERSION, PLURAL)
@@ -142,7 +143,7 @@ def register(registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings, c
     async def job_changed(body: kopf.Body, **_: Any) -> None:
         await _timed(stats, "job", reconcile.reconcile_job(kube, _plain(body), config, emit))
 
-    @kopf.on.event(*JOBSET, id="jobset", labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    @kopf.on.event(*JOBSET, id="jobset", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry)
     async def jobset_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         jobset = _plain(body)
         follow = lambda: reconcile.follow_jobset(kube, jobset, type, config, emit, reader)  # noqa: E731

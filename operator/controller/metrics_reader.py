@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from . import naming
+from ..api import names
 
 DEFAULT_PORT = 9431
 ACCESS_MODES = ("proxy", "direct")
@@ -103,7 +103,7 @@ class MetricsReader:
     async def read(self, namespace: str, job_name: str, port: int = DEFAULT_PORT,
                    jobset_name: str | None = None) -> dict[str, Any]:
         """The status fields read from the trainer now, or Unreachable."""
-        pod = await self.find_pod(namespace, jobset_name or naming.jobset_name(job_name))
+        pod = await self.find_pod(namespace, jobset_name or names.jobset_name(job_name))
         name = pod["metadata"]["name"]
         if self.access == "proxy":
             path = f"/api/v1/namespaces/{namespace}/pods/{name}:{port}/proxy/status"

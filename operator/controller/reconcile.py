@@ -9,7 +9,7 @@ Spec changes: `spec.suspend` is patched into the JobSet; any other change to a j
 exists is refused: the JobSet stays as it is, condition SpecChange=False (reason Immutable) names
 the changed fields and a Warning Event says so. To apply such a change, delete the job and create
 it again (a checkpointed job resumes from its checkpoint directory). The spec a JobSet was made
-from is kept in its annotation `training.tpu-operator.dev/applied-spec`.
+from is rendered into its annotation `training.tpu-operator.dev/applied-spec`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from . import naming, phases
+from ..api import names
+from ..api.models import GROUP, KIND, PLURAL, VERSION
+from ..api.validation import InvalidJob, parse_job
+from ..rendering.manifests import applied_spec, render
+from . import phases
 from .metrics_reader import MetricsReader, Unreachable, apply_sample
-from .models import GROUP, KIND, PLURAL, VERSION
-from .render import render
-from .validation import InvalidJob, parse_job
 
 JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
-APPLIED_SPEC = f"{GROUP}/applied-spec"
 Obj = dict[str, Any]
 
 
@@ -114,11 +114,6 @@ async def ensure_child(kube: Kube, collection: str, manifest: Obj, owner_uid: st
                        "delete or rename it")
 
 
-def user_spec(job_obj: Obj) -> Obj:
-    """The spec as the user wrote it, without the fields that may change on a running job."""
-    return {k: v for k, v in (job_obj.get("spec") or {}).items() if k != "suspend"}
-
-
 def changed_fields(before: Any, after: Any, path: str = "spec") -> list[str]:
     """Dotted paths where two specs differ (lists compare whole)."""
     if isinstance(before, dict) and isinstance(after, dict):
@@ -193,7 +188,7 @@ def _reconciled_status(obj: Obj, jobset: Obj, created: bool, refused: list[str],
     status = dict(obj.get("status") or {})
     generation = obj["metadata"].get("generation")
     name = jobset["metadata"]["name"]
-    config_map = naming.config_map_name(obj["metadata"]["name"])
+    config_map = names.config_map_name(obj["metadata"]["name"])
     notices = [phases.Notice("Normal", "Created", f"created ConfigMap {config_map} and JobSet {name}")] if created else []
     conds = phases.set_condition(status.get("conditions") or [], "Ready", "True", "JobSetCreated",
                                  f"JobSet {name} exists", now, generation)
@@ -231,8 +226,6 @@ async def reconcile_job(kube: Kube, job_obj: Obj, config: OperatorConfig, emit: 
         done = await update_status(kube, namespace, name, uid, lambda o: _invalid_status(o, problems, now()), emit)
         return "invalid" if done is not None else "gone"
     config_map, jobset = render(job, config.default_image)
-    jobset["metadata"].setdefault("annotations", {})[APPLIED_SPEC] = json.dumps(
-        user_spec(job_obj), sort_keys=True, separators=(",", ":"))
     try:
         await ensure_child(kube, config_map_path(namespace), config_map, uid)
         live, created = await ensure_child(kube, jobset_path(namespace), jobset, uid)
@@ -253,8 +246,8 @@ async def reconcile_job(kube: Kube, job_obj: Obj, config: OperatorConfig, emit: 
         raise RetryLater(message, config.conflict_retry_s) from None
     refused: list[str] = []
     if not created:
-        applied = (live["metadata"].get("annotations") or {}).get(APPLIED_SPEC)
-        refused = changed_fields(json.loads(applied), user_spec(job_obj)) if applied else []
+        applied = (live["metadata"].get("annotations") or {}).get(names.APPLIED_SPEC)
+        refused = changed_fields(json.loads(applied), applied_spec(job)) if applied else []
         phase = (job_obj.get("status") or {}).get("phase")
         if bool((live.get("spec") or {}).get("suspend")) != job.spec.suspend and phase not in phases.TERMINAL:
             live = await kube.patch(jobset_path(namespace, live["metadata"]["name"]),
@@ -272,7 +265,7 @@ async def reconcile_job(kube: Kube, job_obj: Obj, config: OperatorConfig, emit: 
 def owner_of(jobset: Obj) -> tuple[str, str, str] | None:
     """(namespace, job name, job uid) of the TPUTrainingJob that controls this JobSet."""
     meta = jobset.get("metadata") or {}
-    name = (meta.get("labels") or {}).get(naming.LABEL_JOB)
+    name = (meta.get("labels") or {}).get(names.LABEL_JOB)
     ref = next((r for r in meta.get("ownerReferences") or [] if r.get("kind") == KIND and r.get("controller")), None)
     if not name or ref is None or ref.get("name") != name:
         return None

@@ -33,10 +33,19 @@ class LocalPod:
         return self.slice_index == 0 and self.host_index == 0
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+    """A free loopback TCP port, never one this process handed out before: ports are picked back to
+    back (coordinator, then metrics) and only bound later, so the kernel could offer one twice."""
+    while True:
+        with socket.socket() as s:
+            s.bind((LOOPBACK, 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def _materialise_volumes(pod_spec: dict[str, Any], config_maps: Mapping[str, Mapping[str, str]],

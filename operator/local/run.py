@@ -17,11 +17,12 @@ from typing import Any, TextIO
 
 import yaml
 
-from . import naming
-from .localpods import free_port, local_pods
-from .models import TPUTrainingJob, TPUTrainingJobStatus
-from .plan import Plan
-from .render import render
+from ..api import names
+from ..api.models import TPUTrainingJob, TPUTrainingJobStatus
+from ..api.plan import Plan
+from ..rendering.manifests import render
+from ..rendering.summary import summary
+from .pods import free_port, local_pods
 from .supervisor import Outcome, supervise
 
 # What one 2-core, 24 GiB laptop-class machine can hold: processes and bytes of f32 weights + Adam.
@@ -132,7 +133,7 @@ def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTr
         "conditions": [{"type": phase, "status": "True", "reason": outcome.phase, "message": outcome.message,
                         "lastTransitionTime": stamp}],
         "observedGeneration": 1,
-        "jobSetName": naming.jobset_name(job.metadata.name),
+        "jobSetName": names.jobset_name(job.metadata.name),
         "restarts": outcome.restarts,
         "step": last.get("step"),
         "stepTimeSeconds": last.get("step_time_s"),
@@ -154,7 +155,7 @@ def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout) -> t
     plan = Plan(job)
     config_map, jobset = render(job)
     (run_dir / "manifests.yaml").write_text(yaml.safe_dump_all([config_map, jobset], sort_keys=False))
-    out.write("\n".join(plan.summary()) + "\n")
+    out.write("\n".join(summary(plan)) + "\n")
     out.write(f"local run: {plan.total_hosts} process(es) x {plan.devices_per_host} CPU devices; logs, checkpoints "
               f"and metrics in {run_dir}\n")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .localpods import LocalPod
+from .pods import LocalPod
 
 EventHandler = Callable[..., None]
 GRACE_SECONDS = 10.0

@@ -15,9 +15,10 @@ from typing import Any
 import jinja2
 import yaml
 
-from . import naming
-from .models import CONFIG_FILE, CONFIG_MOUNT_DIR, TPUTrainingJob
-from .plan import Plan
+from ..api import names
+from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, TPUTrainingJob
+from ..api.plan import Plan
+from . import libtpu
 
 TEMPLATES = ("configmap.yaml.j2", "jobset.yaml.j2")
 # libyaml's parser is ~20x faster than PyYAML's pure-Python one; rendering sits on the reconcile path.
@@ -55,7 +56,7 @@ def owner_reference(job: TPUTrainingJob) -> dict[str, Any] | None:
 def _env(plan: Plan) -> list[dict[str, Any]]:
     job, spec = plan.job, plan.job.spec
     name = job.metadata.name
-    coordinator = naming.coordinator_host(name)
+    coordinator = names.coordinator_host(name)
 
     def field(path: str) -> dict[str, Any]:
         return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
@@ -63,7 +64,7 @@ def _env(plan: Plan) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "TPUJOB_NAME", "value": name},
         {"name": "TPUJOB_CONFIG", "value": f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"},
-        {"name": "TPUJOB_COORDINATOR_ADDRESS", "value": f"{coordinator}:{naming.JAX_COORDINATOR_PORT}"},
+        {"name": "TPUJOB_COORDINATOR_ADDRESS", "value": f"{coordinator}:{names.JAX_COORDINATOR_PORT}"},
         {"name": "TPUJOB_NUM_PROCESSES", "value": str(plan.total_hosts)},
         {"name": "TPUJOB_HOSTS_PER_SLICE", "value": str(plan.slice.hosts)},
         # The trainer derives its process id as slice * hostsPerSlice + host.
@@ -77,10 +78,11 @@ def _env(plan: Plan) -> list[dict[str, Any]]:
             {"name": "MEGASCALE_COORDINATOR_ADDRESS", "value": coordinator},
             {"name": "MEGASCALE_NUM_SLICES", "value": str(plan.slices)},
             {"name": "MEGASCALE_SLICE_ID", **field(JOB_INDEX)},
-            {"name": "MEGASCALE_PORT", "value": str(naming.MEGASCALE_PORT)},
+            {"name": "MEGASCALE_PORT", "value": str(names.MEGASCALE_PORT)},
         ]
-    if plan.libtpu_init_args:
-        env.append({"name": "LIBTPU_INIT_ARGS", "value": " ".join(plan.libtpu_init_args)})
+    init_args = libtpu.libtpu_init_args(plan.gen, spec.runtime)
+    if init_args:
+        env.append({"name": "LIBTPU_INIT_ARGS", "value": " ".join(init_args)})
     if spec.runtime.xla_flags:
         env.append({"name": "XLA_FLAGS", "value": " ".join(spec.runtime.xla_flags)})
     env += [{"name": e.name, "value": e.value} for e in spec.runtime.env]
@@ -97,7 +99,7 @@ def _resources(plan: Plan) -> dict[str, Any]:
 def _volumes(plan: Plan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     name, ckpt = plan.job.metadata.name, plan.job.spec.checkpoint
     volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": naming.config_map_name(name)}},
+        {"name": "config", "configMap": {"name": names.config_map_name(name)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
     mounts: list[dict[str, Any]] = [
@@ -108,6 +110,12 @@ def _volumes(plan: Plan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": ckpt.persistent_volume_claim}})
         mounts.append({"name": "checkpoints", "mountPath": ckpt.directory})
     return volumes, mounts
+
+
+def applied_spec(job: TPUTrainingJob) -> dict[str, Any]:
+    """The spec as the user wrote it (normalised), without the fields that may change on a running job:
+    kept on the JobSet, so the controller can name the fields a later edit changed."""
+    return job.spec.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"suspend"})
 
 
 def context(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, Any]:
@@ -121,10 +129,11 @@ def context(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, 
         "job": job,
         "plan": plan,
         "owner": owner_reference(job),
-        "names": {"jobset": naming.jobset_name(name), "config_map": naming.config_map_name(name),
-                  "replicated_job": naming.REPLICATED_JOB},
-        "labels": {**naming.labels(name)},
-        "ports": {"jax": naming.JAX_COORDINATOR_PORT, "megascale": naming.MEGASCALE_PORT},
+        "names": {"jobset": names.jobset_name(name), "config_map": names.config_map_name(name),
+                  "replicated_job": names.REPLICATED_JOB},
+        "labels": {**names.labels(name)},
+        "annotations": {names.APPLIED_SPEC: json.dumps(applied_spec(job), sort_keys=True, separators=(",", ":"))},
+        "ports": {"jax": names.JAX_COORDINATOR_PORT, "megascale": names.MEGASCALE_PORT},
         "config_file": CONFIG_FILE,
         "config_json": plan.trainer_config().model_dump_json(by_alias=True, indent=2),
         "image": image,

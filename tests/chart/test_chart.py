@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tpu_operator.operator_main import RBAC_RULES
+from tpu_operator.controller.rbac import RBAC_RULES
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]

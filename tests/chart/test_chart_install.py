@@ -15,6 +15,8 @@ import yaml
 
 from tests.kubeapi.harness import Server, kubectl, running_apiserver
 
+pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it out
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tpu-operator"
 CRD_NAME = "tputrainingjobs.training.tpu-operator.dev"

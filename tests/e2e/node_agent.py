@@ -2,7 +2,7 @@
 
 There is no JobSet controller or kubelet on this machine. The agent watches JobSets through the
 API, runs each one's pods as local processes with the same code as `tpujob run --local`
-(tpu_operator.localpods + tpu_operator.supervisor), creates the Pod objects the kubelet would
+(tpu_operator.local.pods + tpu_operator.local.supervisor), creates the Pod objects the kubelet would
 report (status.podIP 127.0.0.1, so the operator reads metrics from the real trainer), and writes
 the JobSet status the way the JobSet controller does: replicatedJobsStatus counters, `restarts`,
 and a Completed or Failed condition with terminalState.
@@ -19,9 +19,9 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
-from tpu_operator.localpods import LocalPod, free_port, local_pods
-from tpu_operator.models import TrainerConfig
-from tpu_operator.supervisor import Outcome, supervise
+from tpu_operator.local.pods import LocalPod, free_port, local_pods
+from tpu_operator.api.contract import TrainerConfig
+from tpu_operator.local.supervisor import Outcome, supervise
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 

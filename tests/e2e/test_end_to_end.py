@@ -18,12 +18,10 @@ import yaml
 from tests.conftest import EXAMPLES, JOBSET_CRD, ROOT
 from tests.e2e.node_agent import NodeAgent
 from tests.kubeapi.harness import kubectl, running_apiserver, wait_for
-from tests.operator_process import free_port, running_operator
+from tests.operator_process import running_operator
+from tpu_operator.local.pods import free_port
 
-pytestmark = [
-    pytest.mark.fake_controller,
-    pytest.mark.skipif(not JOBSET_CRD.exists(), reason=f"{JOBSET_CRD} is absent: the JobSet CRD is in ../shared"),
-]
+pytestmark = [pytest.mark.fake_controller, pytest.mark.e2e]
 TRAIN_S = 300.0
 
 

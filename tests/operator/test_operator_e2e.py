@@ -9,12 +9,10 @@ serves the module; tests that kill or restart an operator run their own in their
 
 from __future__ import annotations
 
-import http.server
 import json
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +21,9 @@ import pytest
 from tests.conftest import JOBSET_CRD, ROOT, tiny_job
 from tests.kubeapi.harness import Server, kubectl, running_apiserver, wait_for
 from tests.operator_process import Operator, running_operator
+from tpu_workload.metrics import serve_http
+
+pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it out
 
 TPUJOB_CRD = ROOT / "crds" / "tputrainingjob.yaml"
 JOBS = "/apis/training.tpu-operator.dev/v1alpha1/namespaces/{ns}/tputrainingjobs"
@@ -31,8 +32,6 @@ CONFIGMAPS = "/api/v1/namespaces/{ns}/configmaps"
 PODS = "/api/v1/namespaces/{ns}/pods"
 WAIT_S = 30.0
 
-pytestmark = pytest.mark.skipif(not JOBSET_CRD.exists(),
-                                reason=f"{JOBSET_CRD} is absent: the JobSet CRD lives in ../shared/schemas")
 
 
 @pytest.fixture(scope="module")
@@ -340,24 +339,9 @@ class Trainer:
 
     def __init__(self) -> None:
         self.sample: dict[str, Any] = {}
-        trainer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                body = json.dumps(trainer.sample).encode()
-                self.send_response(200 if self.path == "/status" else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = serve_http(lambda path: (200 if path == "/status" else 404, json.dumps(self.sample).encode(),
+                                              "application/json"), 0, "127.0.0.1")
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
 
     def stop(self) -> None:
         self.httpd.shutdown()
@@ -536,7 +520,7 @@ def _rbac_of(request: dict[str, Any]) -> tuple[str, str, str] | None:
 
 
 def test_every_operator_request_is_covered_by_its_rbac_rules(server, operator):
-    from tpu_operator.operator_main import RBAC_RULES
+    from tpu_operator.controller.rbac import RBAC_RULES
 
     allowed = {(g, r, v) for rule in RBAC_RULES for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import tiny_job
-from tpu_operator import metrics_reader, phases, reconcile
-from tpu_operator.metrics_reader import MetricsReader, Unreachable, apply_sample, pick_pod, to_status
-from tpu_operator.operator_main import Stats
-from tpu_operator.reconcile import ApiError, OperatorConfig
+from tpu_operator.api import names
+from tpu_operator.controller import metrics_reader, phases, reconcile
+from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable, apply_sample, pick_pod, to_status
+from tpu_operator.controller.main import Stats
+from tpu_operator.controller.reconcile import ApiError, OperatorConfig
 
 NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
@@ -229,7 +230,8 @@ def test_reconcile_creates_then_adopts_without_duplicates():
     assert status["phase"] == "Pending" and status["jobSetName"] == "tiny"
     js = kube.objects[reconcile.jobset_path("default", "tiny")]
     assert js["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
-    assert json.loads(js["metadata"]["annotations"][reconcile.APPLIED_SPEC]) == reconcile.user_spec(obj)
+    applied = json.loads(js["metadata"]["annotations"][names.APPLIED_SPEC])
+    assert applied == {k: v for k, v in obj["spec"].items() if k != "suspend"}  # the spec as written
 
 
 def test_reconcile_refuses_a_name_owned_by_someone_else():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -21,8 +20,9 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-from tpu_operator.models import TrainerConfig  # noqa: E402
-from tpu_operator.presets import PRESETS  # noqa: E402
+from tpu_operator.api.contract import TrainerConfig  # noqa: E402
+from tpu_operator.api.presets import PRESETS  # noqa: E402
+from tpu_operator.local.pods import free_port  # noqa: E402
 
 
 def trainer_config(preset="tiny", *, mesh=None, steps=6, batch=8, seq=128, attention="xla", moe="ragged_dot",
@@ -39,21 +39,6 @@ def trainer_config(preset="tiny", *, mesh=None, steps=6, batch=8, seq=128, atten
                                             block_kv_dkv=128, block_kv_dkv_compute=128, block_q_dq=128,
                                             block_kv_dq=128)),
         checkpoint=dict(directory=checkpoint, interval=interval, keep=3), metrics_port=0)  # 0: any free port
-
-
-_GIVEN: set[int] = set()
-
-
-def free_port() -> int:
-    """A free TCP port, never one this session handed out before (the coordinator and metrics
-    ports are picked back to back)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _GIVEN:
-            _GIVEN.add(port)
-            return port
 
 
 class Trainers:

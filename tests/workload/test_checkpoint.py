@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from conftest import trainer_config
+
+pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it out
 
 MESH4 = dict(data=1, fsdp=2, context=1, expert=1, tensor=2)
 
@@ -41,3 +45,9 @@ def test_kill_mid_run_then_resume_reproduces_losses(trainers, tmp_path):
     assert min(got) == complete[-1] + 1
     assert got == {s: expected[s] for s in got}  # exact: same data by step, same program
     assert resumed[-1]["last_checkpoint_step"] == 10
+
+    # Started again on a checkpoint at the last step: nothing to train, and the summary says so.
+    (again,) = trainers.run(cfg, devices=4)
+    assert again["summary"] and again["already_complete"] and again["step"] == 10, again
+    assert again["last_checkpoint_step"] == 10 and "already complete" in again["message"], again
+    assert "loss" not in again and "step_time_s" not in again, again

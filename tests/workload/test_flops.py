@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tpu_operator.models import ModelDims, TrainingSpec
-from tpu_operator.presets import PRESETS
+from tpu_operator.api.contract import ModelDims, TrainingSpec
+from tpu_operator.api.presets import PRESETS
 from tpu_workload.flops import flops_per_step, mfu
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_operator.models import SplashSpec
+from tpu_operator.api.contract import SplashSpec
 from tpu_workload import attention, moe, sharding
 
 absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags

@@ -33,5 +33,5 @@ def test_run_writes_loss_and_mfu_scalars(tmp_path, capsys):
     capsys.readouterr()
     scalars = read_scalars(tmp_path / "ckpt" / "tensorboard")
     assert sorted(scalars["train/loss"]) == sorted(scalars["train/mfu"]) == [1, 2, 3]
-    assert abs(scalars["train/loss"][3] - summary["loss"]) < 1e-4
+    assert abs(scalars["train/loss"][3] - summary.loss) < 1e-4
     assert all(0 < m < 1e3 for m in scalars["train/mfu"].values())

@@ -55,7 +55,7 @@ def test_remat_policies_match_full(remat):
         _, metrics = t.step(t.init(), batch)
         return float(metrics["loss"]), float(metrics["grad_norm"])
 
-    from tpu_operator.models import RematSpec
+    from tpu_operator.api.contract import RematSpec
 
     full = one_step(RematSpec(policy="full"))
     np.testing.assert_allclose(one_step(RematSpec(**remat)), full, rtol=1e-5)

@@ -7,8 +7,11 @@ import json
 import re
 import urllib.request
 
+import pytest
 
 from conftest import trainer_config
+
+pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it out
 
 
 def _falls(lines):

@@ -10,7 +10,7 @@ import pytest
 import tune_jax
 
 from conftest import trainer_config
-from tpu_operator.models import KernelsSpec, SplashSpec
+from tpu_operator.api.contract import KernelsSpec, SplashSpec
 from tpu_workload import train, tuning
 
 FSDP8 = dict(data=1, fsdp=8, context=1, expert=1, tensor=1)

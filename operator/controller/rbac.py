@@ -1,0 +1,31 @@
+"""The RBAC rules the operator needs: `tpujob operator --print-rbac`, the chart, and the tests that
+check every request the operator makes against them all read this table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# What the operator does on each resource; tests/operator checks every request it makes against these.
+RBAC_RULES: tuple[dict[str, Any], ...] = (
+    {"apiGroups": ["training.tpu-operator.dev"], "resources": ["tputrainingjobs"],
+     "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["training.tpu-operator.dev"], "resources": ["tputrainingjobs/status"], "verbs": ["patch"]},
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},  # --metrics-access proxy only
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # kopf: notices CRDs and namespaces coming and going. Optional: without them kopf scans CRDs once at
+    # start-up and takes --namespace names as existing (it logs a warning).
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    # kopf peering, only without --standalone (kopf's KopfPeering CRDs installed).
+    {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings", "clusterkopfpeerings"],
+     "verbs": ["get", "list", "watch", "patch"]},
+)
+
+
+def rbac_yaml() -> str:
+    import yaml
+
+    return yaml.safe_dump({"rules": [dict(r) for r in RBAC_RULES]}, sort_keys=False)

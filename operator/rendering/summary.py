@@ -1,0 +1,40 @@
+"""What `tpujob validate` (and a local run) prints of a job: the derived plan and what its pods get."""
+
+from __future__ import annotations
+
+from ..api import names
+from ..api.plan import Plan
+from . import libtpu
+
+
+def summary(plan: Plan) -> list[str]:
+    """A few readable lines."""
+    job, spec, sl, gen = plan.job, plan.job.spec, plan.slice, plan.gen
+    dims = spec.model_dims
+    kind = f"MoE {dims.experts} experts top-{dims.experts_per_token}" if dims.is_moe else "dense"
+    ckpt = spec.checkpoint
+    ckpt_line = (f"{ckpt.directory} every {ckpt.interval} steps, keep {ckpt.keep}, "
+                 f"resume {'on' if ckpt.resume else 'off'}") if ckpt.directory else "off"
+    offload = libtpu.offloaded(gen, spec.runtime)
+    flags = libtpu.libtpu_init_args(gen, spec.runtime)
+    peak = gen.peak_flops(spec.training.precision)
+    return [
+        f"job:        {job.metadata.namespace}/{job.metadata.name}",
+        f"tpu:        {gen.name} {spec.tpu.topology} x {plan.slices} slice(s): {plan.total_chips} chips, "
+        f"{plan.total_hosts} hosts ({sl.chips_per_host} chips/host, {sl.machine_type}), "
+        f"{plan.total_devices} JAX devices",
+        f"peak:       {peak * plan.total_chips / 1e15:.1f} PFLOP/s {spec.training.precision} "
+        f"({peak / 1e12:.0f} TFLOP/s per chip)",
+        f"model:      {dims.layers} layers, d={dims.model_dim}, {dims.heads}/{dims.kv_heads} heads x "
+        f"{dims.head_dim}, mlp {dims.mlp_dim}, vocab {dims.vocab}, {kind}",
+        f"mesh:       {spec.mesh}",
+        f"training:   {spec.training.steps} steps, batch {spec.training.global_batch} x "
+        f"{spec.training.sequence_length} tokens, {spec.training.precision}, remat {spec.training.remat.policy}, "
+        f"attention {spec.kernels.attention}" + (f", moe {spec.kernels.moe_matmul}" if dims.is_moe else ""),
+        f"offload:    SparseCore {', '.join(offload) if offload else 'off'}",
+        f"flags:      LIBTPU_INIT_ARGS={' '.join(flags) or '(none)'}",
+        f"checkpoint: {ckpt_line}",
+        f"restarts:   up to {spec.failure_policy.max_restarts}",
+        f"pods:       {names.hostname(job.metadata.name, 0, 0)} .. "
+        f"{names.longest_hostname(job.metadata.name, plan.slices, sl.hosts)}",
+    ]
