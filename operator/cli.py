@@ -110,9 +110,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from .controller.main import run as run_operator  # kopf is imported only to run the operator
+    from .controller.main import OperatorOptions, run  # kopf is imported only to run the operator
 
-    return run_operator(args)
+    return run(OperatorOptions(
+        namespaces=() if args.all_namespaces else tuple(args.namespace), standalone=args.standalone,
+        health_host=args.health_host, health_port=args.health_port, metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port, default_image=args.default_image, metrics_access=args.metrics_access,
+        metrics_interval_s=args.metrics_interval, resync_interval_s=args.resync_interval, verbose=args.verbose,
+        print_rbac=args.print_rbac))
 
 
 def seconds(text: str) -> float:

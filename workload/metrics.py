@@ -15,6 +15,9 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
 log = logging.getLogger(__name__)
 
 STEP_KEYS = ("step", "loss", "step_time_s", "tokens_per_s", "mfu", "last_checkpoint_step")
@@ -35,6 +38,8 @@ class Status:
 
     def __init__(self, total_steps: int, process_count: int):
         self._lock = threading.Lock()
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(self)
         self._values = {k: None for k in STEP_KEYS} | {
             "total_steps": total_steps, "state": "running", "time": _now(), "process_count": process_count}
 
@@ -46,14 +51,18 @@ class Status:
         with self._lock:
             return dict(self._values)
 
-    def prometheus(self) -> str:
-        v = self.snapshot()
-        lines = []
+    def prometheus(self) -> bytes:
+        """The latest values in the Prometheus text format (values not reported yet are left out)."""
+        return generate_latest(self._registry)
+
+    def collect(self):
+        """prometheus_client's collector protocol: one gauge per reported value, read at scrape time."""
+        values = self.snapshot()
         for name, key, help_ in PROMETHEUS:
-            lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
-            if v[key] is not None:
-                lines.append(f"{name} {float(v[key])!r}")
-        return "\n".join(lines) + "\n"
+            gauge = GaugeMetricFamily(name, help_)
+            if values[key] is not None:
+                gauge.add_metric([], float(values[key]))
+            yield gauge
 
 
 Respond = Callable[[str], "tuple[int, bytes, str]"]  # path -> (HTTP status, body, content type)
@@ -87,7 +96,7 @@ def serve(status: Status, port: int) -> ThreadingHTTPServer | None:
         if path == "/status":
             return 200, json.dumps(status.snapshot()).encode(), "application/json"
         if path == "/metrics":
-            return 200, status.prometheus().encode(), "text/plain; version=0.0.4"
+            return 200, status.prometheus(), CONTENT_TYPE_LATEST
         return 404, b"not found\n", "text/plain"
 
     try:

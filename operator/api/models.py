@@ -308,25 +308,33 @@ class TPUTrainingJob(BaseModel):
         return self
 
 
-class Condition(BaseModel):
-    """A Kubernetes-shaped condition."""
+ConditionStatus = Literal["True", "False", "Unknown"]
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    lastTransitionTime: str | None = None
-    observedGeneration: int | None = None
+
+class Condition(Base):
+    """A Kubernetes-shaped condition; `lastTransitionTime` moves only when `status` changes."""
+
+    type: str = _desc("Ready, SpecChange, Running, Succeeded, Failed, Metrics.")
+    status: ConditionStatus = _desc("True, False or Unknown.")
+    reason: str = _desc("CamelCase reason.", default="")
+    message: str = _desc("Human-readable detail.", default="")
+    last_transition_time: str | None = _desc("When `status` last changed.", default=None)
+    observed_generation: int | None = _desc("metadata.generation the condition describes.", default=None)
 
 
 Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
+TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 class TPUTrainingJobStatus(Base):
+    """What the operator writes into `.status`: built by the controller's pure functions, written once
+    per reconcile as a merge patch of the fields that changed. Fields it does not know (written by
+    another version) are ignored when read."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, alias_generator=to_camel)
     phase: Phase | None = _desc("Lifecycle phase.", default=None)
-    conditions: list[Condition] = _desc("Kubernetes-shaped conditions (Ready, Metrics, SpecChange...).",
-                                        default_factory=list)
+    conditions: tuple[Condition, ...] = _desc("Kubernetes-shaped conditions (Ready, Metrics, SpecChange...).",
+                                              default=())
     observed_generation: int | None = _desc("metadata.generation the status describes.", default=None)
     job_set_name: str | None = _desc("The JobSet running this job.", default=None)
     restarts: int | None = _desc("Whole-slice restarts so far.", default=None)
@@ -339,3 +347,14 @@ class TPUTrainingJobStatus(Base):
     start_time: str | None = _desc("When the job first ran.", default=None)
     completion_time: str | None = _desc("When the job succeeded or failed.", default=None)
     message: str | None = _desc("Human-readable summary of the phase.", default=None)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The status as the API stores it (camelCase, unset fields left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -16,7 +16,8 @@ The phase rule, first match wins (`phase_of`):
 
 `Invalid` is decided before any JobSet exists (reconcile.py), never here.
 
-Conditions follow Kubernetes: `lastTransitionTime` changes only when a condition's status does.
+Conditions follow Kubernetes: `lastTransitionTime` changes only when a condition's status does
+(conditions.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-TERMINAL = ("Succeeded", "Failed")
-STATUS_KEYS_FROM_JOBSET = ("phase", "restarts", "startTime", "completionTime", "message")
+from ..api.models import TERMINAL_PHASES as TERMINAL
+from ..api.models import TPUTrainingJobStatus
+from .conditions import set_condition
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,24 +94,6 @@ def _message(phase: str, js: JobSetView) -> str:
     return "waiting for the JobSet's pods"
 
 
-def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str,
-                  now: str, generation: int | None = None) -> list[dict[str, Any]]:
-    """A copy of `conditions` with `type_` set; its lastTransitionTime moves only if `status` changes."""
-    old = next((c for c in conditions if c.get("type") == type_), None)
-    since = old.get("lastTransitionTime") if old and old.get("status") == status else None
-    new = {"type": type_, "status": status, "reason": reason, "message": message,
-           "lastTransitionTime": since or now}
-    if generation is not None:
-        new["observedGeneration"] = generation
-    if old is None:
-        return [*conditions, new]
-    return [new if c is old else c for c in conditions]
-
-
-def condition(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == type_), None)
-
-
 @dataclasses.dataclass(frozen=True)
 class Notice:
     """A Kubernetes Event to post after the status carrying this transition is written."""
@@ -119,37 +103,33 @@ class Notice:
     message: str
 
 
-def follow(status: dict[str, Any], jobset: dict[str, Any], now: str) -> tuple[dict[str, Any], list[Notice]]:
+def follow(status: TPUTrainingJobStatus, jobset: dict[str, Any],
+           now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The job status after seeing `jobset`, and the Events its transitions deserve."""
     js = JobSetView.of(jobset)
-    before = status.get("phase")
-    seen_restarts = int(status.get("restarts") or 0)
+    before, seen_restarts = status.phase, status.restarts or 0
     phase = phase_of(before, seen_restarts, js)
-    new = dict(status)
-    new["phase"] = phase
-    new["restarts"] = max(js.restarts, seen_restarts)
-    if phase not in TERMINAL or before not in TERMINAL:
-        new["message"] = _message(phase, js)
-    if phase in ("Running", "Restarting", *TERMINAL) and not new.get("startTime"):
-        new["startTime"] = now
-    if phase in TERMINAL and not new.get("completionTime"):
-        new["completionTime"] = now
-    conds = list(status.get("conditions") or [])
-    conds = set_condition(conds, "Running", "True" if phase == "Running" else "False", phase, new["message"], now)
+    message = status.message if phase in TERMINAL and before in TERMINAL else _message(phase, js)
+    started = phase in ("Running", "Restarting", *TERMINAL)
+    conds = set_condition(status.conditions, "Running", "True" if phase == "Running" else "False", phase, message,
+                          now)
     if phase == "Succeeded":
-        conds = set_condition(conds, "Succeeded", "True", "JobSetCompleted", new["message"], now)
+        conds = set_condition(conds, "Succeeded", "True", "JobSetCompleted", message, now)
     if phase == "Failed":
-        conds = set_condition(conds, "Failed", "True", "JobSetFailed", new["message"], now)
-    new["conditions"] = conds
+        conds = set_condition(conds, "Failed", "True", "JobSetFailed", message, now)
+    new = status.model_copy(update=dict(
+        phase=phase, restarts=max(js.restarts, seen_restarts), message=message, conditions=conds,
+        start_time=status.start_time or (now if started else None),
+        completion_time=status.completion_time or (now if phase in TERMINAL else None)))
 
     notices = []
     if js.restarts > seen_restarts and before not in TERMINAL:
         notices.append(Notice("Warning", "Restarted", f"the JobSet restarted all slices (restart {js.restarts})"))
     if phase != before:
         if phase == "Succeeded":
-            notices.append(Notice("Normal", "Succeeded", new["message"]))
+            notices.append(Notice("Normal", "Succeeded", message))
         elif phase == "Failed":
-            notices.append(Notice("Warning", "Failed", new["message"]))
+            notices.append(Notice("Warning", "Failed", message))
         elif phase == "Suspended":
             notices.append(Notice("Normal", "Suspended", "the JobSet is suspended"))
         elif before == "Suspended":

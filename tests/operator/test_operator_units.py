@@ -1,5 +1,5 @@
-"""Unit tests of the operator's plain functions: phase rules, status mapping, reconcile over an
-in-memory API, the metrics reader, the Prometheus text. No processes, no network."""
+"""Unit tests of the controller's plain parts: the phase rule, status building, reconcile and the
+manager over an in-memory API, the work queue, the metrics reader, the Prometheus text. No processes."""
 
 from __future__ import annotations
 
@@ -9,16 +9,24 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from tests.conftest import tiny_job
 from tpu_operator.api import names
-from tpu_operator.controller import metrics_reader, phases, reconcile
-from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable, apply_sample, pick_pod, to_status
-from tpu_operator.controller.main import Stats
-from tpu_operator.controller.reconcile import ApiError, OperatorConfig
+from tpu_operator.api.models import TPUTrainingJobStatus
+from tpu_operator.controller import metrics_reader, phases, reconcile, status as status_lib
+from tpu_operator.controller.conditions import set_condition
+from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, ApiError, Resource
+from tpu_operator.controller.manager import Manager
+from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable, pick_pod, to_sample
+from tpu_operator.controller.queue import WorkQueue
+from tpu_operator.controller.reconcile import OperatorConfig
+from tpu_operator.controller.stats import Stats
+from tpu_operator.controller.status import Sample
 
 NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
+EMPTY = TPUTrainingJobStatus()
 
 
 def jobset(restarts: int = 0, active: int = 0, ready: int = 0, conditions: tuple[str, ...] = (),
@@ -50,27 +58,35 @@ def test_phase_rule(previous, seen, js, expected):
 
 
 def test_follow_keeps_transition_times_and_emits_on_transitions_only():
-    status, notices = phases.follow({}, jobset(active=1), NOW)
-    assert status["phase"] == "Running" and status["startTime"] == NOW and notices == []
+    status, notices = phases.follow(EMPTY, jobset(active=1), NOW)
+    assert status.phase == "Running" and status.start_time == NOW and notices == []
     again, notices = phases.follow(status, jobset(active=1), LATER)
     assert again == status and notices == []
     restarted, notices = phases.follow(status, jobset(restarts=1, active=1), LATER)
-    assert restarted["phase"] == "Restarting" and restarted["restarts"] == 1
+    assert restarted.phase == "Restarting" and restarted.restarts == 1
     assert [n.reason for n in notices] == ["Restarted"]
-    running = phases.condition(restarted["conditions"], "Running")
-    assert running["status"] == "False" and running["lastTransitionTime"] == LATER
+    running = restarted.condition("Running")
+    assert running.status == "False" and running.last_transition_time == LATER
     done, notices = phases.follow(restarted, jobset(restarts=1, conditions=("Completed",)), LATER)
-    assert done["phase"] == "Succeeded" and done["completionTime"] == LATER and done["message"] == "Completed msg"
+    assert done.phase == "Succeeded" and done.completion_time == LATER and done.message == "Completed msg"
     assert [n.reason for n in notices] == ["Succeeded"]
-    assert phases.condition(done["conditions"], "Running")["lastTransitionTime"] == LATER
+    assert done.condition("Running").last_transition_time == LATER
 
 
 def test_set_condition_moves_transition_time_only_on_status_change():
-    conds = phases.set_condition([], "Ready", "True", "A", "m", NOW)
-    conds = phases.set_condition(conds, "Ready", "True", "B", "other message", LATER)
-    assert conds[0]["lastTransitionTime"] == NOW and conds[0]["reason"] == "B"
-    conds = phases.set_condition(conds, "Ready", "False", "C", "", LATER)
-    assert conds[0]["lastTransitionTime"] == LATER and len(conds) == 1
+    conds = set_condition((), "Ready", "True", "A", "m", NOW)
+    conds = set_condition(conds, "Ready", "True", "B", "other message", LATER)
+    assert conds[0].last_transition_time == NOW and conds[0].reason == "B"
+    conds = set_condition(conds, "Ready", "False", "C", "", LATER)
+    assert conds[0].last_transition_time == LATER and len(conds) == 1
+
+
+def test_status_is_written_in_the_wire_form_and_read_back_leniently():
+    status, _ = phases.follow(EMPTY, jobset(active=1), NOW)
+    wire = status.to_wire()
+    assert wire["phase"] == "Running" and wire["startTime"] == NOW
+    assert wire["conditions"][0]["lastTransitionTime"] == NOW and "observedGeneration" not in wire["conditions"][0]
+    assert TPUTrainingJobStatus.model_validate({**wire, "fieldOfANewerOperator": 1}) == status
 
 
 def test_changed_fields_names_paths():
@@ -80,12 +96,17 @@ def test_changed_fields_names_paths():
     assert reconcile.changed_fields(before, copy.deepcopy(before)) == []
 
 
-def test_to_status_keeps_good_values_and_drops_bad_ones():
-    sample = {"step": 7, "step_time_s": 0.5, "tokens_per_s": None, "mfu": float("nan"), "last_checkpoint_step": True,
-              "loss": 1.0, "state": "training"}
-    assert to_status(sample) == {"step": 7, "stepTimeSeconds": 0.5}
+def test_merge_patch_has_only_what_changed():
+    assert status_lib.merge_patch({"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5, "d": 4}) == {"b": 5, "c": None, "d": 4}
+    assert status_lib.merge_patch({"a": [1]}, {"a": [1]}) == {}
+
+
+def test_to_sample_keeps_good_values_and_drops_bad_ones():
+    body = {"step": 7, "step_time_s": 0.5, "tokens_per_s": None, "mfu": float("nan"), "last_checkpoint_step": True,
+            "loss": 1.0, "state": "training"}
+    assert to_sample(body) == Sample(step=7, step_time_seconds=0.5)
     with pytest.raises(Unreachable):
-        to_status([1, 2])
+        to_sample([1, 2])
 
 
 def test_pick_pod_prefers_the_newest_running_pod():
@@ -98,78 +119,44 @@ def test_pick_pod_prefers_the_newest_running_pod():
     assert pick_pod([]) is None
 
 
-def test_apply_sample_goes_stale_on_error():
-    fresh = apply_sample({}, {"step": 3, "mfu": 0.5}, None, NOW)
-    assert fresh["step"] == 3 and fresh["metricsTime"] == NOW
-    assert phases.condition(fresh["conditions"], "Metrics")["status"] == "True"
-    stale = apply_sample(fresh, None, "connection refused", LATER)
-    assert stale["step"] == 3 and stale["metricsTime"] == NOW
-    metrics = phases.condition(stale["conditions"], "Metrics")
-    assert (metrics["status"], metrics["reason"], metrics["lastTransitionTime"]) == ("False", "Unreachable", LATER)
+def test_a_sample_goes_stale_on_error_and_changes_nothing_when_nothing_is_new():
+    fresh = status_lib.with_sample(EMPTY, Sample(step=3, mfu=0.5), NOW)
+    assert fresh.step == 3 and fresh.metrics_time == NOW and fresh.condition("Metrics").status == "True"
+    assert status_lib.with_sample(fresh, Sample(step=3, mfu=0.5), LATER) is fresh  # nothing to write
+    assert status_lib.with_sample(fresh, Sample(step=4, mfu=0.5), LATER).metrics_time == LATER
+    stale = status_lib.with_sample(fresh, Sample(error="connection refused"), LATER)
+    assert stale.step == 3 and stale.metrics_time == NOW
+    metrics = stale.condition("Metrics")
+    assert (metrics.status, metrics.reason, metrics.last_transition_time) == ("False", "Unreachable", LATER)
 
 
-def test_metrics_reader_proxy_path_and_selector():
-    asked: list[str] = []
-
-    async def api_get(path: str) -> Any:
-        asked.append(path)
-        return {"items": [{"metadata": {"name": "job-slice-0-0-x", "creationTimestamp": NOW},
-                           "status": {"phase": "Running", "podIP": "10.1.2.3"}}]}
-
-    async def api_get_text(path: str) -> str:
-        asked.append(path)
-        return json.dumps({"step": 9, "mfu": 0.25})
-
-    reader = MetricsReader(api_get, api_get_text, "proxy")
-    assert asyncio.run(reader.read("ml", "job", 9431)) == {"step": 9, "mfu": 0.25}
-    assert "labelSelector=jobset.sigs.k8s.io%2Fjobset-name%3Djob%2Cjobset.sigs.k8s.io%2Fjob-index%3D0%2C" \
-           "batch.kubernetes.io%2Fjob-completion-index%3D0" in asked[0]
-    assert asked[1] == "/api/v1/namespaces/ml/pods/job-slice-0-0-x:9431/proxy/status"
-
-
-def test_metrics_reader_direct_unreachable_is_an_error_not_a_crash():
-    async def api_get(path: str) -> Any:
-        return {"items": [{"metadata": {"name": "p"}, "status": {"phase": "Running", "podIP": "127.0.0.1"}}]}
-
-    async def scenario() -> None:
-        reader = MetricsReader(api_get, api_get, "direct", timeout_s=2)
-        try:
-            with pytest.raises(Unreachable, match="127.0.0.1:1/status"):
-                await reader.read("default", "job", 1)  # port 1: nothing listens
-        finally:
-            await reader.close()
-
-    asyncio.run(scenario())
-
-
-# --- reconcile over an in-memory API ----------------------------------------------------------------------
+# --- an in-memory API ------------------------------------------------------------------------------------
 
 
 class FakeKube:
     """Just enough API server: create (409 on a taken name), get (404), merge patch with the
-    resourceVersion precondition, and /status writes that change only .status."""
+    resourceVersion precondition, /status writes that change only .status, label-selected lists."""
 
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
         self.rv = 0
         self.calls: list[tuple[str, str]] = []
+        self.conflicts = 0  # status writes to refuse with 409, as if someone else had written
 
     def _bump(self, obj: dict[str, Any]) -> None:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
 
-    async def get(self, path: str) -> dict[str, Any]:
+    async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any]:
+        path = resource.path(namespace, name)
         self.calls.append(("GET", path))
         if path not in self.objects:
             raise ApiError(404, "not found")
         return copy.deepcopy(self.objects[path])
 
-    async def get_text(self, path: str) -> str:
-        raise ApiError(404, "no proxy here")
-
-    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(("POST", path))
-        key = f"{path}/{body['metadata']['name']}"
+    async def create(self, resource: Resource, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("POST", resource.path(namespace)))
+        key = resource.path(namespace, body["metadata"].get("name") or f"gen-{self.rv}")
         if key in self.objects:
             raise ApiError(409, "already exists")
         obj = copy.deepcopy(body)
@@ -178,213 +165,348 @@ class FakeKube:
         self.objects[key] = obj
         return copy.deepcopy(obj)
 
-    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(("PATCH", path))
-        key = path.removesuffix("/status")
-        obj = self.objects[key]
+    async def patch(self, resource: Resource, namespace: str, name: str, body: dict[str, Any],
+                    sub: str | None = None) -> dict[str, Any]:
+        self.calls.append(("PATCH", resource.path(namespace, name, sub)))
+        obj = self.objects[resource.path(namespace, name)]
         wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if sub == "status" and self.conflicts:
+            self.conflicts -= 1
+            raise ApiError(409, "conflict")
         if wanted and wanted != obj["metadata"]["resourceVersion"]:
             raise ApiError(409, "conflict")
-        if path.endswith("/status"):
-            status = obj.setdefault("status", {})
-            for k, v in body["status"].items():
-                if v is None:
-                    status.pop(k, None)
-                else:
-                    status[k] = v
-        else:
-            for k, v in body.get("spec", {}).items():
-                obj["spec"][k] = v
+        part = obj.setdefault(sub or "spec", {})
+        for k, v in body.get(sub or "spec", {}).items():
+            if v is None:
+                part.pop(k, None)
+            else:
+                part[k] = v
         self._bump(obj)
         return copy.deepcopy(obj)
+
+    async def list(self, resource: Resource, namespace: str, selector: str) -> list[dict[str, Any]]:
+        self.calls.append(("LIST", resource.path(namespace)))
+        wanted = dict(term.split("=") for term in selector.split(","))
+        return [copy.deepcopy(o) for path, o in self.objects.items() if path.startswith(resource.path(namespace) + "/")
+                and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())]
+
+    async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any:
+        self.calls.append(("PROXY", f"{pod}:{port}/{path}"))
+        return {"step": 9, "mfu": 0.25}
 
     def add_job(self, doc: dict[str, Any], uid: str = "job-uid") -> dict[str, Any]:
         obj = copy.deepcopy(doc)
         obj["metadata"].update(namespace="default", uid=uid, generation=1)
         self._bump(obj)
-        self.objects[reconcile.job_path("default", obj["metadata"]["name"])] = obj
+        self.objects[JOBS.path("default", obj["metadata"]["name"])] = obj
         return copy.deepcopy(obj)
 
+    def job(self, name: str = "tiny") -> dict[str, Any]:
+        return copy.deepcopy(self.objects[JOBS.path("default", name)])
 
-def run_reconcile(kube: FakeKube, obj: dict[str, Any]) -> tuple[str, list[phases.Notice]]:
+    def jobset(self, name: str = "tiny") -> dict[str, Any] | None:
+        return copy.deepcopy(self.objects.get(JOBSETS.path("default", name)))
+
+
+def run_reconcile(kube: FakeKube, obj: dict[str, Any], jobset_seen: dict[str, Any] | None = None,
+                  config: OperatorConfig = OperatorConfig()) -> tuple[reconcile.Outcome, list[phases.Notice]]:
     notices: list[phases.Notice] = []
-    result = asyncio.run(reconcile.reconcile_job(kube, obj, OperatorConfig(), lambda o, n: notices.append(n),
-                                                 now=lambda: NOW))
-    return result, notices
+    outcome = asyncio.run(reconcile.reconcile(kube, obj, jobset_seen, None, config, lambda o, n: notices.append(n),
+                                              now=lambda: NOW))
+    return outcome, notices
 
 
-def job_status(kube: FakeKube, name: str = "tiny") -> dict[str, Any]:
-    return kube.objects[reconcile.job_path("default", name)].get("status") or {}
-
-
-def test_reconcile_creates_then_adopts_without_duplicates():
-    kube = FakeKube()
-    obj = kube.add_job(tiny_job())
-    assert run_reconcile(kube, obj)[0] == "created"
-    first = dict(kube.objects)
-    result, notices = run_reconcile(kube, kube.objects[reconcile.job_path("default", "tiny")])  # a restart: resume
-    assert result == "adopted" and notices == []
-    assert kube.objects.keys() == first.keys()
-    assert [c for c in kube.calls if c[0] == "POST"].count(("POST", reconcile.jobset_path("default"))) == 2
-    status = job_status(kube)
-    assert status["phase"] == "Pending" and status["jobSetName"] == "tiny"
-    js = kube.objects[reconcile.jobset_path("default", "tiny")]
-    assert js["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
-    applied = json.loads(js["metadata"]["annotations"][names.APPLIED_SPEC])
-    assert applied == {k: v for k, v in obj["spec"].items() if k != "suspend"}  # the spec as written
-
-
-def test_reconcile_refuses_a_name_owned_by_someone_else():
-    kube = FakeKube()
-    asyncio.run(kube.post(reconcile.jobset_path("default"), {"metadata": {"name": "tiny", "ownerReferences": [
-        {"kind": "TPUTrainingJob", "name": "tiny", "uid": "someone-else"}]}}))
-    obj = kube.add_job(tiny_job())
-    with pytest.raises(reconcile.RetryLater):
-        run_reconcile(kube, obj)
-    ready = phases.condition(job_status(kube)["conditions"], "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "NameConflict")
-    assert "TPUTrainingJob/tiny" in ready["message"]
-
-
-def test_reconcile_invalid_job_creates_nothing():
-    kube = FakeKube()
-    obj = kube.add_job(tiny_job(training={"steps": 10, "globalBatch": 3, "sequenceLength": 128}))
-    result, notices = run_reconcile(kube, obj)
-    assert result == "invalid" and [n.reason for n in notices] == ["Invalid"]
-    assert job_status(kube)["phase"] == "Invalid" and "spec.training.globalBatch" in job_status(kube)["message"]
-    assert not [c for c in kube.calls if c[0] == "POST"]
-    # Reconciling the same invalid job again changes nothing and says nothing new.
-    assert run_reconcile(kube, kube.objects[reconcile.job_path("default", "tiny")])[1] == []
-
-
-def test_reconcile_patches_suspend_and_refuses_other_changes():
-    kube = FakeKube()
-    obj = kube.add_job(tiny_job())
-    run_reconcile(kube, obj)
-    path = reconcile.job_path("default", "tiny")
-    edited = copy.deepcopy(kube.objects[path])
-    edited["spec"]["suspend"] = True
-    edited["spec"]["training"]["steps"] = 50
-    edited["metadata"]["generation"] = 2
-    kube.objects[path] = edited
-    result, notices = run_reconcile(kube, edited)
-    js = kube.objects[reconcile.jobset_path("default", "tiny")]
-    assert js["spec"]["suspend"] is True
-    change = phases.condition(job_status(kube)["conditions"], "SpecChange")
-    assert (change["status"], change["reason"]) == ("False", "Immutable") and "spec.training.steps" in change["message"]
-    assert "SpecChangeRefused" in [n.reason for n in notices]
-    assert job_status(kube)["observedGeneration"] == 2
-
-
-def test_follow_jobset_ignores_jobsets_of_other_owners():
-    kube = FakeKube()
-    kube.add_job(tiny_job())
-    stray = {"metadata": {"name": "tiny", "namespace": "default", "labels": {"training.tpu-operator.dev/job": "tiny"},
-                          "ownerReferences": [{"kind": "TPUTrainingJob", "name": "tiny", "uid": "old-uid",
-                                               "controller": True}]}, "status": {}}
-    result = asyncio.run(reconcile.follow_jobset(kube, stray, "MODIFIED", OperatorConfig(), lambda o, n: None))
-    assert result == "gone" and job_status(kube) == {}
-
-
-def test_stats_exposition_is_prometheus_text():
-    stats = Stats()
-    stats.observe("job", "created", 0.02)
-    stats.observe("job", "api_error", 3.0)
-    text = stats.exposition()
-    assert 'tpu_operator_reconciles_total{handler="job",result="created"} 1' in text
-    assert 'tpu_operator_reconcile_errors_total{handler="job"} 1' in text
-    assert 'tpu_operator_reconcile_duration_seconds_bucket{handler="job",le="0.025"} 1' in text
-    assert 'tpu_operator_reconcile_duration_seconds_bucket{handler="job",le="+Inf"} 2' in text
-    assert 'tpu_operator_reconcile_duration_seconds_count{handler="job"} 2' in text
-    assert metrics_reader.pod0_selector("x").count("=") == 3
-
-
-def test_reconcile_uses_the_default_image_only_where_the_job_names_none():
-    kube = FakeKube()
-    obj = kube.add_job(tiny_job())
-    notices: list[phases.Notice] = []
-    asyncio.run(reconcile.reconcile_job(kube, obj, OperatorConfig(default_image="registry.example/trainer:2"),
-                                        lambda o, n: notices.append(n), now=lambda: NOW))
-    pod = kube.objects[reconcile.jobset_path("default", "tiny")]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
-    assert pod["spec"]["containers"][0]["image"] == "registry.example/trainer:2"
-    assert [n.reason for n in notices] == ["Created"]
-
-
-def test_reconcile_leaves_a_finished_job_alone():
-    kube = FakeKube()
-    obj = kube.add_job(tiny_job())
-    obj["status"] = {"phase": "Succeeded"}
-    assert run_reconcile(kube, obj) == ("finished", [])
-    assert not [c for c in kube.calls if c[0] in ("POST", "PATCH")]
-
-
-# --- the periodic resync -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("status, due", [
-    ({}, False),  # not reconciled yet: the job handler owns it
-    ({"phase": "Pending"}, False),  # no JobSet yet (e.g. a name conflict)
-    ({"phase": "Pending", "jobSetName": "tiny"}, True),
-    ({"phase": "Running", "jobSetName": "tiny"}, True),
-    ({"phase": "Restarting", "jobSetName": "tiny"}, True),
-    ({"phase": "Suspended", "jobSetName": "tiny"}, True),
-    ({"phase": "Succeeded", "jobSetName": "tiny"}, False),
-    ({"phase": "Failed", "jobSetName": "tiny"}, False),
-    ({"phase": "Invalid"}, False),
-])
-def test_resync_is_due_for_unfinished_jobs_with_a_jobset(status, due):
-    assert reconcile.resync_due(status) is due
-
-
-def run_resync(kube: FakeKube, name: str = "tiny") -> tuple[str, list[phases.Notice]]:
-    notices: list[phases.Notice] = []
-    obj = copy.deepcopy(kube.objects[reconcile.job_path("default", name)])
-    result = asyncio.run(reconcile.resync_job(kube, obj, OperatorConfig(), lambda o, n: notices.append(n),
-                                              now=lambda: LATER))
-    return result, notices
+def job_status(kube: FakeKube, name: str = "tiny") -> TPUTrainingJobStatus:
+    return TPUTrainingJobStatus.model_validate(kube.objects[JOBS.path("default", name)].get("status") or {})
 
 
 def writes(kube: FakeKube) -> list[tuple[str, str]]:
     return [c for c in kube.calls if c[0] in ("POST", "PATCH")]
 
 
-def test_resync_follows_a_jobset_whose_event_was_lost():
+# --- reconcile ----------------------------------------------------------------------------------------------
+
+
+def test_reconcile_creates_then_adopts_without_duplicates():
     kube = FakeKube()
-    run_reconcile(kube, kube.add_job(tiny_job()))
-    assert run_resync(kube) == ("unchanged", [])  # nothing new: one GET of the JobSet, no write
-    # The JobSet controller completes the JobSet; the operator never sees the event.
-    kube.objects[reconcile.jobset_path("default", "tiny")]["status"] = jobset(conditions=("Completed",))["status"]
-    before = len(writes(kube))
-    result, notices = run_resync(kube)
+    obj = kube.add_job(tiny_job())
+    outcome, notices = run_reconcile(kube, obj)
+    assert outcome.result == "created" and [n.reason for n in notices] == ["Created"]
+    assert writes(kube) == [("POST", CONFIGMAPS.path("default")), ("POST", JOBSETS.path("default")),
+                            ("PATCH", JOBS.path("default", "tiny", "status"))]  # one status write
+    first = dict(kube.objects)
+    outcome, notices = run_reconcile(kube, kube.job())  # a restart that has not seen the JobSet: adopt it
+    assert outcome.result == "adopted" and notices == []
+    assert kube.objects.keys() == first.keys()
     status = job_status(kube)
-    assert result == "followed" and status["phase"] == "Succeeded" and status["completionTime"] == LATER
-    assert [n.reason for n in notices] == ["Succeeded"]
-    assert writes(kube)[before:] == [("PATCH", reconcile.job_path("default", "tiny", "status"))]
-    assert run_resync(kube) == ("skipped", [])  # finished: nothing more to follow
-
-
-def test_resync_recreates_a_missing_jobset_exactly_once():
-    kube = FakeKube()
-    run_reconcile(kube, kube.add_job(tiny_job()))
-    del kube.objects[reconcile.jobset_path("default", "tiny")]  # deleted, and its DELETED event lost
-    result, _ = run_resync(kube)
-    assert result == "created"
-    assert kube.objects[reconcile.jobset_path("default", "tiny")]["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
-    assert run_resync(kube) == ("unchanged", [])  # there now: followed, not created again
-    assert writes(kube).count(("POST", reconcile.jobset_path("default"))) == 2  # the first one and the re-creation
-
-
-def test_resync_leaves_deleting_and_finished_jobs_alone():
-    kube = FakeKube()
-    run_reconcile(kube, kube.add_job(tiny_job()))
-    path = reconcile.job_path("default", "tiny")
+    assert status.phase == "Pending" and status.job_set_name == "tiny" and status.condition("Ready").status == "True"
+    js = kube.jobset()
+    assert js["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
+    applied = json.loads(js["metadata"]["annotations"][names.APPLIED_SPEC])
+    assert applied == {k: v for k, v in obj["spec"].items() if k != "suspend"}  # the spec as written
     kube.calls.clear()
-    kube.objects[path]["metadata"]["deletionTimestamp"] = NOW
-    assert run_resync(kube) == ("skipped", [])
-    del kube.objects[path]["metadata"]["deletionTimestamp"]
-    kube.objects[path]["status"]["phase"] = "Failed"
-    assert run_resync(kube) == ("skipped", [])
+    outcome, notices = run_reconcile(kube, kube.job(), kube.jobset())  # the JobSet is known: nothing to do
+    assert (outcome.result, notices, kube.calls) == ("followed", [], [])
+
+
+def test_reconcile_refuses_a_name_owned_by_someone_else():
+    kube = FakeKube()
+    asyncio.run(kube.create(JOBSETS, "default", {"metadata": {"name": "tiny", "ownerReferences": [
+        {"kind": "TPUTrainingJob", "name": "tiny", "uid": "someone-else"}]}}))
+    outcome, notices = run_reconcile(kube, kube.add_job(tiny_job()))
+    assert outcome.result == "conflict" and outcome.requeue_after_s == OperatorConfig().conflict_retry_s
+    ready = job_status(kube).condition("Ready")
+    assert (ready.status, ready.reason) == ("False", "NameConflict") and "TPUTrainingJob/tiny" in ready.message
+    assert [n.reason for n in notices] == ["NameConflict"]
+    _, notices = run_reconcile(kube, kube.job())
+    assert notices == []  # said once
+
+
+def test_reconcile_invalid_job_creates_nothing():
+    kube = FakeKube()
+    outcome, notices = run_reconcile(kube, kube.add_job(tiny_job(training={"steps": 10, "globalBatch": 3,
+                                                                           "sequenceLength": 128})))
+    assert outcome.result == "invalid" and [n.reason for n in notices] == ["Invalid"]
+    assert job_status(kube).phase == "Invalid" and "spec.training.globalBatch" in job_status(kube).message
+    assert not [c for c in kube.calls if c[0] == "POST"]
+    # Reconciling the same invalid job again writes nothing and says nothing new.
+    kube.calls.clear()
+    assert run_reconcile(kube, kube.job())[1] == [] and writes(kube) == []
+
+
+def test_reconcile_patches_suspend_and_refuses_other_changes():
+    kube = FakeKube()
+    run_reconcile(kube, kube.add_job(tiny_job()))
+    edited = kube.job()
+    edited["spec"]["suspend"] = True
+    edited["spec"]["training"]["steps"] = 50
+    edited["metadata"]["generation"] = 2
+    kube.objects[JOBS.path("default", "tiny")] = edited
+    _, notices = run_reconcile(kube, edited, kube.jobset())
+    assert kube.jobset()["spec"]["suspend"] is True
+    change = job_status(kube).condition("SpecChange")
+    assert (change.status, change.reason) == ("False", "Immutable") and "spec.training.steps" in change.message
+    assert "SpecChangeRefused" in [n.reason for n in notices]
+    assert job_status(kube).observed_generation == 2
+
+
+def test_reconcile_uses_the_default_image_only_where_the_job_names_none():
+    kube = FakeKube()
+    run_reconcile(kube, kube.add_job(tiny_job()), config=OperatorConfig(default_image="registry.example/trainer:2"))
+    pod = kube.jobset()["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert pod["spec"]["containers"][0]["image"] == "registry.example/trainer:2"
+
+
+def test_reconcile_leaves_finished_and_deleting_jobs_alone():
+    kube = FakeKube()
+    obj = kube.add_job(tiny_job())
+    obj["status"] = {"phase": "Succeeded"}
+    assert run_reconcile(kube, obj)[0].result == "finished"
+    obj["status"], obj["metadata"]["deletionTimestamp"] = {}, NOW
+    assert run_reconcile(kube, obj)[0].result == "deleting"
     assert kube.calls == []
+
+
+def test_a_conflicting_status_write_rereads_once_then_leaves_it():
+    kube = FakeKube()
+    run_reconcile(kube, kube.add_job(tiny_job()))
+    completed = kube.jobset()
+    completed["status"] = jobset(conditions=("Completed",))["status"]
+    kube.conflicts = 1  # someone wrote in between: read, recompute, write
+    kube.calls.clear()
+    outcome, notices = run_reconcile(kube, kube.job(), completed)
+    assert outcome.result == "followed" and job_status(kube).phase == "Succeeded"
+    assert [c[0] for c in kube.calls] == ["PATCH", "GET", "PATCH"] and [n.reason for n in notices] == ["Succeeded"]
+    kube.objects[JOBS.path("default", "tiny")]["status"] = {}
+    kube.conflicts, kube.calls = 2, []
+    outcome, notices = run_reconcile(kube, kube.job(), completed)
+    assert outcome.job is None and notices == [] and [c[0] for c in kube.calls] == ["PATCH", "GET", "PATCH"]
+
+
+# --- the manager ------------------------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def manager_for(kube: FakeKube, **config: Any) -> tuple[Manager, Clock, list[phases.Notice]]:
+    notices: list[phases.Notice] = []
+    clock = Clock()
+    cfg = OperatorConfig(metrics_access="proxy", **config)
+    manager = Manager(kube, MetricsReader(kube, "proxy"), cfg, lambda o, n: notices.append(n), Stats(),
+                      now=lambda: LATER, clock=clock)
+    return manager, clock, notices
+
+
+async def drain(manager: Manager, index: dict[Any, list[dict[str, Any]]], jobset_index: dict[Any, Any]) -> list[str]:
+    """Run the queued reconciles (and the ones they queue) to the end; their results."""
+    manager.jobs, manager.jobsets = index, jobset_index
+    results = []
+    while len(manager.queue):
+        key, reasons = await manager.queue.get()
+        results.append(await manager._reconcile(key, reasons))
+        manager.queue.done(key)
+    return results
+
+
+def test_manager_resync_catches_up_a_lost_completion_with_one_get():
+    async def scenario() -> None:
+        kube = FakeKube()
+        manager, clock, notices = manager_for(kube)
+        job = kube.add_job(tiny_job())
+        manager.add(("default", "tiny"), "job")
+        index = {("default", "tiny"): [job]}
+        assert await drain(manager, index, {}) == ["created"]
+        assert ("default", "tiny") in manager.due_resync
+        # The JobSet completes and its event is lost: the index still has the JobSet as created.
+        jobset_index = {("default", "tiny"): [kube.jobset()]}
+        kube.objects[JOBSETS.path("default", "tiny")]["status"] = jobset(conditions=("Completed",))["status"]
+        index[("default", "tiny")] = [kube.job()]
+        kube.calls.clear()
+        manager.add(("default", "tiny"), "resync")
+        assert await drain(manager, index, jobset_index) == ["followed"]
+        # The JobSet once, pod 0 for the trainer's final values (there is none here), the status once.
+        assert [c[0] for c in kube.calls] == ["GET", "LIST", "PATCH"]
+        assert job_status(kube).phase == "Succeeded" and [n.reason for n in notices][-1] == "Succeeded"
+        assert ("default", "tiny") not in manager.due_resync  # finished: nothing more to follow
+
+    asyncio.run(scenario())
+
+
+def test_manager_recreates_a_missing_jobset_exactly_once():
+    async def scenario() -> None:
+        kube = FakeKube()
+        manager, _, _ = manager_for(kube)
+        index = {("default", "tiny"): [kube.add_job(tiny_job())]}
+        manager.add(("default", "tiny"), "job")
+        await drain(manager, index, {})
+        del kube.objects[JOBSETS.path("default", "tiny")]  # deleted, and its DELETED event lost
+        index[("default", "tiny")] = [kube.job()]
+        manager.add(("default", "tiny"), "resync")
+        assert await drain(manager, index, {("default", "tiny"): [{"metadata": {"name": "stale"}}]}) == ["created"]
+        manager.add(("default", "tiny"), "resync")
+        index[("default", "tiny")] = [kube.job()]
+        assert await drain(manager, index, {("default", "tiny"): [kube.jobset()]}) == ["followed"]
+        assert writes(kube).count(("POST", JOBSETS.path("default"))) == 2  # the first one and the re-creation
+
+    asyncio.run(scenario())
+
+
+def test_manager_computes_from_its_own_last_write_until_the_watch_catches_up():
+    async def scenario() -> None:
+        kube = FakeKube()
+        manager, _, _ = manager_for(kube)
+        stale = kube.add_job(tiny_job())
+        index = {("default", "tiny"): [stale]}
+        manager.add(("default", "tiny"), "job")
+        await drain(manager, index, {})
+        # The JobSet's event arrives before the job's own: the index still holds the job as created.
+        kube.calls.clear()
+        manager.add(("default", "tiny"), "jobset")
+        assert await drain(manager, index, {("default", "tiny"): [kube.jobset()]}) == ["followed"]
+        assert kube.calls == []  # no write computed from the stale version, so no 409 and no re-read
+        index[("default", "tiny")] = [kube.job()]  # the watch catches up
+        assert manager.job(("default", "tiny")) == kube.job() and not manager.written
+
+    asyncio.run(scenario())
+
+
+# --- the work queue ------------------------------------------------------------------------------------------------
+
+
+def test_work_queue_coalesces_and_processes_a_key_again_after_a_change_in_flight():
+    async def scenario() -> None:
+        queue = WorkQueue()
+        queue.add("a", "job")
+        queue.add("a", "jobset")
+        queue.add("b", "job")
+        key, reasons = await queue.get()
+        assert (key, reasons) == ("a", {"job", "jobset"})
+        queue.add("a", "metrics")  # while "a" is being processed
+        assert len(queue) == 1  # only "b": "a" is not handed to a second worker
+        queue.done("a")
+        assert [await queue.get() for _ in range(2)] == [("b", {"job"}), ("a", {"metrics"})]
+
+    asyncio.run(scenario())
+
+
+def test_work_queue_backs_off_exponentially_and_forgets_on_success():
+    async def scenario() -> None:
+        clock = Clock()
+        queue = WorkQueue(base_delay_s=0.5, max_delay_s=4, clock=clock)
+        assert [queue.retry("a") for _ in range(5)] == [0.5, 1, 2, 4, 4]
+        queue.forget("a")
+        assert queue.retry("a") == 0.5
+        timers = asyncio.create_task(queue.run_timers())
+        await asyncio.sleep(0)
+        assert len(queue) == 0
+        clock.t += 0.5
+        queue.add_after("b", 100, "retry")  # wakes the timer task, which finds "a" due
+        await asyncio.sleep(0.01)
+        assert await queue.get() == ("a", {"retry"})
+        timers.cancel()
+
+    asyncio.run(scenario())
+
+
+# --- the metrics reader -----------------------------------------------------------------------------------------------
+
+
+def add_pod0(kube: FakeKube, jobset_name: str = "job", ip: str = "10.1.2.3") -> None:
+    labels = {"jobset.sigs.k8s.io/jobset-name": jobset_name, "jobset.sigs.k8s.io/job-index": "0",
+              "batch.kubernetes.io/job-completion-index": "0"}
+    kube.objects[PODS.path("ml", f"{jobset_name}-slice-0-0-x")] = {
+        "metadata": {"name": f"{jobset_name}-slice-0-0-x", "creationTimestamp": NOW, "labels": labels},
+        "status": {"phase": "Running", "podIP": ip}}
+
+
+def test_metrics_reader_lists_pod0_once_and_reads_through_the_proxy():
+    kube = FakeKube()
+    add_pod0(kube)
+    reader = MetricsReader(kube, "proxy")
+
+    async def reads() -> list[Sample]:
+        return [await reader.read("ml", "job", 9431) for _ in range(3)]
+
+    assert asyncio.run(reads()) == [Sample(step=9, mfu=0.25)] * 3
+    assert kube.calls == [("LIST", PODS.path("ml"))] + [("PROXY", "job-slice-0-0-x:9431/status")] * 3
+    assert metrics_reader.pod0_selector("x").count("=") == 3
+
+
+def test_metrics_reader_direct_unreachable_is_an_error_not_a_crash():
+    kube = FakeKube()
+    add_pod0(kube, ip="127.0.0.1")
+
+    async def scenario() -> None:
+        reader = MetricsReader(kube, "direct", timeout_s=2)
+        try:
+            sample = await reader.read("ml", "job", 1)  # port 1: nothing listens
+            assert sample.error and "127.0.0.1:1/status" in sample.error
+            # The remembered pod failed: forget it and list once more, then report the failure.
+            assert [c[0] for c in kube.calls] == ["LIST"]
+            await reader.read("ml", "job", 1)
+            assert [c[0] for c in kube.calls] == ["LIST", "LIST"]
+        finally:
+            await reader.close()
+
+    asyncio.run(scenario())
+
+
+def test_stats_exposition_is_prometheus_text():
+    stats = Stats()
+    stats.observe("job", "created", 0.02)
+    stats.observe("job", "api_error", 3.0)
+    text = generate_latest(stats.registry).decode()
+    assert 'tpu_operator_reconciles_total{handler="job",result="created"} 1' in text
+    assert 'tpu_operator_reconcile_errors_total{handler="job"} 1' in text
+    assert 'tpu_operator_reconcile_duration_seconds_bucket{handler="job",le="0.025"} 1' in text
+    assert 'tpu_operator_reconcile_duration_seconds_bucket{handler="job",le="+Inf"} 2' in text
+    assert 'tpu_operator_reconcile_duration_seconds_count{handler="job"} 2' in text
 
 
 def test_operator_intervals_are_positive_seconds():

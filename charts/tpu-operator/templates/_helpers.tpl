@@ -109,7 +109,7 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
 {{- define "tpu-operator.namespacedRules" -}}
 - apiGroups: ["training.tpu-operator.dev"]
   resources: ["tputrainingjobs"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["training.tpu-operator.dev"]
   resources: ["tputrainingjobs/status"]
   verbs: ["patch"]

@@ -1,0 +1,53 @@
+"""Kubernetes Events about a job, posted in the background with the controller's client.
+
+Best effort, as Events are: a post that fails is logged and dropped, and never holds up a
+reconcile. `drain` waits for the posts in flight (at shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+
+from .kube import EVENTS, ApiError, Kube, Obj
+from .phases import Notice
+
+log = logging.getLogger("tpu_operator")
+COMPONENT = "tpu-operator"
+
+
+def event_body(obj: Obj, notice: Notice, now: str) -> Obj:
+    meta = obj["metadata"]
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace", "default")},
+        "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta["name"],
+                           "namespace": meta.get("namespace", "default"), "uid": meta.get("uid"),
+                           "resourceVersion": meta.get("resourceVersion")},
+        "type": notice.type, "reason": notice.reason, "message": notice.message[:1024],
+        "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
+
+
+class EventPoster:
+    """`emit(obj, notice)` for the reconcile logic."""
+
+    def __init__(self, kube: Kube):
+        self.kube = kube
+        self.posting: set[asyncio.Task] = set()
+
+    def __call__(self, obj: Obj, notice: Notice) -> None:
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        task = asyncio.create_task(self._post(event_body(obj, notice, now)))
+        self.posting.add(task)
+        task.add_done_callback(self.posting.discard)
+
+    async def _post(self, body: Obj) -> None:
+        try:
+            await self.kube.create(EVENTS, body["metadata"]["namespace"], body)
+        except ApiError as exc:
+            log.warning("could not post Event %s about %s: %s", body["reason"], body["involvedObject"]["name"], exc)
+
+    async def drain(self) -> None:
+        await asyncio.gather(*self.posting, return_exceptions=True)

@@ -1,0 +1,124 @@
+"""The Kubernetes API as the controller uses it: five calls over kubernetes_asyncio's public ApiClient.
+
+`Kube` is the protocol the reconcile logic is written against (tests give it an in-memory fake);
+`AsyncKube` implements it with kubernetes_asyncio, the maintained async sibling of the `kubernetes`
+client: kubeconfig (exec plugins included) or in-cluster credentials, token refresh, TLS. Every
+failure comes out as an `ApiError` with the HTTP status (0 for a network failure), so callers
+decide on one thing: `transient` errors are retried by the work queue, the rest are not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from ..api import models
+
+Obj = dict[str, Any]
+USER_AGENT = "tpu-operator"
+REQUEST_TIMEOUT_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Resource:
+    """A namespaced resource collection: its URL path and what RBAC calls it."""
+
+    group: str
+    version: str
+    plural: str
+
+    def path(self, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+        base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        return "/".join(p for p in (f"{base}/namespaces/{namespace}/{self.plural}", name, sub) if p)
+
+
+JOBS = Resource(models.GROUP, models.VERSION, models.PLURAL)
+JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
+CONFIGMAPS = Resource("", "v1", "configmaps")
+PODS = Resource("", "v1", "pods")
+EVENTS = Resource("", "v1", "events")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str = ""):
+        super().__init__(f"HTTP {status}: {message}" if status else message)
+        self.status = status
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying as it is: the server or the network, not the request."""
+        return self.status in (0, 408, 429) or self.status >= 500
+
+
+class Kube(Protocol):
+    async def get(self, resource: Resource, namespace: str, name: str) -> Obj: ...
+    async def create(self, resource: Resource, namespace: str, body: Obj) -> Obj: ...
+    async def patch(self, resource: Resource, namespace: str, name: str, body: Obj,
+                    sub: str | None = None) -> Obj: ...  # JSON merge patch
+    async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]: ...
+    async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any: ...
+
+
+class AsyncKube:
+    """`Kube` over kubernetes_asyncio."""
+
+    def __init__(self, api: k8s.ApiClient, timeout_s: float = REQUEST_TIMEOUT_S):
+        self.api, self.timeout_s = api, timeout_s
+        api.user_agent = USER_AGENT
+
+    async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        try:
+            return await self.api.call_api(
+                path, method, header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body, auth_settings=["BearerToken"], response_types_map={200: "object", 201: "object"},
+                _return_http_data_only=True, _request_timeout=self.timeout_s)
+        except ApiException as exc:
+            raise ApiError(exc.status or 0, _reason(exc)) from None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise ApiError(0, f"{type(exc).__name__}: {exc}") from None
+
+    async def get(self, resource: Resource, namespace: str, name: str) -> Obj:
+        return await self._call("GET", resource.path(namespace, name))
+
+    async def create(self, resource: Resource, namespace: str, body: Obj) -> Obj:
+        return await self._call("POST", resource.path(namespace), body)
+
+    async def patch(self, resource: Resource, namespace: str, name: str, body: Obj, sub: str | None = None) -> Obj:
+        return await self._call("PATCH", resource.path(namespace, name, sub), body, "application/merge-patch+json")
+
+    async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]:
+        found = await self._call("GET", f"{resource.path(namespace)}?labelSelector={quote(selector, safe='')}")
+        return found.get("items") or []
+
+    async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any:
+        """GET through the API server's pod proxy; the decoded JSON body (or its text)."""
+        return await self._call("GET", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}")
+
+    async def close(self) -> None:
+        await self.api.close()
+
+
+def _reason(exc: ApiException) -> str:
+    try:
+        return json.loads(exc.body).get("message") or exc.reason or ""
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.reason or exc.body or "")
+
+
+async def configuration() -> k8s.Configuration:
+    """In-cluster credentials inside a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    cfg = k8s.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    else:
+        await k8s_config.load_kube_config(client_configuration=cfg, persist_config=False)
+    return cfg

@@ -1,0 +1,193 @@
+"""The manager: what sets reconciles going, and the workers that run them.
+
+- kopf's watches feed two in-memory indices (jobs, and the JobSets labelled as a job's): a reconcile
+  reads the job and its JobSet from them, never from the API. kopf runs no handler until both are
+  filled from their initial listing, so a restarted operator knows every existing JobSet before it
+  looks at the first job, and re-creates nothing.
+- Job and JobSet events add the job's key to the work queue (queue.py): the one place where anything
+  is retried, with backoff. A key is reconciled by one worker at a time.
+- A ticker adds unfinished jobs with a JobSet every `resync_interval_s` (the reconcile then GETs the
+  JobSet once, to catch up on an event that was lost), and reads the trainer of every Running job every
+  `metrics_interval_s`, outside the workers (a slow trainer never holds up a reconcile); the sample is
+  applied, and written if something changed, by the next reconcile of that job.
+- The status a reconcile wrote is kept until the watch delivers it (`written`), so the next reconcile
+  computes from it and not from the version before, which would only conflict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+from ..api import names
+from ..api.models import RuntimeSpec, TPUTrainingJobStatus
+from .kube import JOBSETS, ApiError, Kube, Obj
+from .metrics_reader import MetricsReader
+from .queue import WorkQueue
+from .reconcile import Emit, OperatorConfig, owner_of, reconcile, utcnow
+from .stats import Stats
+from .status import Sample
+
+log = logging.getLogger("tpu_operator")
+Key = tuple[str, str]  # (namespace, job name)
+Index = Mapping[Hashable, Any]  # kopf.Index: key -> a store of the values indexed under it
+# The reason a reconcile ran, for the operator's metrics: the first of these it was queued for.
+TRIGGERS = ("job", "jobset", "resync", "metrics", "retry")
+
+
+def _first(store: Any) -> Obj | None:
+    return next(iter(store), None) if store is not None else None
+
+
+def _rv(obj: Obj) -> int:
+    try:
+        return int(obj["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return -1
+
+
+class Manager:
+    def __init__(self, kube: Kube, reader: MetricsReader, config: OperatorConfig, emit: Emit, stats: Stats, *,
+                 workers: int = 16, concurrent_reads: int = 32, now: Callable[[], str] = utcnow,
+                 clock: Callable[[], float] = time.monotonic, tick_s: float = 0.2):
+        self.kube, self.reader, self.config, self.emit, self.stats = kube, reader, config, emit, stats
+        self.workers, self.now, self.clock, self.tick_s = workers, now, clock, tick_s
+        self.queue = WorkQueue(clock=clock)
+        self.jobs: Index = {}
+        self.jobsets: Index = {}
+        self.written: dict[Key, Obj] = {}
+        self.samples: dict[Key, Sample] = {}
+        self.due_resync: dict[Key, float] = {}
+        self.due_metrics: dict[Key, float] = {}
+        self.reads = asyncio.Semaphore(concurrent_reads)
+        self.tasks: list[asyncio.Task] = []
+        self.reading: set[asyncio.Task] = set()
+        self.rng = random.Random()
+
+    # --- what sets reconciles going ---------------------------------------------------------------
+
+    def start(self, jobs: Index, jobsets: Index) -> None:
+        self.jobs, self.jobsets = jobs, jobsets
+        self.tasks = [asyncio.create_task(self.queue.run_timers(), name="queue-timers"),
+                      asyncio.create_task(self._ticker(), name="ticker"),
+                      *(asyncio.create_task(self._worker(), name=f"worker-{i}") for i in range(self.workers))]
+
+    async def stop(self) -> None:
+        for task in (*self.tasks, *self.reading):
+            task.cancel()
+        await asyncio.gather(*self.tasks, *self.reading, return_exceptions=True)
+        await self.reader.close()
+
+    def add(self, key: Key, reason: str) -> None:
+        self.queue.add(key, reason)
+
+    def jobset_seen(self, jobset: Obj) -> None:
+        owner = owner_of(jobset)
+        if owner is not None:
+            self.queue.add(owner[:2], "jobset")
+
+    # --- the caches ---------------------------------------------------------------------------------
+
+    def job(self, key: Key) -> Obj | None:
+        """The newest known state of the job: as watched, or as this operator last wrote it."""
+        seen, mine = _first(self.jobs.get(key)), self.written.get(key)
+        if mine is None or seen is None or _rv(seen) >= _rv(mine):
+            self.written.pop(key, None)
+            return seen
+        return mine
+
+    def jobset(self, key: Key) -> Obj | None:
+        return _first(self.jobsets.get((key[0], names.jobset_name(key[1]))))
+
+    # --- the workers ----------------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            key, reasons = await self.queue.get()
+            trigger = next((t for t in TRIGGERS if t in reasons), "job")
+            started, result = self.clock(), "error"
+            try:
+                result = await self._reconcile(key, reasons)
+            except ApiError as exc:
+                result = "api_error"
+                delay = self.queue.retry(key)
+                log.warning("reconcile of %s/%s failed (%s); retrying in %.1f s", *key, exc, delay)
+            except Exception:  # a bug: log it, keep the operator up, try again later
+                delay = self.queue.retry(key)
+                log.exception("reconcile of %s/%s failed; retrying in %.1f s", *key, delay)
+            else:
+                self.queue.forget(key)
+            finally:
+                self.queue.done(key)
+                self.stats.observe(trigger, result, self.clock() - started)
+
+    async def _reconcile(self, key: Key, reasons: set[str]) -> str:
+        job = self.job(key)
+        if job is None:
+            self._drop(key)
+            return "gone"
+        jobset = self.jobset(key)
+        if "resync" in reasons:  # one GET: the JobSet as it is, whatever the watch delivered
+            try:
+                jobset = await self.kube.get(JOBSETS, key[0], names.jobset_name(key[1]))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                jobset = None
+        outcome = await reconcile(self.kube, job, jobset, self.samples.pop(key, None), self.config, self.emit,
+                                  self.reader, self.now)
+        if outcome.job is not None:
+            self.written[key] = outcome.job
+        if outcome.requeue_after_s is not None:
+            self.queue.add_after(key, outcome.requeue_after_s, "retry")
+        self._schedule(key, outcome.job or self.job(key))
+        return outcome.result
+
+    # --- the periodic work -----------------------------------------------------------------------------
+
+    def _schedule(self, key: Key, job: Obj | None) -> None:
+        """Keep the job's resync and metrics reads on the ticker's calendar while they are due. First
+        reads are spread over an interval, so jobs found together (a restart) are not read together."""
+        status = TPUTrainingJobStatus.model_validate((job or {}).get("status") or {})
+        if job is None or job["metadata"].get("deletionTimestamp") or status.finished:
+            self._drop(key)
+            return
+        if status.job_set_name and status.phase != "Invalid":
+            self.due_resync.setdefault(key, self.clock() + self.config.resync_interval_s * self.rng.uniform(0.5, 1))
+        if status.phase == "Running":
+            self.due_metrics.setdefault(key, self.clock() + self.config.metrics_interval_s * self.rng.uniform(0.05, 1))
+        elif self.due_metrics.pop(key, None) is not None:
+            self.reader.forget(key[0], names.jobset_name(key[1]))  # not running: its pods will be new ones
+
+    def _drop(self, key: Key) -> None:
+        for table in (self.written, self.samples, self.due_resync, self.due_metrics):
+            table.pop(key, None)
+        self.reader.forget(key[0], names.jobset_name(key[1]))
+
+    async def _ticker(self) -> None:
+        while True:
+            now = self.clock()
+            for key, due in list(self.due_resync.items()):
+                if due <= now:
+                    self.due_resync[key] = now + self.config.resync_interval_s
+                    self.queue.add(key, "resync")
+            for key, due in list(self.due_metrics.items()):
+                if due <= now:
+                    self.due_metrics[key] = now + self.config.metrics_interval_s
+                    read = asyncio.create_task(self._read_metrics(key))
+                    self.reading.add(read)
+                    read.add_done_callback(self.reading.discard)
+            await asyncio.sleep(self.tick_s)
+
+    async def _read_metrics(self, key: Key) -> None:
+        async with self.reads:
+            job = self.job(key)
+            if job is None or TPUTrainingJobStatus.model_validate(job.get("status") or {}).phase != "Running":
+                return
+            port = RuntimeSpec.model_validate(job["spec"].get("runtime") or {}).metrics_port
+            self.samples[key] = await self.reader.read(key[0], names.jobset_name(key[1]), port)
+            self.queue.add(key, "metrics")

@@ -1,0 +1,86 @@
+"""The work queue: which jobs to reconcile, and the one place transient failures are retried.
+
+Modelled on controller-runtime's rate-limited workqueue. A key is in the queue at most once, and
+processed by one worker at a time: a key added while it is being processed is processed once more
+afterwards, so nothing that happened meanwhile is missed and nothing runs twice at once. A failed
+key comes back after an exponential backoff (`retry`), which success resets (`forget`). Every key
+carries the reasons it was added for (job event, JobSet event, resync, metrics, retry), merged
+while it waits: the reconcile reads them, and the operator's metrics count by them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Hashable
+
+BASE_DELAY_S = 0.5
+MAX_DELAY_S = 300.0
+
+
+class WorkQueue:
+    def __init__(self, base_delay_s: float = BASE_DELAY_S, max_delay_s: float = MAX_DELAY_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.base_delay_s, self.max_delay_s, self.clock = base_delay_s, max_delay_s, clock
+        self._ready: asyncio.Queue[Hashable] = asyncio.Queue()
+        self._reasons: dict[Hashable, set[str]] = {}  # queued keys and why
+        self._active: dict[Hashable, set[str]] = {}  # keys being processed, and why they come back after
+        self._later: list[tuple[float, int, Hashable, str]] = []  # (due, tie-breaker, key, reason)
+        self._order = itertools.count()
+        self._failures: dict[Hashable, int] = {}
+        self._wake = asyncio.Event()
+
+    def add(self, key: Hashable, reason: str) -> None:
+        if key in self._active:
+            self._active[key].add(reason)
+        elif key in self._reasons:
+            self._reasons[key].add(reason)
+        else:
+            self._reasons[key] = {reason}
+            self._ready.put_nowait(key)
+
+    def add_after(self, key: Hashable, delay_s: float, reason: str) -> None:
+        heapq.heappush(self._later, (self.clock() + delay_s, next(self._order), key, reason))
+        self._wake.set()
+
+    def retry(self, key: Hashable) -> float:
+        """Add `key` back after its backoff (doubling with each failure in a row); the delay."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        delay = min(self.max_delay_s, self.base_delay_s * 2 ** failures)
+        self.add_after(key, delay, "retry")
+        return delay
+
+    def forget(self, key: Hashable) -> None:
+        self._failures.pop(key, None)
+
+    async def get(self) -> tuple[Hashable, set[str]]:
+        key = await self._ready.get()
+        reasons = self._reasons.pop(key)
+        self._active[key] = set()
+        return key, reasons
+
+    def done(self, key: Hashable) -> None:
+        again = self._active.pop(key)
+        if again:
+            for reason in again:
+                self.add(key, reason)
+
+    async def run_timers(self) -> None:
+        """Move delayed keys into the queue when they are due (run as a task for the queue's life)."""
+        while True:
+            now = self.clock()
+            while self._later and self._later[0][0] <= now:
+                _, _, key, reason = heapq.heappop(self._later)
+                self.add(key, reason)
+            timeout = self._later[0][0] - now if self._later else None
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    def __len__(self) -> int:
+        return self._ready.qsize()
