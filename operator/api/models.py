@@ -390,7 +390,7 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Condition(Base):
     """A Kubernetes-shaped condition; `lastTransitionTime` moves only when `status` changes."""
 
-    type: str = _desc("Ready, SpecChange, Running, Succeeded, Failed, Metrics.")
+    type: str = _desc("Ready, SpecChange, Admitted, Scheduled, ContainersReady, Running, Succeeded, Failed, Metrics.")
     status: ConditionStatus = _desc("True, False or Unknown.")
     reason: str = _desc("CamelCase reason.", default="")
     message: str = _desc("Human-readable detail.", default="")
@@ -398,7 +398,7 @@ class Condition(Base):
     observed_generation: int | None = _desc("metadata.generation the condition describes.", default=None)
 
 
-Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
+Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -409,11 +409,16 @@ class TPUTrainingJobStatus(Base):
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, alias_generator=to_camel)
     phase: Phase | None = _desc("Lifecycle phase.", default=None)
-    conditions: tuple[Condition, ...] = _desc("Kubernetes-shaped conditions (Ready, Metrics, SpecChange...).",
+    conditions: tuple[Condition, ...] = _desc("Kubernetes-shaped conditions (Ready, Admitted, Scheduled, Metrics...).",
                                               default=())
     observed_generation: int | None = _desc("metadata.generation the status describes.", default=None)
     job_set_name: str | None = _desc("The JobSet running this job.", default=None)
     restarts: int | None = _desc("Whole-slice restarts so far.", default=None)
+    preemptions: int | None = _desc("Times Kueue evicted the job (preemption, node failures, a PodsReady timeout...) "
+                                    "and queued it again; not counted in restarts.", default=None)
+    last_eviction_time: str | None = _desc("When Kueue last evicted the job (its Workload's Evicted condition).",
+                                           default=None)
+    workload_name: str | None = _desc("The Kueue Workload of the JobSet (jobs with a queueName).", default=None)
     step: int | None = _desc("Latest completed training step.", default=None)
     step_time_seconds: float | None = _desc("Latest step time in seconds.", default=None)
     tokens_per_second: float | None = _desc("Training throughput, tokens per second, all slices.", default=None)
