@@ -138,6 +138,17 @@ def jobset_condition(type_: str, message: str = "") -> dict[str, Any]:
             "lastTransitionTime": "2026-01-01T00:00:00Z"}
 
 
+def wait_watching(server: Server, ns: str, *plurals: str) -> None:
+    """Wait until the operator watches each of `plurals` in `ns`: its liveness endpoint answers before
+    kopf has listed them, and requests counted from here on are a job's, not the operator's start-up."""
+    def watching() -> bool:
+        watched = {r["path"].rsplit("/", 1)[-1] for r in server.requests_log()
+                   if r["query"].get("watch") in ("true", "1") and f"/namespaces/{ns}/" in r["path"]}
+        return set(plurals) <= watched
+
+    wait_for(watching, WAIT_S, 0.1, f"the operator to watch {', '.join(plurals)} in {ns}")
+
+
 def created_ok(server: Server, method: str, path_suffix: str) -> int:
     return sum(1 for r in server.requests_log()
                if r["method"] == method and r["path"].endswith(path_suffix) and r["status"] in (200, 201))
@@ -568,6 +579,7 @@ def test_fake_jobset_controller_one_jobs_requests_stay_within_budget(server, tmp
     trainer.sample = {"step": 3, "step_time_s": 0.5, "mfu": 0.2}
     with running_operator(server, tmp_path, "--namespace", ns, "--metrics-access", "direct",
                           "--metrics-interval", "1", "--resync-interval", "3600") as op:
+        wait_watching(server, ns, "tputrainingjobs", "jobsets")
         server.clear_requests_log()
         create_job(server, job_doc("frugal", runtime={"metricsPort": trainer.port}), ns)
         wait_status(server, op, "frugal", lambda s: s.get("phase") == "Pending", "phase Pending", ns=ns)
