@@ -114,7 +114,9 @@ def _message(phase: str, js: JobSetView, status: TPUTrainingJobStatus, trouble: 
         admitted = status.condition("Admitted")
         if admitted is None:
             return "queued: waiting for Kueue"
-        return admitted.message if admitted.status != "True" else f"{admitted.message}; waiting for the JobSet to resume"
+        if admitted.status != "True":
+            return admitted.message
+        return f"{admitted.message}; waiting for the JobSet to resume"
     if phase == "Pending" and trouble is not None:
         return trouble.message
     base = {"Restarting": f"restart {js.restarts}: waiting for the recreated pods to be ready",

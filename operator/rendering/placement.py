@@ -22,7 +22,7 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 # Passed by Kueue's ProvisioningRequest admission check to the ProvisioningRequest as the parameter
 # maxRunDurationSeconds (every annotation with the prefix `provreq.kueue.x-k8s.io/`, ProvReqAnnotationPrefix).
-# Docs: kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/ ("Parameters from annotations");
+# Docs: kueue.sigs.k8s.io/docs/admission-check-controllers/provisioning/ ("Job annotations");
 # GKE: cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest (the Kueue example job).
 PROVREQ_MAX_RUN_DURATION = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
 

@@ -461,7 +461,8 @@ def test_fake_scheduler_unschedulable_pods_are_explained_within_a_resync(server,
     status = wait_status(server, operator, "stuck", lambda s: s.get("phase") == "Pending" and "Insufficient" in
                          s.get("message", ""), "phase Pending with the scheduler's words", timeout=15)
     assert status["message"] == f"pod {pod} cannot be scheduled: {UNSCHEDULABLE}"
-    assert condition(status, "Scheduled")["status"] == "False" and condition(status, "Scheduled")["reason"] ==         "Unschedulable"
+    assert (condition(status, "Scheduled")["status"], condition(status, "Scheduled")["reason"]) == \
+        ("False", "Unschedulable")
     event = wait_event(server, "stuck", "Unschedulable")
     assert event["type"] == "Warning" and UNSCHEDULABLE in event["message"]
     table = kubectl(server, "get", "tpujobs", "stuck", "-o", "wide", check=True).stdout

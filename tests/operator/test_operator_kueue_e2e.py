@@ -20,10 +20,10 @@ import pytest
 
 from tests.conftest import JOBSET_CRD, WORKLOAD_CRD
 from tests.kubeapi.harness import Server, kubectl, running_apiserver, wait_for
-from tests.operator.test_operator_e2e import (JOBSETS, TPUJOB_CRD, _operator_requests, _rbac_of, condition,
-                                              create_job, events, get, job, job_doc, jobset, jobset_condition,
-                                              make_namespace, patch_jobset_status, replicated, wait_event,
-                                              wait_status, wait_watching)
+from tests.operator.test_operator_e2e import (JOBS, JOBSETS, TPUJOB_CRD, _operator_requests, _rbac_of, condition,
+                                              create_job, events, get, job_doc, jobset, jobset_condition,
+                                              make_namespace, operator, patch_jobset_status, replicated, server,
+                                              wait_event, wait_status, wait_watching)
 from tests.operator_process import Operator, running_operator
 
 pytestmark = pytest.mark.e2e
@@ -35,25 +35,15 @@ PREEMPTED = ("Preempted to accommodate a workload (UID: 1234, JobUID: 5678) due 
              "ClusterQueue; preemptor path: /tpu-cq; preemptee path: /tpu-cq")
 
 
+__all__ = ["server", "operator"]  # the e2e module's fixtures, over this module's `cluster`
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Operator]]:
     workdir = tmp_path_factory.mktemp("operator-kueue-e2e")
-    with running_apiserver(workdir, crds=[TPUJOB_CRD, JOBSET_CRD, WORKLOAD_CRD]) as server:
-        with running_operator(server, workdir, "--namespace", "default", "--resync-interval", "5") as op:
-            yield server, op
-
-
-@pytest.fixture
-def server(cluster: tuple[Server, Operator]) -> Iterator[Server]:
-    try:
-        yield cluster[0]
-    finally:
-        cluster[0].clear_faults()
-
-
-@pytest.fixture
-def operator(cluster: tuple[Server, Operator]) -> Operator:
-    return cluster[1]
+    with running_apiserver(workdir, crds=[TPUJOB_CRD, JOBSET_CRD, WORKLOAD_CRD]) as api:
+        with running_operator(api, workdir, "--namespace", "default", "--resync-interval", "5") as op:
+            yield api, op
 
 
 # --- the Kueue stand-in -------------------------------------------------------------------------------------
@@ -130,6 +120,22 @@ def workload(server: Server, wl: str, ns: str = "default") -> dict[str, Any]:
     return get(server, f"{WORKLOADS.format(ns=ns)}/{wl}")
 
 
+def running_queued_job(server: Server, operator: Operator, name: str) -> str:
+    """A job on a queue that Kueue (the stand-in) has admitted and JobSet runs; its Workload's name."""
+    create_job(server, job_doc(name, queueName="tpu-queue"))
+    wait_status(server, operator, name, lambda s: s.get("phase") == "Queued", "phase Queued")
+    wl = kueue_creates_the_workload(server, name)
+    kueue_admits(server, name, wl)
+    wait_status(server, operator, name, lambda s: s.get("phase") == "Running", "phase Running")
+    return wl
+
+
+def set_job_suspend(server: Server, name: str, suspend: bool) -> None:
+    code, body = server.request("PATCH", f"{JOBS.format(ns='default')}/{name}", {"spec": {"suspend": suspend}},
+                                content_type="application/merge-patch+json")
+    assert code == 200, body
+
+
 def operator_patched_the_jobset(server: Server, name: str) -> bool:
     return any(r["method"] == "PATCH" and r["path"].endswith(f"/jobsets/{name}")
                and r["userAgent"].startswith("tpu-operator") for r in server.requests_log())
@@ -172,11 +178,7 @@ def test_fake_kueue_a_queued_job_is_queued_with_kueues_words_then_runs(server, o
 
 @pytest.mark.fake_controller
 def test_fake_kueue_an_eviction_queues_the_job_again_and_counts_a_preemption(server, operator):
-    create_job(server, job_doc("evictee", queueName="tpu-queue"))
-    wait_status(server, operator, "evictee", lambda s: s.get("phase") == "Queued", "phase Queued")
-    wl = kueue_creates_the_workload(server, "evictee")
-    kueue_admits(server, "evictee", wl)
-    wait_status(server, operator, "evictee", lambda s: s.get("phase") == "Running", "phase Running")
+    wl = running_queued_job(server, operator, "evictee")
 
     kueue_evicts(server, "evictee", wl, "Preempted", PREEMPTED, "2026-01-01T01:00:00Z")
     status = wait_status(server, operator, "evictee", lambda s: s.get("phase") == "Queued", "Queued again")
@@ -195,15 +197,8 @@ def test_fake_kueue_an_eviction_queues_the_job_again_and_counts_a_preemption(ser
 
 @pytest.mark.fake_controller
 def test_fake_kueue_a_user_suspend_deactivates_the_workload_and_is_not_undone(server, operator):
-    create_job(server, job_doc("napper", queueName="tpu-queue"))
-    wait_status(server, operator, "napper", lambda s: s.get("phase") == "Queued", "phase Queued")
-    wl = kueue_creates_the_workload(server, "napper")
-    kueue_admits(server, "napper", wl)
-    wait_status(server, operator, "napper", lambda s: s.get("phase") == "Running", "phase Running")
-
-    code, body = server.request("PATCH", f"/apis/training.tpu-operator.dev/v1alpha1/namespaces/default/tputrainingjobs/"
-                                "napper", {"spec": {"suspend": True}}, content_type="application/merge-patch+json")
-    assert code == 200, body
+    wl = running_queued_job(server, operator, "napper")
+    set_job_suspend(server, "napper", True)
     wait_for(lambda: workload(server, wl)["spec"].get("active") is False, 30, 0.1, "Workload spec.active=false")
     assert workload(server, wl)["metadata"]["annotations"]["training.tpu-operator.dev/deactivated-for-suspend"]
     # Kueue evicts a deactivated Workload (reason Deactivated) and suspends the JobSet.
@@ -212,9 +207,7 @@ def test_fake_kueue_a_user_suspend_deactivates_the_workload_and_is_not_undone(se
     assert not status.get("preemptions") and condition(status, "SpecChange")["status"] == "True"
     wait_event(server, "napper", "Suspended")
 
-    code, body = server.request("PATCH", f"/apis/training.tpu-operator.dev/v1alpha1/namespaces/default/tputrainingjobs/"
-                                "napper", {"spec": {"suspend": False}}, content_type="application/merge-patch+json")
-    assert code == 200, body
+    set_job_suspend(server, "napper", False)
     wait_for(lambda: workload(server, wl)["spec"].get("active") is True, 30, 0.1, "Workload spec.active=true")
     assert "training.tpu-operator.dev/deactivated-for-suspend" not in (workload(server, wl)["metadata"].get(
         "annotations") or {})
@@ -298,8 +291,8 @@ def test_fake_kueue_queued_jobs_requests_stay_within_budget(server, tmp_path):
                    "tpu-cq")
         until(admitted, "Admitted again")
         set_jobset_suspend(server, "thrifty", False, ns)
-        patch_jobset_status(server, "thrifty", {"conditions": [], "replicatedJobsStatus": replicated(active=1, ready=1)},
-                            ns)
+        running = {"conditions": [], "replicatedJobsStatus": replicated(active=1, ready=1)}
+        patch_jobset_status(server, "thrifty", running, ns)
         until(lambda s: s.get("phase") == "Running", "Running again")
         wait_for(lambda: len([e for e in events(server, "thrifty", ns) if e["reason"] == "Admitted"]) == 2, 30, 0.1,
                  "the second Admitted Event")
