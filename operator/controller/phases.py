@@ -119,8 +119,12 @@ def _message(phase: str, js: JobSetView, status: TPUTrainingJobStatus, trouble: 
         return f"{admitted.message}; waiting for the JobSet to resume"
     if phase == "Pending" and trouble is not None:
         return trouble.message
-    base = {"Restarting": f"restart {js.restarts}: waiting for the recreated pods to be ready",
-            "Running": f"{js.active} pod(s) active, {js.ready} ready"}.get(phase, "waiting for the JobSet's pods")
+    if phase == "Restarting":
+        base = f"restart {js.restarts}: waiting for the recreated pods to be ready"
+    elif phase == "Running":
+        base = f"{js.ready} of {js.jobs or js.active} slice(s) ready"
+    else:
+        base = "waiting for the JobSet's pods"
     return f"{base}; {trouble.message}" if trouble is not None else base
 
 

@@ -12,9 +12,10 @@ the resync (a conflict means the object changed, and that change is an event of 
 Spec changes: `spec.suspend` is patched into the JobSet, or, for a job with a Kueue queue, into its
 Workload's `spec.active` (kueue.py: Kueue owns a queued JobSet's suspension and would undo a patch of
 it); any other change to a job whose JobSet exists is refused: the JobSet stays as it is, condition
-SpecChange=False (reason Immutable) names the changed fields and a Warning Event says so. To apply such a change, delete the job and create
-it again (a checkpointed job resumes from its checkpoint directory). The spec a JobSet was made
-from is rendered into its annotation `training.tpu-operator.dev/applied-spec`.
+SpecChange=False (reason Immutable) names the changed fields and a Warning Event says so. To apply
+such a change, delete the job and create it again (a checkpointed job resumes from its checkpoint
+directory). The spec a JobSet was made from is rendered into its annotation
+`training.tpu-operator.dev/applied-spec`.
 """
 
 from __future__ import annotations
