@@ -14,6 +14,8 @@ EXAMPLES = ROOT / "examples"
 SHARED = ROOT.parent / "shared"
 # The test API server serves JobSets from the project's own CRD, so every test runs on a bare clone.
 JOBSET_CRD = ROOT / "tests" / "kubeapi" / "jobset-crd.yaml"
+# A minimal Kueue Workload CRD of our own, for the operator's Kueue tests (tests/operator).
+WORKLOAD_CRD = ROOT / "tests" / "kubeapi" / "workload-crd.yaml"
 # The real JobSet CRD, for the strict schema checks only; it lives beside the repository, never in it.
 REAL_JOBSET_CRD = SHARED / "schemas" / "jobset.x-k8s.io_jobsets.yaml"
 NO_REAL_JOBSET_CRD = (f"strict check against the real JobSet schema: {REAL_JOBSET_CRD} is absent "

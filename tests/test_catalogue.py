@@ -88,6 +88,18 @@ def test_summary_names_the_plan():
         assert part in text
 
 
+def test_summary_names_the_capacity_and_the_queue():
+    def line(**spec):
+        return next(x for x in summary(Plan(parse_job(tiny_job(**spec)))) if x.startswith("capacity:"))
+
+    assert line() == "capacity:   onDemand; no queue (the JobSet starts at once)"
+    assert line(tpu={"topology": "2x2x1", "capacity": "reservation", "reservationName": "r", "reservationProject":
+                     "shared-tpus"}, queueName="q", priorityClassName="batch") == \
+        "capacity:   reservation r of project shared-tpus; Kueue LocalQueue q, priority batch"
+    assert line(tpu={"topology": "2x2x1", "capacity": "flexStart", "maxRunDuration": "24h"}, queueName="dws") == \
+        "capacity:   flexStart for at most 24h; Kueue LocalQueue dws"
+
+
 def test_every_generation_is_reachable_by_its_gke_spelling():
     for spelling, name in [("tpu7x", "v7x"), ("tpu-v6e-slice", "v6e"), ("tpu-v5p-slice", "v5p")]:
         assert catalogue.generation(spelling).name == name

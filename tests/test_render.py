@@ -36,6 +36,80 @@ def test_golden_render(name):
     assert text == golden.read_text(), f"render of {name} changed; review and rerun with UPDATE_GOLDEN=1"
 
 
+# One job per capacity mode, each with what that mode needs (reservation: a reservation; flexStart: a queue).
+CAPACITY = {
+    "onDemand": {"tpu": {"topology": "2x2x1"}},
+    "spot": {"tpu": {"topology": "2x2x1", "capacity": "spot"}},
+    "reservation": {"tpu": {"topology": "2x2x1", "capacity": "reservation", "reservationName": "tpu7x-res",
+                            "reservationProject": "shared-tpus"}},
+    "flexStart": {"tpu": {"topology": "2x2x1", "capacity": "flexStart", "maxRunDuration": "1h30m"},
+                  "queueName": "dws-queue", "workloadPriorityClassName": "high", "priorityClassName": "batch"},
+}
+
+
+def _capacity_jobset(mode: str) -> dict:
+    doc = tiny_job(**CAPACITY[mode])
+    doc["metadata"]["uid"] = "00000000-0000-4000-8000-000000000001"
+    return render(parse_job(doc))[1]
+
+
+@pytest.mark.parametrize("mode", sorted(CAPACITY))
+def test_golden_capacity_modes(mode):
+    """The JobSet of each capacity mode. UPDATE_GOLDEN=1 rewrites them after a review."""
+    text = to_yaml_stream([_capacity_jobset(mode)])
+    golden = GOLDEN / f"capacity-{mode}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"render of capacity {mode} changed; review and rerun with UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("mode", sorted(CAPACITY))
+def test_every_capacity_mode_renders_a_schema_valid_jobset(mode, jobset_schema):
+    js = _capacity_jobset(mode)
+    assert jobset_schema.admit(js, "JobSet", "jobset.x-k8s.io") == js, "the schema pruned a field we emit"
+
+
+def test_capacity_modes_select_and_tolerate_their_nodes():
+    tpu = {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
+    base = {"cloud.google.com/gke-tpu-accelerator": "tpu7x", "cloud.google.com/gke-tpu-topology": "2x2x1"}
+    expected = {
+        "onDemand": (base, [tpu]),
+        "spot": ({"cloud.google.com/gke-spot": "true", **base},
+                 [tpu, {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+                        "effect": "NoSchedule"}]),
+        "reservation": ({"cloud.google.com/reservation-name": "tpu7x-res",
+                         "cloud.google.com/reservation-affinity": "specific",
+                         "cloud.google.com/reservation-project": "shared-tpus", **base}, [tpu]),
+        "flexStart": (base, [tpu, {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true",
+                                   "effect": "NoSchedule"}]),
+    }
+    for mode, (selector, tolerations) in expected.items():
+        pod = _pod(_capacity_jobset(mode))
+        assert (pod["nodeSelector"], pod["tolerations"]) == (selector, tolerations), mode
+
+
+def test_a_queued_job_is_created_suspended_with_kueue_labels_on_the_jobset_only():
+    js = _capacity_jobset("flexStart")
+    assert js["spec"]["suspend"] is True
+    assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "dws-queue"
+    assert js["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+    assert js["metadata"]["annotations"]["provreq.kueue.x-k8s.io/maxRunDurationSeconds"] == "5400"
+    assert _pod(js)["priorityClassName"] == "batch"  # Kueue's priority without a WorkloadPriorityClass
+    template = js["spec"]["replicatedJobs"][0]["template"]
+    for labels in (template["metadata"]["labels"], template["spec"]["template"]["metadata"]["labels"]):
+        assert not [k for k in labels if k.startswith("kueue.x-k8s.io/")]  # Kueue reads the JobSet's
+    plain = _capacity_jobset("onDemand")
+    assert plain["spec"]["suspend"] is False
+    assert not [k for k in {**plain["metadata"]["labels"], **plain["metadata"]["annotations"]} if "kueue" in k]
+    assert render(parse_job(tiny_job(queueName="q", suspend=True)))[1]["spec"]["suspend"] is True
+
+
+def test_a_user_node_selector_cannot_move_the_job_off_its_capacity():
+    _, js = render(parse_job(tiny_job(tpu={"topology": "2x2x1", "capacity": "spot"},
+                                      nodeSelector={"cloud.google.com/gke-spot": "false"})))
+    assert _pod(js)["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+
+
 def test_4x4x4_shape():
     cm, js = render(parse_job(example("llama3-8b-fsdp.yaml")))
     rj = js["spec"]["replicatedJobs"][0]

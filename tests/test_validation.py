@@ -77,6 +77,17 @@ BAD = [
     ("spec.nodeSelector", {"bad key!": "x"}, "spec.nodeSelector.bad key!", "pattern"),
     ("spec.tolerations", [{"effect": "Sometimes"}], "spec.tolerations[0].effect", "is not allowed"),
     ("spec.suspend", "maybe", "spec.suspend", "boolean"),
+    ("spec.tpu.capacity", "cheap", "spec.tpu.capacity", "is not allowed"),
+    ("spec.tpu.capacity", "reservation", "spec.tpu.reservationName", "required with capacity reservation"),
+    ("spec.tpu.reservationName", "res-1", "spec.tpu.reservationName", "only used with capacity reservation"),
+    ("spec.tpu.reservationName", "Res_1", "spec.tpu.reservationName", "pattern"),
+    ("spec.tpu.capacity", "flexStart", "spec.queueName", "required with tpu.capacity flexStart"),
+    ("spec.tpu.maxRunDuration", "2h", "spec.tpu.maxRunDuration", "only used with capacity flexStart"),
+    ("spec.tpu.maxRunDuration", "169h", "spec.tpu.maxRunDuration", "at most 7 days"),
+    ("spec.tpu.maxRunDuration", "0m", "spec.tpu.maxRunDuration", "not a positive duration"),
+    ("spec.tpu.maxRunDuration", "two days", "spec.tpu.maxRunDuration", "pattern"),
+    ("spec.queueName", "Team_A", "spec.queueName", "pattern"),
+    ("spec.workloadPriorityClassName", "high", "spec.workloadPriorityClassName", "set queueName too"),
     ("metadata.name", "My_Job", "metadata.name", "DNS-1035"),
     ("metadata.name", "a" * 60, "metadata.name", "use at most"),
     ("kind", "Job", "kind", "is not allowed"),
@@ -124,6 +135,18 @@ def test_v6e_accepts_its_own_vmem_limit():
     job = parse_job(tiny_job(tpu={"generation": "v6e", "topology": "2x2"}, runtime={"scopedVmemLimitKiB": 98304},
                              training={"steps": 1, "globalBatch": 4, "sequenceLength": 128}))
     assert job.spec.runtime.scoped_vmem_limit_kib == 98304
+
+
+@pytest.mark.parametrize("tpu,extra", [
+    ({"capacity": "onDemand"}, {}),
+    ({"capacity": "spot"}, {}),
+    ({"capacity": "reservation", "reservationName": "tpu-res", "reservationProject": "shared-project"}, {}),
+    ({"capacity": "flexStart", "maxRunDuration": "168h"}, {"queueName": "dws"}),
+    ({"capacity": "onDemand"}, {"queueName": "team-a", "workloadPriorityClassName": "high", "priorityClassName": "p"}),
+])
+def test_every_capacity_mode_validates(tpu, extra):
+    job = parse_job(tiny_job(tpu={"topology": "2x2x1", **tpu}, **extra))
+    assert job.spec.tpu.capacity == tpu["capacity"] and job.spec.queue_name == extra.get("queueName")
 
 
 def test_every_problem_is_listed_at_once():
@@ -181,6 +204,12 @@ MULTI = [
       "training": {"steps": 10, "globalBatch": 4, "sequenceLength": 128, "precision": "fp8"}, "suspend": "maybe"},
      [("spec.suspend", "boolean"), ("spec.runtime.sparseCoreOffload", "no SparseCore"),
       ("spec.training.precision", "no native fp8")]),
+    # The capacity rules read spec.tpu's capacity fields and spec.queueName, not the topology.
+    ({"tpu": {"topology": "3x3x3", "capacity": "flexStart", "reservationName": "r"}},
+     [("spec.tpu.topology", "not a v7x topology"), ("spec.tpu.reservationName", "only used with capacity reservation"),
+      ("spec.queueName", "required with tpu.capacity flexStart")]),
+    ({"tpu": {"topology": "2x2x1", "capacity": "flexStart"}, "queueName": "Bad_Queue"},
+     [("spec.queueName", "pattern")]),  # a queue is named, if badly: not also "required"
     # All sections valid: the spec's own validator lists every cross-field problem, not the first.
     ({"tpu": {"generation": "v5p", "topology": "2x2x1"}, "runtime": {"sparseCoreOffload": {"allGather": True}},
       "training": {"steps": 10, "globalBatch": 3, "sequenceLength": 128, "precision": "fp8"}},

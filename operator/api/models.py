@@ -39,13 +39,73 @@ GENERATION_SPELLINGS = tuple(sorted(catalogue.ALIASES))
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+# Kueue object names (LocalQueue, WorkloadPriorityClass) that go into JobSet label values: DNS-1123
+# subdomains of at most 63 characters (a label value's limit).
+KUEUE_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+# Compute Engine resource names (reservations) and project ids, as GKE's node labels carry them.
+GCE_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+GCE_PROJECT = r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$"
+# A duration as Kubernetes writes one, in hours, minutes and seconds: 24h, 1h30m, 5400s.
+DURATION = r"^(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?$"
 
 
 # ---------------------------------------------------------------------------------------------
 # spec.tpu
 
+# GKE flex-start: "dynamically provision ... for up to seven days"
+# (https://cloud.google.com/kubernetes-engine/docs/concepts/dws; Cloud TPU: "a duration of up to
+# 7 days", https://cloud.google.com/tpu/docs/request-using-flex-start).
+MAX_RUN_DURATION_S = 7 * 24 * 3600
 
-class TPUSpec(Base):
+Capacity = Literal["onDemand", "spot", "reservation", "flexStart"]
+
+
+def duration_seconds(text: str) -> int | None:
+    """Seconds of a duration such as 24h, 1h30m or 5400s; None if it is not one."""
+    m = re.match(DURATION, text)
+    if not text or m is None:
+        return None
+    hours, minutes, seconds = (int(m.group(i) or 0) for i in (2, 4, 6))
+    return hours * 3600 + minutes * 60 + seconds
+
+
+class TPUCapacity(Base):
+    """Where the slices come from (a part of spec.tpu of its own: the capacity rules read only these
+    fields, so they run even when the topology is wrong)."""
+
+    capacity: Capacity = _desc(
+        "How GKE provides the slices: onDemand; spot (Spot VMs, may be reclaimed); reservation (a specific "
+        "Compute Engine reservation: reservationName); flexStart (Dynamic Workload Scheduler flex-start with "
+        "queued provisioning, requested through Kueue: needs queueName).", default="onDemand")
+    reservation_name: str | None = _desc("capacity reservation: the reservation to consume.", default=None,
+                                         max_length=63, pattern=GCE_NAME)
+    reservation_project: str | None = _desc(
+        "capacity reservation: the project that owns a shared reservation (default: the cluster's own).",
+        default=None, pattern=GCE_PROJECT)
+    max_run_duration: str | None = _desc(
+        "capacity flexStart: how long the job needs its nodes, e.g. 24h or 1h30m (at most 7 days); passed to "
+        "the ProvisioningRequest as maxRunDurationSeconds.", default=None, max_length=32,
+        pattern=DURATION)
+
+    @field_validator("max_run_duration")
+    @classmethod
+    def _duration(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        seconds = duration_seconds(v)
+        if not seconds:
+            raise ValueError(f"{v!r} is not a positive duration such as 24h, 1h30m or 5400s")
+        if seconds > MAX_RUN_DURATION_S:
+            raise ValueError(f"{v!r} is {seconds} s; flex-start provisions nodes for at most 7 days "
+                             f"({MAX_RUN_DURATION_S} s)")
+        return v
+
+    @property
+    def max_run_duration_seconds(self) -> int | None:
+        return duration_seconds(self.max_run_duration) if self.max_run_duration else None
+
+
+class TPUSpec(TPUCapacity):
     generation: Literal[GENERATION_SPELLINGS] = _desc(  # type: ignore[valid-type]
         "TPU generation: v7x (Ironwood; GKE spelling tpu7x), v6e or v5p.", default="v7x")
     topology: str = _desc("Slice topology AxBxC (AxB on v6e), e.g. 4x4x4 = 64 v7x chips.",
@@ -240,14 +300,24 @@ class TPUTrainingJobSpec(Base):
     service_account_name: str | None = _desc("Service account of the pods (e.g. for GCS access).",
                                              default=None, max_length=253,
                                              pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-    priority_class_name: str | None = _desc("Priority class of the pods.", default=None, max_length=253,
-                                            pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    priority_class_name: str | None = _desc(
+        "Kubernetes PriorityClass of the pods (pod priority and preemption). Under Kueue it is also the "
+        "Workload's priority, unless workloadPriorityClassName is set.", default=None, max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    queue_name: str | None = _desc(
+        "Kueue LocalQueue (in the job's namespace) to submit the job to: the JobSet is created suspended with "
+        "the label kueue.x-k8s.io/queue-name and runs when Kueue admits it.", default=None, max_length=63,
+        pattern=KUEUE_NAME)
+    workload_priority_class_name: str | None = _desc(
+        "Kueue WorkloadPriorityClass: the job's priority in its queue and for Kueue's preemption "
+        "(label kueue.x-k8s.io/priority-class), independent of the pods' priorityClassName. Needs queueName.",
+        default=None, max_length=63, pattern=KUEUE_NAME)
     node_selector: dict[Annotated[str, Field(pattern=LABEL_KEY, max_length=316)], Annotated[str, Field(max_length=63)]] = _desc(
         "Extra node selectors (GKE TPU selectors are set by the operator).", default_factory=dict)
     tolerations: list[Toleration] = _desc("Extra tolerations (the TPU taint is tolerated already).",
                                           default_factory=list)
-    suspend: bool = _desc("Suspend the job (its pods are deleted; resume continues from the checkpoint).",
-                          default=False)
+    suspend: bool = _desc("Suspend the job (its pods are deleted; resume continues from the checkpoint). With "
+                          "queueName, the operator deactivates the job's Kueue Workload.", default=False)
 
     @model_validator(mode="after")
     def _cross_field(self) -> "TPUTrainingJobSpec":
@@ -258,7 +328,13 @@ class TPUTrainingJobSpec(Base):
 
     def sections(self) -> rules.Sections:
         return rules.Sections(tpu=self.tpu, model=self.model_dims, training=self.training,
-                              parallelism=self.parallelism, kernels=self.kernels, runtime=self.runtime)
+                              parallelism=self.parallelism, kernels=self.kernels, runtime=self.runtime,
+                              capacity=self.tpu, queueing=self.queueing)
+
+    @property
+    def queueing(self) -> rules.Queueing:
+        return rules.Queueing(queue_name=self.queue_name,
+                              workload_priority_class_name=self.workload_priority_class_name)
 
     @property
     def model_dims(self) -> ModelDims:
@@ -314,7 +390,7 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Condition(Base):
     """A Kubernetes-shaped condition; `lastTransitionTime` moves only when `status` changes."""
 
-    type: str = _desc("Ready, SpecChange, Running, Succeeded, Failed, Metrics.")
+    type: str = _desc("Ready, SpecChange, Admitted, Scheduled, ContainersReady, Running, Succeeded, Failed, Metrics.")
     status: ConditionStatus = _desc("True, False or Unknown.")
     reason: str = _desc("CamelCase reason.", default="")
     message: str = _desc("Human-readable detail.", default="")
@@ -322,7 +398,7 @@ class Condition(Base):
     observed_generation: int | None = _desc("metadata.generation the condition describes.", default=None)
 
 
-Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
+Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -333,11 +409,16 @@ class TPUTrainingJobStatus(Base):
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, alias_generator=to_camel)
     phase: Phase | None = _desc("Lifecycle phase.", default=None)
-    conditions: tuple[Condition, ...] = _desc("Kubernetes-shaped conditions (Ready, Metrics, SpecChange...).",
+    conditions: tuple[Condition, ...] = _desc("Kubernetes-shaped conditions (Ready, Admitted, Scheduled, Metrics...).",
                                               default=())
     observed_generation: int | None = _desc("metadata.generation the status describes.", default=None)
     job_set_name: str | None = _desc("The JobSet running this job.", default=None)
     restarts: int | None = _desc("Whole-slice restarts so far.", default=None)
+    preemptions: int | None = _desc("Times Kueue evicted the job (preemption, node failures, a PodsReady timeout...) "
+                                    "and queued it again; not counted in restarts.", default=None)
+    last_eviction_time: str | None = _desc("When Kueue last evicted the job (its Workload's Evicted condition).",
+                                           default=None)
+    workload_name: str | None = _desc("The Kueue Workload of the JobSet (jobs with a queueName).", default=None)
     step: int | None = _desc("Latest completed training step.", default=None)
     step_time_seconds: float | None = _desc("Latest step time in seconds.", default=None)
     tokens_per_second: float | None = _desc("Training throughput, tokens per second, all slices.", default=None)

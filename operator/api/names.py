@@ -11,6 +11,9 @@ LABEL_JOB = "training.tpu-operator.dev/job"
 # On the JobSet: the spec it was rendered from (rendering.manifests.applied_spec), as JSON.
 APPLIED_SPEC = "training.tpu-operator.dev/applied-spec"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+# On a Kueue Workload the operator deactivated (spec.active=false) for the job's spec.suspend: it
+# reactivates only Workloads it deactivated itself, never one an administrator stopped.
+DEACTIVATED_FOR_SUSPEND = "training.tpu-operator.dev/deactivated-for-suspend"
 MANAGED_BY = "tpu-operator"
 JAX_COORDINATOR_PORT = 8476
 MEGASCALE_PORT = 8080

@@ -20,9 +20,17 @@ from .contract import SLICE_AXES, KernelsSpec, Mesh, ModelDims, TrainingSpec
 from .names import longest_hostname
 
 if TYPE_CHECKING:  # the models import this module; the rules only read them
-    from .models import ParallelismSpec, RuntimeSpec, TPUSpec
+    from .models import ParallelismSpec, RuntimeSpec, TPUCapacity, TPUSpec
 
 Problem = tuple[str, str]  # (path under spec, reason)
+
+
+@dataclass(frozen=True)
+class Queueing:
+    """The Kueue fields of a spec: spec.queueName and spec.workloadPriorityClassName."""
+
+    queue_name: str | None = None
+    workload_priority_class_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,8 @@ class Sections:
     parallelism: ParallelismSpec | None = None
     kernels: KernelsSpec | None = None
     runtime: RuntimeSpec | None = None
+    capacity: TPUCapacity | None = None  # spec.tpu's capacity fields, known on their own like slices
+    queueing: Queueing | None = None
 
 
 def resolve_mesh(par: ParallelismSpec, devices: int, slices: int) -> Mesh:
@@ -109,6 +119,30 @@ def spec_problems(s: Sections) -> list[Problem]:
         problems += _runtime_problems(gen, s.runtime)
     if gen is not None and t is not None and t.precision == "fp8" and gen.name == "v5p":
         problems.append(("training.precision", "v5p has no native fp8; use bf16"))
+    if s.capacity is not None:
+        problems += _capacity_problems(s.capacity, s.queueing)
+    if s.queueing is not None and s.queueing.workload_priority_class_name and not s.queueing.queue_name:
+        problems.append(("workloadPriorityClassName", "only Kueue reads it; set queueName too, or use "
+                                                      "priorityClassName for the pods' priority"))
+    return problems
+
+
+def _capacity_problems(tpu: TPUCapacity, queueing: Queueing | None) -> list[Problem]:
+    """The fields each capacity mode needs, and those it does not use."""
+    problems = []
+    if tpu.capacity == "reservation" and not tpu.reservation_name:
+        problems.append(("tpu.reservationName", "required with capacity reservation: the reservation to consume"))
+    for field, value in (("reservationName", tpu.reservation_name), ("reservationProject", tpu.reservation_project)):
+        if value is not None and tpu.capacity != "reservation":
+            problems.append((f"tpu.{field}", f"only used with capacity reservation, not {tpu.capacity}"))
+    if tpu.max_run_duration is not None and tpu.capacity != "flexStart":
+        problems.append(("tpu.maxRunDuration", f"only used with capacity flexStart, not {tpu.capacity}"))
+    # Our choice, not a GKE rejection: flex-start with queued provisioning is requested through a
+    # ProvisioningRequest, which the operator leaves to Kueue's ProvisioningRequest admission check.
+    if queueing is not None and tpu.capacity == "flexStart" and not queueing.queue_name:
+        problems.append(("queueName", "required with tpu.capacity flexStart: flex-start capacity is requested "
+                                      "through Kueue (a LocalQueue whose ClusterQueue has a ProvisioningRequest "
+                                      "admission check)"))
     return problems
 
 

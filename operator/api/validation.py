@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from . import rules
-from .models import ObjectMeta, TPUSpec, TPUTrainingJob, TPUTrainingJobSpec
+from .models import ObjectMeta, TPUCapacity, TPUSpec, TPUTrainingJob, TPUTrainingJobSpec
 from .problems import problems
 
 
@@ -51,8 +51,9 @@ def _unreached_rules(doc: dict[str, Any], exc: ValidationError) -> list[str]:
     spec = doc.get("spec")
     if not isinstance(spec, dict) or not any(len(e["loc"]) > 1 and e["loc"][0] == "spec" for e in exc.errors()):
         return []  # no spec to read, or every spec field validated and the validators ran
-    parts = {name: _section(spec, name) for name in rules.Sections.__dataclass_fields__ if name != "slices"}
-    sections = rules.Sections(**parts, slices=_slices(spec))
+    parts = {name: _section(spec, name) for name in rules.Sections.__dataclass_fields__
+             if name not in ("slices", "capacity", "queueing")}
+    sections = rules.Sections(**parts, slices=_slices(spec), capacity=_capacity(spec), queueing=_queueing(spec))
     found = [(f"spec.{path}", reason) for path, reason in rules.spec_problems(sections)]
     name = _valid(ObjectMeta, doc.get("metadata"))
     if name is not None and sections.tpu is not None:
@@ -78,6 +79,28 @@ def _slices(spec: dict[str, Any]) -> int | None:
         return TypeAdapter(Annotated[(int, *field.metadata)]).validate_python(raw)
     except ValidationError:
         return None
+
+
+def _capacity(spec: dict[str, Any]) -> TPUCapacity | None:
+    """The capacity fields of spec.tpu when they are valid, whether or not the rest of spec.tpu is."""
+    tpu = spec.get("tpu")
+    if not isinstance(tpu, dict):
+        return None
+    fields = {f.alias or name for name, f in TPUCapacity.model_fields.items()}
+    return _valid(TPUCapacity, {k: v for k, v in tpu.items() if k in fields})
+
+
+def _queueing(spec: dict[str, Any]) -> rules.Queueing | None:
+    """spec.queueName and spec.workloadPriorityClassName, when both are valid."""
+    values = {}
+    for name in ("queue_name", "workload_priority_class_name"):
+        field = TPUTrainingJobSpec.model_fields[name]
+        try:
+            values[name] = TypeAdapter(Annotated[(field.annotation, *field.metadata)]).validate_python(
+                spec.get(field.alias or name))
+        except ValidationError:
+            return None
+    return rules.Queueing(**values)
 
 
 def _valid(model: type[BaseModel], raw: Any) -> Any:

@@ -1,10 +1,14 @@
 """Every kopf handler of the operator, each a line or two that hands over to the manager.
 
-- Indices of TPUTrainingJobs and of the JobSets labelled `training.tpu-operator.dev/job`: the
-  manager's caches, filled from kopf's watches (kopf runs the other handlers only once both are
-  filled from their initial listing).
-- Events of either (created, changed, deleted, or listed at start-up): the job's key goes into the
-  manager's work queue.
+- Indices of TPUTrainingJobs, of the JobSets labelled `training.tpu-operator.dev/job`, and of the
+  Kueue Workloads a JobSet owns: the manager's caches, filled from kopf's watches (kopf runs the
+  other handlers only once all are filled from their initial listing). The Workload selector names
+  no version: kopf watches the one the cluster prefers (v1beta2 from Kueue v0.16, v1beta1 before;
+  the fields read are the same). Where Kueue is not installed, kopf finds no such resource, logs
+  that once, and runs everything else without waiting for it; it starts watching if Kueue's CRDs
+  appear later.
+- Events of any of them (created, changed, deleted, or listed at start-up): the job's key goes into
+  the manager's work queue.
 - Start-up and clean-up: the manager's workers and ticker.
 
 kopf writes nothing on the objects: no finalizers (children go by owner references and garbage
@@ -21,12 +25,18 @@ import kopf
 
 from ..api import names
 from ..api.models import GROUP, PLURAL, VERSION
+from . import kueue
 from .kube import JOBSETS
 from .manager import Manager
 
 JOB = (GROUP, VERSION, PLURAL)
 JOBSET = (JOBSETS.group, JOBSETS.version, JOBSETS.plural)
 OURS = {names.LABEL_JOB: kopf.PRESENT}
+WORKLOAD = {"group": kueue.GROUP, "plural": kueue.PLURAL}  # any served version: the preferred one
+
+
+def _owned_by_a_jobset(body: kopf.Body, **_: Any) -> bool:
+    return kueue.jobset_owner(body) is not None
 
 
 def _plain(body: kopf.Body) -> dict[str, Any]:
@@ -49,6 +59,10 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, login: Any) -> N
     async def jobsets(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
         return {(namespace, name): _plain(body)}
 
+    @kopf.index(**WORKLOAD, id="workloads", when=_owned_by_a_jobset, registry=registry)
+    async def workloads(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        return {(namespace, kueue.jobset_owner(body)): kueue.trim(_plain(body))}
+
     @kopf.on.event(*JOB, id="job", registry=registry)
     async def job_event(namespace: str, name: str, **_: Any) -> None:
         manager.add((namespace, name), "job")
@@ -57,9 +71,13 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, login: Any) -> N
     async def jobset_event(body: kopf.Body, **_: Any) -> None:
         manager.jobset_seen(body)
 
+    @kopf.on.event(**WORKLOAD, id="workload", when=_owned_by_a_jobset, registry=registry)
+    async def workload_event(body: kopf.Body, **_: Any) -> None:
+        manager.workload_seen(body)
+
     @kopf.on.startup(id="manager", registry=registry)
-    async def start(jobs: kopf.Index, jobsets: kopf.Index, **_: Any) -> None:
-        manager.start(jobs, jobsets)
+    async def start(jobs: kopf.Index, jobsets: kopf.Index, workloads: kopf.Index, **_: Any) -> None:
+        manager.start(jobs, jobsets, workloads)
 
     @kopf.on.cleanup(id="manager", registry=registry)
     async def stop(**_: Any) -> None:

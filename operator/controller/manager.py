@@ -1,11 +1,15 @@
 """The manager: what sets reconciles going, and the workers that run them.
 
-- kopf's watches feed two in-memory indices (jobs, and the JobSets labelled as a job's): a reconcile
-  reads the job and its JobSet from them, never from the API. kopf runs no handler until both are
-  filled from their initial listing, so a restarted operator knows every existing JobSet before it
-  looks at the first job, and re-creates nothing.
-- Job and JobSet events add the job's key to the work queue (queue.py): the one place where anything
-  is retried, with backoff. A key is reconciled by one worker at a time.
+- kopf's watches feed in-memory indices (jobs, the JobSets labelled as a job's, and the Kueue
+  Workloads owned by JobSets): a reconcile reads the job, its JobSet and its Workload from them,
+  never from the API, so a queued job costs no request to follow. kopf runs no handler until they
+  are filled from their initial listing, so a restarted operator knows every existing JobSet before
+  it looks at the first job, and re-creates nothing. Without Kueue installed there is no Workload
+  resource to watch, and kopf does not wait for one.
+- Job, JobSet and Workload events add the job's key to the work queue (queue.py): the one place where
+  anything is retried, with backoff. A key is reconciled by one worker at a time.
+- A JobSet event or a resync may list the JobSet's pods once, if some are not ready, to say why
+  (diagnosis.py); nothing else lists pods, except the metrics reader finding pod 0 once.
 - A ticker adds unfinished jobs with a JobSet every `resync_interval_s` (the reconcile then GETs the
   JobSet once, to catch up on an event that was lost), and reads the trainer of every Running job every
   `metrics_interval_s`, outside the workers (a slow trainer never holds up a reconcile); the sample is
@@ -25,6 +29,7 @@ from typing import Any
 
 from ..api import names
 from ..api.models import RuntimeSpec, TPUTrainingJobStatus
+from . import kueue
 from .kube import JOBSETS, ApiError, Kube, Obj
 from .metrics_reader import MetricsReader
 from .queue import WorkQueue
@@ -36,7 +41,8 @@ log = logging.getLogger("tpu_operator")
 Key = tuple[str, str]  # (namespace, job name)
 Index = Mapping[Hashable, Any]  # kopf.Index: key -> a store of the values indexed under it
 # The reason a reconcile ran, for the operator's metrics: the first of these it was queued for.
-TRIGGERS = ("job", "jobset", "resync", "metrics", "retry")
+TRIGGERS = ("job", "jobset", "workload", "resync", "metrics", "retry")
+LOOK_AT_PODS = {"jobset", "resync"}  # the only triggers that may list a JobSet's pods
 
 
 def _first(store: Any) -> Obj | None:
@@ -59,6 +65,7 @@ class Manager:
         self.queue = WorkQueue(clock=clock)
         self.jobs: Index = {}
         self.jobsets: Index = {}
+        self.workloads: Index = {}
         self.written: dict[Key, Obj] = {}
         self.samples: dict[Key, Sample] = {}
         self.due_resync: dict[Key, float] = {}
@@ -70,8 +77,8 @@ class Manager:
 
     # --- what sets reconciles going ---------------------------------------------------------------
 
-    def start(self, jobs: Index, jobsets: Index) -> None:
-        self.jobs, self.jobsets = jobs, jobsets
+    def start(self, jobs: Index, jobsets: Index, workloads: Index) -> None:
+        self.jobs, self.jobsets, self.workloads = jobs, jobsets, workloads
         self.tasks = [asyncio.create_task(self.queue.run_timers(), name="queue-timers"),
                       asyncio.create_task(self._ticker(), name="ticker"),
                       *(asyncio.create_task(self._worker(), name=f"worker-{i}") for i in range(self.workers))]
@@ -90,6 +97,14 @@ class Manager:
         if owner is not None:
             self.queue.add(owner[:2], "jobset")
 
+    def workload_seen(self, workload: Obj) -> None:
+        """A Workload changed: reconcile the job whose JobSet owns it (if the JobSet is one of ours)."""
+        name = kueue.jobset_owner(workload)
+        jobset = _first(self.jobsets.get((workload["metadata"].get("namespace", "default"), name))) if name else None
+        owner = owner_of(jobset) if jobset is not None else None
+        if owner is not None:
+            self.queue.add(owner[:2], "workload")
+
     # --- the caches ---------------------------------------------------------------------------------
 
     def job(self, key: Key) -> Obj | None:
@@ -102,6 +117,10 @@ class Manager:
 
     def jobset(self, key: Key) -> Obj | None:
         return _first(self.jobsets.get((key[0], names.jobset_name(key[1]))))
+
+    def workloads_of(self, key: Key) -> list[Obj]:
+        """The Workloads seen under the job's JobSet name (the reconcile picks the one its JobSet owns)."""
+        return list(self.workloads.get((key[0], names.jobset_name(key[1]))) or ())
 
     # --- the workers ----------------------------------------------------------------------------------
 
@@ -139,7 +158,8 @@ class Manager:
                     raise
                 jobset = None
         outcome = await reconcile(self.kube, job, jobset, self.samples.pop(key, None), self.config, self.emit,
-                                  self.reader, self.now)
+                                  self.reader, self.now, workloads=self.workloads_of(key),
+                                  look_at_pods=bool(reasons & LOOK_AT_PODS))
         if outcome.job is not None:
             self.written[key] = outcome.job
         if outcome.requeue_after_s is not None:

@@ -6,15 +6,22 @@ The phase rule, first match wins (`phase_of`):
    finished, e.g. by its TTL, does not make the job Pending again).
 2. Succeeded: the JobSet has condition Completed=True, or terminalState Completed.
 3. Failed: the JobSet has condition Failed=True, or terminalState Failed.
-4. Suspended: the JobSet has condition Suspended=True, or spec.suspend is true.
-5. Restarting: the JobSet's status.restarts is above the restarts the job last recorded (a restart
+4. Suspended: the JobSet is suspended (condition Suspended=True, or spec.suspend is true) and the
+   job has no queue or its user suspended it (the job's spec.suspend).
+5. Queued: the job has a queue (spec.queueName) and its JobSet is suspended: Kueue holds it until
+   it admits the job, and again after an eviction. The message is Kueue's (condition Admitted).
+6. Restarting: the JobSet's status.restarts is above the restarts the job last recorded (a restart
    the operator has not seen yet), or the job is already Restarting; it stays Restarting until a
-   pod is *ready* again (sum of replicatedJobsStatus[].ready > 0), then it is Running. Active
+   Job is *ready* again (sum of replicatedJobsStatus[].ready > 0), then it is Running. Active
    alone does not end Restarting: the recreated Jobs count their pending pods as active at once.
-6. Running: some pod is active or ready (sum of active + ready > 0).
-7. Pending: otherwise (no JobSet status yet, pods not created).
+7. Pending: no Job is ready and the last look at the pods found one that cannot be scheduled or
+   whose container cannot start (diagnosis.py); the message says which and why.
+8. Running: some Job is active or ready (sum of active + ready > 0).
+9. Pending: otherwise (no JobSet status yet, pods not created).
 
-`Invalid` is decided before any JobSet exists (reconcile.py), never here.
+`Invalid` is decided before any JobSet exists (reconcile.py), never here. The counts are JobSet's:
+replicatedJobsStatus counts Jobs (one per slice), and a Job is active while any of its pods is
+pending or running, ready once all of them are.
 
 Conditions follow Kubernetes: `lastTransitionTime` changes only when a condition's status does
 (conditions.py).
@@ -26,7 +33,7 @@ import dataclasses
 from typing import Any
 
 from ..api.models import TERMINAL_PHASES as TERMINAL
-from ..api.models import TPUTrainingJobStatus
+from ..api.models import Condition, TPUTrainingJobStatus
 from .conditions import set_condition
 
 
@@ -42,6 +49,7 @@ class JobSetView:
     succeeded: int
     failed: int
     suspend: bool
+    jobs: int = 0  # Jobs the JobSet makes: the sum of spec.replicatedJobs[].replicas
 
     @classmethod
     def of(cls, jobset: dict[str, Any]) -> "JobSetView":
@@ -57,41 +65,67 @@ class JobSetView:
             terminal_state=status.get("terminalState"),
             active=total("active"), ready=total("ready"), succeeded=total("succeeded"), failed=total("failed"),
             suspend=bool((jobset.get("spec") or {}).get("suspend")),
+            jobs=sum(int(r.get("replicas") or 0) for r in (jobset.get("spec") or {}).get("replicatedJobs") or []),
         )
 
     def condition_message(self, type_: str) -> str:
         return (self.true_conditions.get(type_) or {}).get("message") or ""
 
 
-def phase_of(previous_phase: str | None, previous_restarts: int, js: JobSetView) -> str:
-    """The rule in the module docstring."""
+@dataclasses.dataclass(frozen=True)
+class Intent:
+    """What the job asks for, as the phase rule reads it."""
+
+    suspend: bool = False  # the job's spec.suspend
+    queued: bool = False  # the job names a Kueue queue: Kueue decides when its JobSet runs
+
+
+def phase_of(previous_phase: str | None, previous_restarts: int, js: JobSetView, intent: Intent = Intent(),
+             trouble: bool = False) -> str:
+    """The rule in the module docstring (`trouble`: the pods' diagnosis found a problem)."""
+    suspended = "Suspended" in js.true_conditions or js.suspend
     if previous_phase in TERMINAL:
         return previous_phase
     if "Completed" in js.true_conditions or js.terminal_state == "Completed":
         return "Succeeded"
     if "Failed" in js.true_conditions or js.terminal_state == "Failed":
         return "Failed"
-    if "Suspended" in js.true_conditions or js.suspend:
+    if suspended and (not intent.queued or intent.suspend):
         return "Suspended"
+    if suspended:
+        return "Queued"
     if js.restarts > previous_restarts or previous_phase == "Restarting":
         return "Running" if js.ready > 0 else "Restarting"
+    if trouble and js.ready == 0:
+        return "Pending"
     if js.active + js.ready > 0:
         return "Running"
     return "Pending"
 
 
-def _message(phase: str, js: JobSetView) -> str:
+def _message(phase: str, js: JobSetView, status: TPUTrainingJobStatus, trouble: Condition | None) -> str:
     if phase == "Succeeded":
         return js.condition_message("Completed") or "the JobSet completed"
     if phase == "Failed":
         return js.condition_message("Failed") or "the JobSet failed"
     if phase == "Suspended":
         return "suspended: the JobSet's pods are deleted; set spec.suspend to false to resume"
+    if phase == "Queued":
+        admitted = status.condition("Admitted")
+        if admitted is None:
+            return "queued: waiting for Kueue"
+        if admitted.status != "True":
+            return admitted.message
+        return f"{admitted.message}; waiting for the JobSet to resume"
+    if phase == "Pending" and trouble is not None:
+        return trouble.message
     if phase == "Restarting":
-        return f"restart {js.restarts}: waiting for the recreated pods to be ready"
-    if phase == "Running":
-        return f"{js.active} pod(s) active, {js.ready} ready"
-    return "waiting for the JobSet's pods"
+        base = f"restart {js.restarts}: waiting for the recreated pods to be ready"
+    elif phase == "Running":
+        base = f"{js.ready} of {js.jobs or js.active} slice(s) ready"
+    else:
+        base = "waiting for the JobSet's pods"
+    return f"{base}; {trouble.message}" if trouble is not None else base
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,13 +137,14 @@ class Notice:
     message: str
 
 
-def follow(status: TPUTrainingJobStatus, jobset: dict[str, Any],
-           now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
-    """The job status after seeing `jobset`, and the Events its transitions deserve."""
+def follow(status: TPUTrainingJobStatus, jobset: dict[str, Any], now: str, intent: Intent = Intent(),
+           trouble: Condition | None = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+    """The job status after seeing `jobset`, and the Events its transitions deserve. `trouble` is the
+    problem the last look at the pods found (diagnosis.trouble), if any."""
     js = JobSetView.of(jobset)
     before, seen_restarts = status.phase, status.restarts or 0
-    phase = phase_of(before, seen_restarts, js)
-    message = status.message if phase in TERMINAL and before in TERMINAL else _message(phase, js)
+    phase = phase_of(before, seen_restarts, js, intent, trouble is not None)
+    message = status.message if phase in TERMINAL and before in TERMINAL else _message(phase, js, status, trouble)
     started = phase in ("Running", "Restarting", *TERMINAL)
     conds = set_condition(status.conditions, "Running", "True" if phase == "Running" else "False", phase, message,
                           now)

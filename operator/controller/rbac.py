@@ -13,9 +13,15 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # get: adoption after a 409 and the resync; patch: spec.suspend.
     {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},  # pod 0 of a JobSet, for its metrics
+    # pod 0 of a JobSet, for its metrics; and a JobSet's pods when some are not ready, to say why (one
+    # label-selected list per JobSet event or resync: no watch, so no cluster-wide pod cache).
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},  # --metrics-access proxy only
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # Kueue: list and watch the Workloads of queued JobSets (a kopf index); patch spec.active to carry a
+    # queued job's spec.suspend (Kueue undoes a suspended JobSet whose Workload is admitted). Unused where
+    # Kueue is not installed.
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "watch", "patch"]},
     # kopf: notices CRDs and namespaces coming and going. Optional: without them kopf scans CRDs once at
     # start-up and takes --namespace names as existing (it logs a warning).
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},

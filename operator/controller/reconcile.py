@@ -9,11 +9,13 @@ anything. The operator is the single writer of `.status`; the write carries the 
 was computed from, and a conflict re-reads and recomputes once, then leaves it to the next event or
 the resync (a conflict means the object changed, and that change is an event of its own).
 
-Spec changes: `spec.suspend` is patched into the JobSet; any other change to a job whose JobSet
-exists is refused: the JobSet stays as it is, condition SpecChange=False (reason Immutable) names
-the changed fields and a Warning Event says so. To apply such a change, delete the job and create
-it again (a checkpointed job resumes from its checkpoint directory). The spec a JobSet was made
-from is rendered into its annotation `training.tpu-operator.dev/applied-spec`.
+Spec changes: `spec.suspend` is patched into the JobSet, or, for a job with a Kueue queue, into its
+Workload's `spec.active` (kueue.py: Kueue owns a queued JobSet's suspension and would undo a patch of
+it); any other change to a job whose JobSet exists is refused: the JobSet stays as it is, condition
+SpecChange=False (reason Immutable) names the changed fields and a Warning Event says so. To apply
+such a change, delete the job and create it again (a checkpointed job resumes from its checkpoint
+directory). The spec a JobSet was made from is rendered into its annotation
+`training.tpu-operator.dev/applied-spec`.
 """
 
 from __future__ import annotations
@@ -23,16 +25,16 @@ import dataclasses
 import datetime
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from ..api import names
 from ..api.models import KIND, TPUTrainingJob, TPUTrainingJobStatus
 from ..api.validation import InvalidJob, parse_job
 from ..rendering.manifests import applied_spec, render
-from . import phases, status as status_lib
-from .kube import CONFIGMAPS, JOBS, JOBSETS, ApiError, Kube, Obj
-from .metrics_reader import MetricsReader
+from . import diagnosis, kueue, phases, status as status_lib
+from .kube import CONFIGMAPS, JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
+from .metrics_reader import LABEL_JOBSET, MetricsReader
 from .phases import Notice
 
 log = logging.getLogger("tpu_operator")
@@ -178,12 +180,32 @@ async def write_status(kube: Kube, job_obj: Obj, compute: Compute, emit: Emit) -
 # --- the reconcile -----------------------------------------------------------------------------------
 
 
+async def apply_suspend(kube: Kube, job: TPUTrainingJob, jobset: Obj, workload: kueue.WorkloadView | None) -> Obj:
+    """Make the JobSet (no queue) or the Kueue Workload (a queue) follow spec.suspend; the JobSet."""
+    namespace, name = job.metadata.namespace, jobset["metadata"]["name"]
+    if job.spec.queue_name is None:
+        if bool((jobset.get("spec") or {}).get("suspend")) != job.spec.suspend:
+            return await kube.patch(JOBSETS, namespace, name, {"spec": {"suspend": job.spec.suspend}})
+        return jobset
+    patch = kueue.activation_patch(workload, job.spec.suspend) if workload is not None else None
+    if patch is not None:
+        try:
+            await kube.patch(Resource(kueue.GROUP, workload.version, kueue.PLURAL), namespace, workload.name, patch)
+        except ApiError as exc:
+            if exc.status != 404:  # a Workload gone is replaced by a new one, whose event comes
+                raise
+    return jobset
+
+
 async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status_lib.Sample | None,
                     config: OperatorConfig, emit: Emit, reader: MetricsReader | None = None,
-                    now: Callable[[], str] = utcnow) -> Outcome:
+                    now: Callable[[], str] = utcnow, *, workloads: Sequence[Obj] = (),
+                    look_at_pods: bool = False) -> Outcome:
     """Converge one job: validate, make its ConfigMap and JobSet exist (`jobset` is the JobSet as last
-    seen, None when none is known), apply suspend, refuse other changes, map the JobSet's status and the
-    trainer's `sample` into the job's, and write it."""
+    seen, None when none is known), apply suspend, refuse other changes, map the JobSet's status, its
+    Kueue Workload (among `workloads`, those seen under the JobSet's name), the trainer's `sample` and,
+    when `look_at_pods` (a JobSet event or a resync) and some pods are not ready, the pods' state into
+    the job's, and write it."""
     meta = job_obj["metadata"]
     namespace, uid = meta.get("namespace", "default"), meta.get("uid")
     if meta.get("deletionTimestamp"):
@@ -206,19 +228,29 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
             done = await write_status(kube, job_obj, lambda s, g: status_lib.conflicted(s, message, g, now()), emit)
             return Outcome("conflict", done, config.conflict_retry_s)
     refused = [] if created else refused_changes(jobset, job)
-    if bool((jobset.get("spec") or {}).get("suspend")) != job.spec.suspend:
-        jobset = await kube.patch(JOBSETS, namespace, jobset["metadata"]["name"], {"spec": {"suspend": job.spec.suspend}})
+    queue = job.spec.queue_name
+    workload = kueue.pick(list(workloads), jobset["metadata"].get("uid")) if queue else None
+    jobset = await apply_suspend(kube, job, jobset, workload)
     if sample is None and reader is not None and jobset_finished(jobset):
         # The trainer lingers after its last step, serving its final values: read them once more.
         sample = await reader.read(namespace, jobset["metadata"]["name"], job.spec.runtime.metrics_port)
     jobset_name, config_map = jobset["metadata"]["name"], names.config_map_name(job.metadata.name)
+    view = phases.JobSetView.of(jobset)
+    pods = None
+    if look_at_pods and diagnosis.needs_pods(view):  # one list per JobSet event or resync, never per pod
+        pods = await kube.list(PODS, namespace, f"{LABEL_JOBSET}={jobset_name}")
+    intent = phases.Intent(suspend=job.spec.suspend, queued=queue is not None)
 
     def compute(old: TPUTrainingJobStatus, generation: int | None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
         new, notices = status_lib.reconciled(old, jobset_name, config_map, created, refused, generation, now())
-        new, followed = phases.follow(new, jobset, now())
+        if queue is not None:
+            new, queued = kueue.follow(new, workload, queue, jobset_name, now())
+            notices += queued
+        new, diagnosed = diagnosis.follow(new, view, pods, now())
+        new, followed = phases.follow(new, jobset, now(), intent, diagnosis.trouble(new))
         if sample is not None:
             new = status_lib.with_sample(new, sample, now())
-        return new, notices + followed
+        return new, notices + diagnosed + followed
 
     done = await write_status(kube, job_obj, compute, emit)
     return Outcome("created" if created else "adopted" if ensured else "followed", done)

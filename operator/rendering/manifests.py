@@ -18,7 +18,7 @@ import yaml
 from ..api import names
 from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, TPUTrainingJob
 from ..api.plan import Plan
-from . import libtpu
+from . import libtpu, placement
 
 TEMPLATES = ("configmap.yaml.j2", "jobset.yaml.j2")
 # libyaml's parser is ~20x faster than PyYAML's pure-Python one; rendering sits on the reconcile path.
@@ -132,18 +132,25 @@ def context(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, 
         "names": {"jobset": names.jobset_name(name), "config_map": names.config_map_name(name),
                   "replicated_job": names.REPLICATED_JOB},
         "labels": {**names.labels(name)},
-        "annotations": {names.APPLIED_SPEC: json.dumps(applied_spec(job), sort_keys=True, separators=(",", ":"))},
+        "jobset_labels": {**names.labels(name), **placement.jobset_labels(spec)},
+        "annotations": {names.APPLIED_SPEC: json.dumps(applied_spec(job), sort_keys=True, separators=(",", ":")),
+                        **placement.jobset_annotations(spec)},
+        # A queued JobSet starts suspended: Kueue unsuspends it when it admits the job (its webhook would
+        # suspend it too; rendering it closes the race where the webhook is not installed yet).
+        "suspend": spec.suspend or spec.queue_name is not None,
         "ports": {"jax": names.JAX_COORDINATOR_PORT, "megascale": names.MEGASCALE_PORT},
         "config_file": CONFIG_FILE,
         "config_json": plan.trainer_config().model_dump_json(by_alias=True, indent=2),
         "image": image,
         "command": list(spec.command) if spec.command else DEFAULT_COMMAND,
         "node_selector": {
-            **spec.node_selector,  # ours last: a user selector cannot move the job off its TPU
+            **spec.node_selector,  # ours last: a user selector cannot move the job off its TPU or capacity
+            **placement.node_selector(spec.tpu),
             "cloud.google.com/gke-tpu-accelerator": plan.gen.gke_accelerator,
             "cloud.google.com/gke-tpu-topology": spec.tpu.topology,
         },
         "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+                        *placement.tolerations(spec.tpu),
                         *(t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations)],
         "env": _env(plan),
         "resources": _resources(plan),

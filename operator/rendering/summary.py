@@ -3,8 +3,25 @@
 from __future__ import annotations
 
 from ..api import names
+from ..api.models import TPUCapacity, TPUTrainingJobSpec
 from ..api.plan import Plan
 from . import libtpu
+
+
+def _capacity(tpu: TPUCapacity) -> str:
+    if tpu.capacity == "reservation":
+        owner = f" of project {tpu.reservation_project}" if tpu.reservation_project else ""
+        return f"reservation {tpu.reservation_name}{owner}"
+    if tpu.capacity == "flexStart" and tpu.max_run_duration:
+        return f"flexStart for at most {tpu.max_run_duration}"
+    return tpu.capacity
+
+
+def _queue(spec: TPUTrainingJobSpec) -> str:
+    if not spec.queue_name:
+        return "no queue (the JobSet starts at once)"
+    priority = spec.workload_priority_class_name or spec.priority_class_name
+    return f"Kueue LocalQueue {spec.queue_name}" + (f", priority {priority}" if priority else "")
 
 
 def summary(plan: Plan) -> list[str]:
@@ -35,6 +52,7 @@ def summary(plan: Plan) -> list[str]:
         f"flags:      LIBTPU_INIT_ARGS={' '.join(flags) or '(none)'}",
         f"checkpoint: {ckpt_line}",
         f"restarts:   up to {spec.failure_policy.max_restarts}",
+        f"capacity:   {_capacity(spec.tpu)}; {_queue(spec)}",
         f"pods:       {names.hostname(job.metadata.name, 0, 0)} .. "
         f"{names.longest_hostname(job.metadata.name, plan.slices, sl.hosts)}",
     ]

@@ -165,6 +165,10 @@ def test_default_rbac_is_cluster_wide_least_privilege(helm, tmp_path):
     assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     role = one(docs, "ClusterRole")
     assert rules_of(role) == {**NAMESPACED_RULES, **CRD_RULES, **NAMESPACE_RULES}
+    # Kueue's Workloads are followed through a watch and only ever patched for spec.active (a queued job's
+    # suspend); pods are listed, never watched.
+    assert rules_of(role)[("kueue.x-k8s.io", "workloads")] == {"list", "watch", "patch"}
+    assert rules_of(role)[("", "pods")] == {"list"}
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}
@@ -197,6 +201,7 @@ def test_namespace_scoped_rbac(helm, tmp_path):
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for role in roles:
         assert rules_of(role) == {**NAMESPACED_RULES, **PROXY_RULES}
+        assert ("kueue.x-k8s.io", "workloads") in rules_of(role)  # kopf watches Workloads per namespace too
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"][0]["namespace"] == "tpu-system"

@@ -138,6 +138,17 @@ def jobset_condition(type_: str, message: str = "") -> dict[str, Any]:
             "lastTransitionTime": "2026-01-01T00:00:00Z"}
 
 
+def wait_watching(server: Server, ns: str, *plurals: str) -> None:
+    """Wait until the operator watches each of `plurals` in `ns`: its liveness endpoint answers before
+    kopf has listed them, and requests counted from here on are a job's, not the operator's start-up."""
+    def watching() -> bool:
+        watched = {r["path"].rsplit("/", 1)[-1] for r in server.requests_log()
+                   if r["query"].get("watch") in ("true", "1") and f"/namespaces/{ns}/" in r["path"]}
+        return set(plurals) <= watched
+
+    wait_for(watching, WAIT_S, 0.1, f"the operator to watch {', '.join(plurals)} in {ns}")
+
+
 def created_ok(server: Server, method: str, path_suffix: str) -> int:
     return sum(1 for r in server.requests_log()
                if r["method"] == method and r["path"].endswith(path_suffix) and r["status"] in (200, 201))
@@ -411,6 +422,87 @@ def test_fake_jobset_controller_final_metrics_read_on_completion(server, operato
     assert status["step"] == 10 and status["mfu"] == 0.35
 
 
+# --- why pending --------------------------------------------------------------------------------------------
+
+UNSCHEDULABLE = ("0/12 nodes are available: 12 Insufficient google.com/tpu. preemption: 0/12 nodes are available: "
+                 "12 No preemption victims found for incoming pod.")
+
+
+def fake_pod(server: Server, jobset_name: str, status: dict[str, Any], ns: str = "default") -> str:
+    """Stand in for JobSet + the scheduler + kubelet: pod 0 of slice 0 of the JobSet, with `status`."""
+    name = f"{jobset_name}-slice-0-0-xyz12"
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": jobset_name}},
+           "spec": {"containers": [{"name": "trainer", "image": "example.com/trainer:1"}]}}
+    if get(server, f"{PODS.format(ns=ns)}/{name}") is None:
+        code, body = server.request("POST", PODS.format(ns=ns), pod)
+        assert code == 201, body
+    code, body = server.request("PATCH", f"{PODS.format(ns=ns)}/{name}/status", {"status": status},
+                                content_type="application/merge-patch+json")
+    assert code == 200, body
+    return name
+
+
+def pod_lists(server: Server, ns: str = "default") -> int:
+    return sum(1 for r in server.requests_log() if r["method"] == "GET" and r["path"] == PODS.format(ns=ns)
+               and r["userAgent"].startswith("tpu-operator"))
+
+
+@pytest.mark.fake_controller
+def test_fake_scheduler_unschedulable_pods_are_explained_within_a_resync(server, operator):
+    create_job(server, job_doc("stuck"))
+    wait_status(server, operator, "stuck", lambda s: s.get("phase") == "Pending", "phase Pending")
+    # The JobSet controller counts the Job active (its pod is pending) and none ready. It says nothing more
+    # when the scheduler then gives up on the pod: only the resync (5 s here) can find out why.
+    patch_jobset_status(server, "stuck", {"replicatedJobsStatus": replicated(active=1)})
+    wait_status(server, operator, "stuck", lambda s: s.get("phase") == "Running", "phase Running (active)")
+    pod = fake_pod(server, "stuck", {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": UNSCHEDULABLE}]})
+    status = wait_status(server, operator, "stuck", lambda s: s.get("phase") == "Pending" and "Insufficient" in
+                         s.get("message", ""), "phase Pending with the scheduler's words", timeout=15)
+    assert status["message"] == f"pod {pod} cannot be scheduled: {UNSCHEDULABLE}"
+    assert (condition(status, "Scheduled")["status"], condition(status, "Scheduled")["reason"]) == \
+        ("False", "Unschedulable")
+    event = wait_event(server, "stuck", "Unschedulable")
+    assert event["type"] == "Warning" and UNSCHEDULABLE in event["message"]
+    table = kubectl(server, "get", "tpujobs", "stuck", "-o", "wide", check=True).stdout
+    assert "Pending" in table and "Insufficient google.com/tpu" in table, table
+    # Two more resyncs list the pod again and find the same: no new Event.
+    lists = pod_lists(server)
+    wait_for(lambda: pod_lists(server) >= lists + 2, WAIT_S, 0.2, "two more resyncs")
+    assert [e["reason"] for e in events(server, "stuck")].count("Unschedulable") == 1
+
+    # Placed, but its image cannot be pulled: the kubelet's words, with the image.
+    fake_pod(server, "stuck", {"conditions": [{"type": "PodScheduled", "status": "True"}], "containerStatuses": [
+        {"name": "trainer", "image": "example.com/trainer:1", "ready": False, "state": {"waiting": {
+            "reason": "ImagePullBackOff", "message": 'Back-off pulling image "example.com/trainer:1"'}}}]})
+    status = wait_status(server, operator, "stuck", lambda s: "ImagePullBackOff" in s.get("message", ""),
+                         "the image pull failure", timeout=15)
+    assert 'Back-off pulling image "example.com/trainer:1"' in status["message"] and status["phase"] == "Pending"
+    assert condition(status, "Scheduled")["status"] == "True"
+    assert condition(status, "ContainersReady")["reason"] == "ImagePullBackOff"
+    wait_event(server, "stuck", "ImagePullBackOff")
+
+    # It runs: the JobSet says so, and the operator stops listing pods.
+    patch_jobset_status(server, "stuck", {"replicatedJobsStatus": replicated(active=1, ready=1)})
+    status = wait_status(server, operator, "stuck", lambda s: s.get("phase") == "Running" and
+                         condition(s, "ContainersReady").get("status") == "True", "phase Running")
+    assert "ImagePullBackOff" not in status["message"]
+    lists = pod_lists(server)
+    wait_for(lambda: len([r for r in server.requests_log() if r["path"].endswith("/jobsets/stuck")]) >= 2, WAIT_S,
+             0.2, "a resync or two")  # each resync GETs the JobSet
+    assert pod_lists(server) == lists
+
+
+def test_without_kueue_the_workload_watch_waits_for_its_crd(server, operator):
+    # The module's API server has no Workload CRD: kopf says so once and serves everything else (every
+    # other test here), and the operator never asks for Workloads.
+    log = operator.log_path.read_text(errors="replace")
+    assert "Unresolved resources cannot be served (try creating their CRDs): Selector(group='kueue.x-k8s.io', " \
+           "plural='workloads')" in log
+    assert not [r for r in server.requests_log() if r["path"].startswith("/apis/kueue.x-k8s.io/")]
+
+
 # --- restarts of the operator ------------------------------------------------------------------------------
 
 
@@ -568,6 +660,7 @@ def test_fake_jobset_controller_one_jobs_requests_stay_within_budget(server, tmp
     trainer.sample = {"step": 3, "step_time_s": 0.5, "mfu": 0.2}
     with running_operator(server, tmp_path, "--namespace", ns, "--metrics-access", "direct",
                           "--metrics-interval", "1", "--resync-interval", "3600") as op:
+        wait_watching(server, ns, "tputrainingjobs", "jobsets")
         server.clear_requests_log()
         create_job(server, job_doc("frugal", runtime={"metricsPort": trainer.port}), ns)
         wait_status(server, op, "frugal", lambda s: s.get("phase") == "Pending", "phase Pending", ns=ns)

@@ -57,6 +57,27 @@ def test_phase_rule(previous, seen, js, expected):
     assert phases.phase_of(previous, seen, phases.JobSetView.of(js)) == expected
 
 
+QUEUED, USER_SUSPENDED = phases.Intent(queued=True), phases.Intent(queued=True, suspend=True)
+
+
+@pytest.mark.parametrize("previous, js, intent, trouble, expected", [
+    (None, jobset(suspend=True), QUEUED, False, "Queued"),  # Kueue holds the JobSet until admission
+    ("Queued", jobset(conditions=("Suspended",)), QUEUED, False, "Queued"),
+    ("Queued", jobset(active=1), QUEUED, False, "Running"),  # admitted: Kueue resumed the JobSet
+    ("Running", jobset(suspend=True), QUEUED, False, "Queued"),  # evicted: Kueue suspended it again
+    ("Running", jobset(suspend=True), USER_SUSPENDED, False, "Suspended"),  # the user's own suspend
+    ("Running", jobset(active=1), USER_SUSPENDED, False, "Running"),  # until Kueue has stopped it
+    ("Queued", jobset(suspend=True, conditions=("Completed",)), QUEUED, False, "Succeeded"),
+    ("Pending", jobset(active=1), phases.Intent(), True, "Pending"),  # active, but a pod cannot start
+    ("Running", jobset(active=2, ready=1), phases.Intent(), True, "Running"),  # one slice runs
+    ("Restarting", jobset(restarts=1, active=1), phases.Intent(), True, "Restarting"),
+    (None, jobset(suspend=True), phases.Intent(), True, "Suspended"),
+])
+def test_phase_rule_with_a_queue_and_the_pods_diagnosis(previous, js, intent, trouble, expected):
+    restarts = 1 if previous == "Restarting" else 0
+    assert phases.phase_of(previous, restarts, phases.JobSetView.of(js), intent, trouble) == expected
+
+
 def test_follow_keeps_transition_times_and_emits_on_transitions_only():
     status, notices = phases.follow(EMPTY, jobset(active=1), NOW)
     assert status.phase == "Running" and status.start_time == NOW and notices == []
@@ -181,6 +202,12 @@ class FakeKube:
                 part.pop(k, None)
             else:
                 part[k] = v
+        annotations = obj["metadata"].setdefault("annotations", {})
+        for k, v in ((body.get("metadata") or {}).get("annotations") or {}).items():
+            if v is None:
+                annotations.pop(k, None)
+            else:
+                annotations[k] = v
         self._bump(obj)
         return copy.deepcopy(obj)
 

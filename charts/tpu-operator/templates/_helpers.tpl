@@ -130,6 +130,9 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 
 {{/* Cluster-scoped reads: kopf scans CRDs; --all-namespaces also watches namespaces. */}}
