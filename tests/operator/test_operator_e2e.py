@@ -444,8 +444,13 @@ def fake_pod(server: Server, jobset_name: str, status: dict[str, Any], ns: str =
 
 
 def pod_lists(server: Server, ns: str = "default") -> int:
+    """The operator's looks at all of a JobSet's pods (not the metrics reader's search for pod 0)."""
     return sum(1 for r in server.requests_log() if r["method"] == "GET" and r["path"] == PODS.format(ns=ns)
-               and r["userAgent"].startswith("tpu-operator"))
+               and r["userAgent"].startswith("tpu-operator") and "job-index" not in r["query"].get("labelSelector", ""))
+
+
+def jobset_gets(server: Server, name: str, ns: str = "default") -> int:
+    return sum(1 for r in server.requests_log() if r["method"] == "GET" and r["path"] == f"{JOBSETS.format(ns=ns)}/{name}")
 
 
 @pytest.mark.fake_controller
@@ -488,9 +493,8 @@ def test_fake_scheduler_unschedulable_pods_are_explained_within_a_resync(server,
     status = wait_status(server, operator, "stuck", lambda s: s.get("phase") == "Running" and
                          condition(s, "ContainersReady").get("status") == "True", "phase Running")
     assert "ImagePullBackOff" not in status["message"]
-    lists = pod_lists(server)
-    wait_for(lambda: len([r for r in server.requests_log() if r["path"].endswith("/jobsets/stuck")]) >= 2, WAIT_S,
-             0.2, "a resync or two")  # each resync GETs the JobSet
+    lists, gets = pod_lists(server), jobset_gets(server, "stuck")
+    wait_for(lambda: jobset_gets(server, "stuck") >= gets + 2, WAIT_S, 0.2, "two more resyncs")  # each GETs the JobSet
     assert pod_lists(server) == lists
 
 
