@@ -18,7 +18,7 @@
 #                          when absent (from DEBIAN_MIRROR, default apt's first Debian URI).
 #   ONLY=operator|workload build one image
 #   FORCE=1                build even an image that is up to date (see below)
-#   LOG_DIR                where the build logs go (default: a new directory under /tmp)
+#   LOG_DIR                where the build logs go (default: a directory under /tmp, removed on success)
 #   CA_BUNDLE              podman only: bind-mounted over the image's CA bundle during RUN steps
 #                          (default /etc/ssl/certs/ca-certificates.crt, the host's: pip then trusts
 #                          a TLS-intercepting proxy the host trusts); a mount is never committed.
@@ -39,6 +39,7 @@ WORKLOAD_IMAGE=${WORKLOAD_IMAGE:-localhost/tpu-workload:dev-$VARIANT}
 ONLY=${ONLY:-}
 FORCE=${FORCE:-0}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+keep_logs=${LOG_DIR:+1}
 LOG_DIR=${LOG_DIR:-$(mktemp -d /tmp/build-images.XXXXXX)}
 mkdir -p "$LOG_DIR"
 t0=$SECONDS
@@ -174,4 +175,5 @@ rc=0
 for pid in "${pids[@]}"; do wait "$pid" || rc=1; done  # both builds run side by side
 ((rc == 0)) || die "a build failed; logs in $LOG_DIR"
 for tag in "${tags[@]}"; do printf '%-44s %s\n' "$tag" "$(size_mb "$tag")"; done
+[[ -n $keep_logs ]] || rm -rf "$LOG_DIR"
 say "done"
