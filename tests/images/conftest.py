@@ -9,7 +9,6 @@ IMAGES_REQUIRED=1 (CI) they fail instead, as a skip there would hide a broken se
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -19,12 +18,12 @@ import pytest
 from tests.chart.conftest import helm  # noqa: F401 -- the chart's helm, for the tests that render it
 from tests.conftest import ROOT
 from tests.images.container import Image
+from tests.prerequisites import missing, skip_or_fail
 
 BUILD = ROOT / "scripts" / "build-images.sh"
 BUILD_TIMEOUT_S = 1500
 OPERATOR_IMAGE = os.environ.get("OPERATOR_IMAGE", "localhost/tpu-operator:dev")
 WORKLOAD_IMAGE = os.environ.get("WORKLOAD_IMAGE", "localhost/tpu-workload:dev-cpu")
-INSTALL = "apt-get install -y podman debootstrap"
 
 
 @dataclass(frozen=True)
@@ -39,25 +38,13 @@ def missing_prerequisites() -> str | None:
         return f"the image tests need Linux (podman, mount namespaces, chroot), not {sys.platform}"
     if os.geteuid() != 0:
         return "the image tests need root: rootful podman builds, debootstrap, mount namespaces and chroot"
-    for tool in ("podman", "debootstrap", "unshare", "setpriv", "chroot", "mount"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed ({INSTALL})"
-    try:
-        info = subprocess.run(["podman", "info"], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        return "`podman info` did not answer within 60 s"
-    if info.returncode != 0:
-        return f"`podman info` failed: {(info.stderr or info.stdout).strip()[:300]}"
-    return None
+    return missing(("podman", "debootstrap", "unshare", "setpriv", "chroot", "mount"), ("podman", "info"),
+                   timeout=60, install="apt-get install -y podman debootstrap")
 
 
 @pytest.fixture(scope="session")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
-    reason = missing_prerequisites()
-    if reason and os.environ.get("IMAGES_REQUIRED") == "1":
-        pytest.fail(f"IMAGES_REQUIRED=1 but {reason}")
-    if reason:
-        pytest.skip(reason)
+    skip_or_fail(missing_prerequisites(), "IMAGES_REQUIRED")
     env = {**os.environ, "ENGINE": "podman", "VARIANT": "cpu", "OPERATOR_IMAGE": OPERATOR_IMAGE,
            "WORKLOAD_IMAGE": WORKLOAD_IMAGE, "LOG_DIR": str(tmp_path_factory.mktemp("build-images"))}
     result = subprocess.run(["bash", str(BUILD)], env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
