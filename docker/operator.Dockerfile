@@ -1,12 +1,15 @@
 # The tpu-operator controller: `tpujob operator` (kopf), without the JAX workload stack.
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/tpu-operator/operator:0.1.0 .
+# Without Docker or a registry: scripts/build-images.sh (podman, on a debootstrapped bookworm base
+# passed as PYTHON_IMAGE); tests/images run what it builds.
 # Reproducible: a pinned base tag (override PYTHON_IMAGE with a tag@sha256 digest to pin fully),
 # no pip cache, the build context limited by .dockerignore.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-RUN python -m venv /opt/venv
+# python3: a plain Debian base (python3 + python3-venv) has no `python`; the python images have both.
+RUN python3 -m venv /opt/venv
 WORKDIR /src
 # setuptools maps operator/, templates/, crds/ and workload/ to packages: all four must be present.
 COPY pyproject.toml README.md ./
@@ -14,9 +17,11 @@ COPY operator operator
 COPY templates templates
 COPY crds crds
 COPY workload workload
-# No extras: the `workload` extra (JAX) is for the trainer image only.
-RUN /opt/venv/bin/pip install --no-cache-dir . \
- && /opt/venv/bin/tpujob --help >/dev/null
+# The `operator` extra (kopf, kubernetes_asyncio, ...); the `workload` extra (JAX) is for the
+# trainer image only.
+RUN /opt/venv/bin/pip install --no-cache-dir ".[operator]" \
+ && /opt/venv/bin/tpujob --help >/dev/null \
+ && /opt/venv/bin/python -c "import tpu_operator.controller.handlers"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="tpu-operator" \

@@ -4,6 +4,8 @@
 #                              -t ghcr.io/tpu-operator/workload:0.1.0-cpu .
 # The JAX stack is pinned by pyproject's `workload` extra (jax/jaxlib 0.10.2, flax 0.12.8, ...);
 # the TPU variant adds jax[tpu]==0.10.2, which brings the matching libtpu from PyPI.
+# Without Docker or a registry: scripts/build-images.sh (podman, on a debootstrapped bookworm base
+# passed as PYTHON_IMAGE); tests/images run what it builds.
 # Reproducible: a pinned base tag (override PYTHON_IMAGE with a tag@sha256 digest to pin fully),
 # pinned JAX, no pip cache, the build context limited by .dockerignore.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
@@ -14,7 +16,8 @@ FROM ${PYTHON_IMAGE} AS build
 ARG VARIANT
 ARG JAX_VERSION=0.10.2
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-RUN python -m venv /opt/venv
+# python3: a plain Debian base (python3 + python3-venv) has no `python`; the python images have both.
+RUN python3 -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator operator
@@ -40,10 +43,15 @@ ENV PATH=/opt/venv/bin:$PATH \
     HOME=/tmp \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-# No USER here: on GKE the TPU pods run privileged and libtpu opens the TPU devices as root
-# (../shared/TPU.md); a pod that needs no device (the CPU variant) can set runAsUser: 65532.
+# The pod's container ports as the operator renders them (templates/jobset.yaml.j2): JAX
+# coordinator, TPU runtime, megascale, and the trainer's /status and /metrics (the default
+# spec.runtime.metricsPort). Informational: the pods use host networking.
+EXPOSE 8476 8471 8080 9431
 ENTRYPOINT ["python", "-m", "tpu_workload"]
 
+# No USER in the TPU variant: libtpu opens the TPU devices, which GKE's known-good TPU pods reach as
+# root (../shared/TPU.md), and a checkpoint PVC mounted without an fsGroup is root's. The operator
+# renders no securityContext; a pod may still set runAsUser: 65532 (the image's tpujob user).
 FROM runtime AS variant-tpu
 LABEL org.opencontainers.image.title="tpu-operator workload (TPU)"
 
@@ -59,5 +67,7 @@ ENV JAX_PLATFORMS=cpu \
     TPUJOB_PLATFORM=cpu \
     TPUJOB_CPU_DEVICES=${CPU_DEVICES} \
     TPUJOB_LINGER_SECONDS=${LINGER_SECONDS}
+# No device to open: the operator chart's non-root UID (HOME=/tmp).
+USER 65532:65532
 
 FROM variant-${VARIANT}

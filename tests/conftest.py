@@ -43,15 +43,22 @@ def tiny_job(**spec_overrides: Any) -> dict[str, Any]:
     return doc
 
 
+# Opt-in markers: their tests run only when the -m expression names them.
+OPT_IN = ("slow", "images")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`slow` tests run only when the -m expression names them (`-m slow`), whatever else it says,
-    so `pytest -m "not e2e"` stays a quick unit run."""
-    if "slow" in (config.option.markexpr or ""):
-        return
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    """`slow` and `images` tests run only when the -m expression names them (`-m slow`, `-m images`),
+    whatever else it says, so `pytest -m "not e2e"` stays a quick unit run and README's test command
+    needs no podman."""
+    expression = config.option.markexpr or ""
+    opted_out = [marker for marker in OPT_IN if marker not in expression]
+    kept, left_out = [], []
+    for item in items:
+        (left_out if any(item.get_closest_marker(m) for m in opted_out) else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")

@@ -7,37 +7,21 @@ reason otherwise (failed instead when KIND_REQUIRED=1, as in CI). It takes sever
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.prerequisites import missing, skip_or_fail
+
 RUN = Path(__file__).resolve().parent / "run.sh"
-
-
-def _missing() -> str | None:
-    for tool in ("docker", "kind", "kubectl", "curl"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not on PATH"
-    try:
-        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return "`docker info` did not answer within 30 s"
-    if info.returncode != 0:
-        return f"`docker info` failed (no Docker engine): {(info.stderr or info.stdout).strip()[:300]}"
-    return None
 
 
 @pytest.mark.kind
 @pytest.mark.timeout(3600)
 def test_operator_runs_a_job_to_success_on_kind():
-    reason = _missing()
-    if reason and os.environ.get("KIND_REQUIRED") == "1":  # CI: a skip would hide a broken set-up
-        pytest.fail(f"KIND_REQUIRED=1 but {reason}")
-    if reason:
-        pytest.skip(reason)
+    skip_or_fail(missing(("docker", "kind", "kubectl", "curl"), ("docker", "info"), timeout=30,
+                         probe_failed="no Docker engine"), "KIND_REQUIRED")
     result = subprocess.run(["bash", str(RUN)], capture_output=True, text=True, timeout=3500)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-20000:]
