@@ -219,3 +219,62 @@ class TrainerConfig(Base):
     kernels: KernelsSpec = _desc("Kernels.")
     checkpoint: CheckpointSpec = _desc("Checkpointing.")
     metrics_port: int = _desc("Metrics port of the coordinator.")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the plan says: `python -m tpu_workload.plan` prints it, and the operator's pre-flight reads it
+# back from the pod's termination message (Kubernetes keeps at most 4096 bytes of it)
+
+# Fits: compiled, and fits HBM with the headroom asked for. DoesNotFit, VmemOverflow, RejectedFlags: the
+# job must change. The rest: it could not be checked here (no libtpu, a generation this libtpu cannot
+# target, any other compile failure).
+PlanVerdict = Literal["Fits", "DoesNotFit", "VmemOverflow", "RejectedFlags", "NoLibtpu", "Unsupported",
+                      "CompileError"]
+JOB_MUST_CHANGE = ("DoesNotFit", "VmemOverflow", "RejectedFlags")
+TERMINATION_MESSAGE_BYTES = 4096
+
+
+class RejectedFlag(Base):
+    flag: str = _desc("The flag as LIBTPU_INIT_ARGS carried it.")
+    message: str = _desc("libtpu's words, e.g. ERROR: Unknown command line flag 'x'.")
+
+
+class PlanResult(Base):
+    """The train step compiled for the job's slice by the TPU compiler: per-device HBM, or why not."""
+
+    verdict: PlanVerdict = _desc("Fits, or what stopped it.")
+    message: str = _desc("One or two sentences: the numbers, and what to change.")
+    hbm_per_device_gib: float | None = Field(default=None, alias="hbmPerDeviceGiB",
+                                             description="Per-device total: state + temporaries.")
+    state_gib: float | None = Field(default=None, alias="stateGiB",
+                                    description="Step arguments: parameters, optimizer state, the batch.")
+    temporaries_gib: float | None = Field(default=None, alias="temporariesGiB",
+                                          description="Activations and temporaries (and outputs not donated).")
+    hbm_capacity_gib: float | None = Field(default=None, alias="hbmCapacityGiB", description="HBM of one device.")
+    headroom: float = _desc("Fraction of HBM to keep free.", default=0.0, ge=0, lt=1)
+    compile_seconds: float | None = _desc("Time in the TPU compiler.", default=None)
+    libtpu_version: str | None = _desc("The libtpu that compiled.", default=None)
+    device_kind: str | None = _desc("The compiled-for device kind, e.g. TPU7x.", default=None)
+    devices: int | None = _desc("Devices of all slices.", default=None)
+    change: list[str] = _desc("Fields to change (paths under spec).", default_factory=list)
+    largest: list[str] = _desc("The largest allocations XLA reports, largest first.", default_factory=list)
+    rejected_flags: list[RejectedFlag] = _desc("LIBTPU_INIT_ARGS flags libtpu refused.", default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        """True or False when the compiler answered; None when it could not be asked."""
+        if self.verdict == "Fits":
+            return True
+        return False if self.verdict in JOB_MUST_CHANGE else None
+
+    def to_termination_message(self) -> str:
+        """Compact JSON under TERMINATION_MESSAGE_BYTES: allocations, then message text, cut to fit."""
+        result = self
+        for _ in range(len(self.largest) + 1):
+            text = result.model_dump_json(by_alias=True, exclude_defaults=True)
+            if len(text.encode()) <= TERMINATION_MESSAGE_BYTES:
+                return text
+            result = result.model_copy(update={"largest": result.largest[:-1]})
+        room = TERMINATION_MESSAGE_BYTES - (len(text.encode()) - len(result.message.encode())) - 8
+        return result.model_copy(update={"message": result.message[:max(room // 4, 0)] + "..."}).model_dump_json(
+            by_alias=True, exclude_defaults=True)

@@ -278,6 +278,19 @@ class ResourcesSpec(Base):
 
 
 # ---------------------------------------------------------------------------------------------
+# spec.plan: the compile check before the slice is asked for
+
+
+class PlanSpec(Base):
+    preflight: Literal["compile", "skip"] = _desc(
+        "compile: before creating the JobSet, compile the train step for the job's slice on a CPU node "
+        "(`python -m tpu_workload.plan` in a batch Job) and refuse a job that does not fit; skip: create the "
+        "JobSet at once.", default="compile")
+    hbm_headroom: float = _desc("Fraction of each device's HBM the compiled step must leave free.", default=0.10,
+                                ge=0, lt=1)
+
+
+# ---------------------------------------------------------------------------------------------
 # The whole spec
 
 
@@ -289,6 +302,7 @@ class TPUTrainingJobSpec(Base):
     kernels: KernelsSpec = _desc("Attention and MoE kernels.", default_factory=KernelsSpec)
     runtime: RuntimeSpec = _desc("TPU runtime flags and environment.", default_factory=RuntimeSpec)
     checkpoint: CheckpointSpec = _desc("Checkpointing and resume.", default_factory=CheckpointSpec)
+    plan: PlanSpec = _desc("The compile check (pre-flight) before the JobSet is created.", default_factory=PlanSpec)
     failure_policy: FailurePolicySpec = _desc("Restarts.", default_factory=FailurePolicySpec)
     image: str = _desc("Trainer image.", default=DEFAULT_IMAGE, min_length=1, max_length=512,
                        pattern=r"^[^\s]+$")
@@ -390,12 +404,25 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Condition(Base):
     """A Kubernetes-shaped condition; `lastTransitionTime` moves only when `status` changes."""
 
-    type: str = _desc("Ready, SpecChange, Admitted, Scheduled, ContainersReady, Running, Succeeded, Failed, Metrics.")
+    type: str = _desc("Ready, Planned, SpecChange, Admitted, Scheduled, ContainersReady, Running, Succeeded, Failed, "
+                      "Metrics.")
     status: ConditionStatus = _desc("True, False or Unknown.")
     reason: str = _desc("CamelCase reason.", default="")
     message: str = _desc("Human-readable detail.", default="")
     last_transition_time: str | None = _desc("When `status` last changed.", default=None)
     observed_generation: int | None = _desc("metadata.generation the condition describes.", default=None)
+
+
+class PlanStatus(Base):
+    """What the pre-flight compile found (spec.plan)."""
+
+    hbm_per_device_gib: float | None = Field(default=None, alias="hbmPerDeviceGiB",
+                                             description="HBM the compiled train step needs per device.")
+    hbm_capacity_gib: float | None = Field(default=None, alias="hbmCapacityGiB", description="HBM of one device.")
+    fits: bool | None = _desc("Fits with the headroom asked for; unset when it could not be checked.", default=None)
+    compile_seconds: float | None = _desc("Time in the TPU compiler.", default=None)
+    libtpu_version: str | None = _desc("The libtpu that compiled it.", default=None)
+    checked_at: str | None = _desc("When the pre-flight finished.", default=None)
 
 
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
@@ -419,6 +446,7 @@ class TPUTrainingJobStatus(Base):
     last_eviction_time: str | None = _desc("When Kueue last evicted the job (its Workload's Evicted condition).",
                                            default=None)
     workload_name: str | None = _desc("The Kueue Workload of the JobSet (jobs with a queueName).", default=None)
+    plan: PlanStatus | None = _desc("The pre-flight compile's findings (spec.plan.preflight compile).", default=None)
     step: int | None = _desc("Latest completed training step.", default=None)
     step_time_seconds: float | None = _desc("Latest step time in seconds.", default=None)
     tokens_per_second: float | None = _desc("Training throughput, tokens per second, all slices.", default=None)

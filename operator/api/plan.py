@@ -42,6 +42,10 @@ class Plan:
         return self.slice.chips_per_host * self.gen.devices_per_chip
 
     @property
+    def hbm_gib_per_device(self) -> float:
+        return self.gen.hbm_gib / self.gen.devices_per_chip
+
+    @property
     def peak_flops_per_device(self) -> float:
         return self.gen.peak_flops(self.job.spec.training.precision) / self.gen.devices_per_chip
 
