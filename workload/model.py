@@ -22,7 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 from tpu_operator.api.contract import REMAT_TENSORS, KernelsSpec, ModelDims, RematSpec
 
 from . import attention, moe
-from .sharding import constrain
+from .sharding import constrain, current
 
 COMPUTE = jnp.bfloat16
 AUX_LOSS_WEIGHT = 0.01
@@ -38,6 +38,9 @@ class ModelConfig:
     precision: str = "bf16"
     remat: RematSpec = RematSpec(policy="none")
     interpret: bool = True  # Pallas kernels in interpret mode (off-TPU)
+    # The unembedding and cross entropy run over this many sequence chunks, each recomputed in the
+    # backward pass, so [B, T / loss_chunks, V] f32 logits exist at a time instead of [B, T, V].
+    loss_chunks: int = 1
 
 
 def _param(rngs: nnx.Rngs, shape, axes, std: float | None = None, ones: bool = False) -> nnx.Param:
@@ -201,7 +204,17 @@ class Decoder(nnx.Module):
         self.unembed = _param(rngs, (d.model_dim, d.vocab), ("embed", "vocab"), d.model_dim**-0.5)
 
     def __call__(self, tokens_BT, pos_BT):
-        """Logits (f32) and the summed MoE auxiliary loss."""
+        """Logits (f32) and the mean MoE auxiliary loss."""
+        x_BTD, aux = self.hidden(tokens_BT, pos_BT)
+        return self.logits(x_BTD), aux
+
+    def logits(self, x_BTD):
+        """f32 logits of final hidden states."""
+        logits_BTV = _einsum(self.cfg, "btd,dv->btv", x_BTD, self.unembed[...]).astype(jnp.float32)
+        return constrain(logits_BTV, ("batch", "length", "act_vocab"))
+
+    def hidden(self, tokens_BT, pos_BT):
+        """Final-normed hidden states (bf16) and the mean MoE auxiliary loss."""
         cfg = self.cfg
         x_BTD = jnp.take(self.embed[...].astype(COMPUTE), tokens_BT, axis=0)
         x_BTD = constrain(x_BTD, ("batch", "length", "act_embed"))
@@ -216,15 +229,53 @@ class Decoder(nnx.Module):
         if policy is not None:
             body = jax.checkpoint(body, policy=policy, prevent_cse=False)
         (x_BTD, aux), _ = jax.lax.scan(body, (x_BTD, jnp.zeros((), jnp.float32)), layers)
-        x_BTD = self.final_norm(x_BTD)
-        logits_BTV = _einsum(cfg, "btd,dv->btv", x_BTD, self.unembed[...]).astype(jnp.float32)
-        return constrain(logits_BTV, ("batch", "length", "act_vocab")), aux / cfg.dims.layers
+        return self.final_norm(x_BTD), aux / cfg.dims.layers
+
+
+def token_losses(logits_BTV, targets_BT):
+    """Per-token cross entropy (f32)."""
+    logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+    target_logit_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+    return logz_BT - target_logit_BT
+
+
+def chunked_cross_entropy(model: Decoder, x_BTD, targets_BT, chunks: int):
+    """Mean cross entropy of `model.logits(x_BTD)`, `chunks` sequence chunks at a time.
+
+    A scan over the chunks whose body is recomputed in the backward pass: the forward keeps only the
+    running sum, the backward recomputes one chunk's logits at a time. Each chunk's per-token losses
+    are exactly the unchunked ones; only the order of the f32 sum changes, and the unembedding's
+    gradient is summed over chunks in f32. With context parallelism the sequence is sharded in C
+    contiguous blocks: chunk k takes the k-th sub-block of every block ([B, C, chunks, L], L = T / (C
+    chunks)), so each chunk stays sharded over `context` as the sequence is.
+    """
+    sh = current()
+    B, T, D = x_BTD.shape
+    C = sh.degree("length") if sh is not None else 1
+    L = T // (C * chunks)
+    if L * C * chunks != T:
+        raise ValueError(f"sequence {T} does not split into {chunks} loss chunks x {C} context shards")
+
+    def split(a_BT, *rest):  # [B, T, ...] -> [chunks, B, C * L, ...]
+        a = jnp.moveaxis(a_BT.reshape(B, C, chunks, L, *rest), 2, 0).reshape(chunks, B, C * L, *rest)
+        return constrain(a, (None, "batch", "length") + (("act_embed",) if rest else ()))
+
+    def body(total, xs):
+        x_BtD, targets_Bt = xs
+        x_BtD = constrain(x_BtD, ("batch", "length", "act_embed"))
+        return total + jnp.sum(token_losses(model.logits(x_BtD), targets_Bt)), None
+
+    body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False)
+    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (split(x_BTD, D), split(targets_BT)))
+    return total / (B * T)
 
 
 def loss_fn(model: Decoder, tokens_BT, targets_BT, pos_BT):
     """Mean next-token cross entropy plus the weighted MoE load-balancing loss."""
-    logits_BTV, aux = model(tokens_BT, pos_BT)
-    logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
-    target_logit_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
-    ce = jnp.mean(logz_BT - target_logit_BT)
+    if model.cfg.loss_chunks > 1:
+        x_BTD, aux = model.hidden(tokens_BT, pos_BT)
+        ce = chunked_cross_entropy(model, x_BTD, targets_BT, model.cfg.loss_chunks)
+    else:
+        logits_BTV, aux = model(tokens_BT, pos_BT)
+        ce = jnp.mean(token_losses(logits_BTV, targets_BT))
     return ce + AUX_LOSS_WEIGHT * aux, {"ce": ce, "aux": aux}
