@@ -115,15 +115,17 @@ def constrain(x: jax.Array, logical: Logical) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, sh.named(logical, x.shape))
 
 
-def make_mesh(shape: dict[str, int], slices: int = 1) -> jax.sharding.Mesh:
-    """The 5-axis device mesh over all global devices; the same device order on every process.
+def make_mesh(shape: dict[str, int], slices: int = 1, devices: Sequence | None = None) -> jax.sharding.Mesh:
+    """The 5-axis device mesh over `devices` (default: all global devices); the same device order on
+    every process.
 
     TPU: `tpu_grid` (with several slices, `data` spans slices over DCN, the other axes one
-    slice's ICI). Elsewhere (the CPU, where the local runner emulates a slice as a group of
-    processes) `jax.make_mesh` lays the devices out in process order, so `data` varies slowest.
+    slice's ICI); `devices` may be a TPU topology's, to compile for a slice ahead of time (plan.py).
+    Elsewhere (the CPU, where the local runner emulates a slice as a group of processes)
+    `jax.make_mesh` lays the devices out in process order, so `data` varies slowest.
     """
     dims = tuple(shape[a] for a in MESH_AXES)
-    devices = jax.devices()
+    devices = list(devices) if devices is not None else jax.devices()
     auto = (AxisType.Auto,) * len(MESH_AXES)
     if devices[0].platform == "tpu":
         return jax.sharding.Mesh(tpu_grid(dims, slices, devices), MESH_AXES, axis_types=auto)  # checks too

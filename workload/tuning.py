@@ -105,12 +105,15 @@ def tune_splash_blocks(seq: int, heads: int, head_dim: int, *, cache_dir: str, s
     return blocks
 
 
-def resolve_splash(spec: SplashSpec, seq: int, heads: int, head_dim: int, cache_dir: str | None) -> SplashSpec:
+def resolve_splash(spec: SplashSpec, seq: int, heads: int, head_dim: int, cache_dir: str | None,
+                   device_kind: str | None = None) -> SplashSpec:
     """`spec` with tuned block sizes from the cache when it leaves all of them at their defaults
-    and the cache has this chip and shape; otherwise `spec` unchanged."""
+    and the cache has this chip (`device_kind`, default this process's) and shape; otherwise `spec`
+    unchanged. A step compiled ahead of time for a TPU (plan.py) names the mesh's chip: this
+    process's devices are CPUs there."""
     if not cache_dir or any(getattr(spec, f) != SplashSpec.model_fields[f].default for f in BLOCK_FIELDS):
         return spec
-    key = cache_key(seq, heads, head_dim)
+    key = cache_key(seq, heads, head_dim, device_kind)
     hit = _read(cache_dir).get(key)
     log.info("splash blocks: %s in %s", f"tuned {hit}" if hit else f"defaults (no entry {key!r})", cache_dir)
     return spec.model_copy(update={f: hit[f] for f in BLOCK_FIELDS}) if hit else spec
