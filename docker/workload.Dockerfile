@@ -3,7 +3,9 @@
 #   CPU (kind suite, tests): docker build -f docker/workload.Dockerfile --build-arg VARIANT=cpu \
 #                              -t ghcr.io/tpu-operator/workload:0.1.0-cpu .
 # The JAX stack is pinned by pyproject's `workload` extra (jax/jaxlib 0.10.2, flax 0.12.8, ...);
-# the TPU variant adds jax[tpu]==0.10.2, which brings the matching libtpu from PyPI.
+# the TPU variant adds jax[tpu]==0.10.2, which brings the matching libtpu from PyPI; the CPU variant adds
+# the `plan` extra (libtpu, pinned), so both can run the operator's pre-flight, `python -m tpu_workload.plan`,
+# which compiles for a TPU slice without one.
 # Without Docker or a registry: scripts/build-images.sh (podman, on a debootstrapped bookworm base
 # passed as PYTHON_IMAGE); tests/images run what it builds.
 # Reproducible: a pinned base tag (override PYTHON_IMAGE with a tag@sha256 digest to pin fully),
@@ -26,10 +28,10 @@ COPY crds crds
 COPY workload workload
 RUN case "${VARIANT}" in \
       tpu) extra="jax[tpu]==${JAX_VERSION}" ;; \
-      cpu) extra="" ;; \
+      cpu) extra="" plan=",plan" ;; \
       *) echo "VARIANT must be tpu or cpu, not ${VARIANT}" >&2; exit 2 ;; \
     esac \
- && /opt/venv/bin/pip install --no-cache-dir ${extra:+"$extra"} ".[workload]" \
+ && /opt/venv/bin/pip install --no-cache-dir ${extra:+"$extra"} ".[workload${plan:-}]" \
  && /opt/venv/bin/python -c "import jax, tpu_workload; print('jax', jax.__version__)"
 
 FROM ${PYTHON_IMAGE} AS runtime

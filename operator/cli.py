@@ -49,6 +49,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .local.plan import run_plan
+    from .rendering.plan_report import lines
+
+    worst = 0
+    for job in load_jobs(args.file):
+        result = run_plan(job)
+        if args.json:
+            print(result.model_dump_json(by_alias=True))
+        else:
+            print("\n".join(lines(result, job)))
+        worst = max(worst, result.exit_code)
+    return worst
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     sys.stdout.write(crd.to_yaml())
     return 0
@@ -142,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project", help="Google Cloud project for the capacity look-up (optional, online)")
     p.add_argument("--zone", help="zone for the capacity look-up, e.g. us-central1-c")
     p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("plan", help="compile a job's train step for its TPU slice (libtpu, no TPU) and check "
+                                    "that it fits: exit 0 fits, 2 it does not, 3 not checked")
+    p.add_argument("-f", "--file", required=True, help="job YAML, or - for stdin")
+    p.add_argument("--json", action="store_true", help="one JSON object (the plan's result) per job")
+    p.set_defaults(func=cmd_plan)
     p = sub.add_parser("crd", help="print the TPUTrainingJob CRD generated from the models")
     p.set_defaults(func=cmd_crd)
     p = sub.add_parser("run", help="run a job's pods as local processes (--local)")

@@ -267,6 +267,11 @@ class PlanResult(Base):
             return True
         return False if self.verdict in JOB_MUST_CHANGE else None
 
+    @property
+    def exit_code(self) -> int:
+        """0 fits, 2 the job must change, 3 it could not be checked (`tpujob plan` exits with it too)."""
+        return 0 if self.verdict == "Fits" else 2 if self.verdict in JOB_MUST_CHANGE else 3
+
     def to_termination_message(self) -> str:
         """Compact JSON under TERMINATION_MESSAGE_BYTES: allocations, then message text, cut to fit."""
         result = self

@@ -47,3 +47,17 @@ def libtpu_init_args(gen: Generation, runtime: RuntimeSpec) -> list[str]:
     # User flags win: drop our setting of any flag the user sets, keep the order otherwise.
     user = {f.split("=", 1)[0] for f in runtime.libtpu_init_args}
     return [f for f in flags if f.split("=", 1)[0] not in user] + list(runtime.libtpu_init_args)
+
+
+def field_of(runtime: RuntimeSpec, flag: str) -> str:
+    """The spec field a rendered LIBTPU_INIT_ARGS flag comes from (to name it when libtpu refuses it)."""
+    name = flag.split("=", 1)[0]
+    for i, user in enumerate(runtime.libtpu_init_args):
+        if user.split("=", 1)[0] == name:
+            return f"spec.runtime.libtpuInitArgs[{i}]"
+    if name == "--xla_tpu_scoped_vmem_limit_kib":
+        return "spec.runtime.scopedVmemLimitKiB"
+    for op in COLLECTIVES:
+        if name.endswith(op) or f"_{op}_" in name:
+            return f"spec.runtime.sparseCoreOffload.{op.split('_')[0]}{''.join(w.title() for w in op.split('_')[1:])}"
+    return "spec.runtime.sparseCoreOffload"  # the SparseCore base flags

@@ -1,0 +1,311 @@
+"""`python -m tpu_workload.plan --config FILE`: the train step the pods will run, compiled by the TPU
+compiler for the job's real slice on any machine with libtpu (no TPU), and whether it fits.
+
+libtpu from PyPI compiles ahead of time for a slice it does not have: `topology_devices` makes the
+devices of `slices` slices of the job's generation and topology, the trainer's own mesh (`tpu_grid`)
+goes over them, and `train.build(cfg, mesh, interpret=False)` gives the exact step (kernels through
+Mosaic, fp8, remat, loss chunks), which is lowered with abstract arguments and compiled.
+`memory_analysis()` then gives per-device bytes: state (the step's arguments: parameters, optimizer
+state, the batch) and temporaries (activations and scratch, plus outputs not donated back).
+
+What the process prints on stdout is one JSON object, a `PlanResult` (contract.py); with
+`--termination-log PATH` it also writes it there, cut to the 4 KiB Kubernetes keeps (the operator's
+pre-flight pod reads it back from the pod's status). Human logs go to stderr. Exit status: 0 it
+fits; 2 the job must change (HBM, VMEM or a flag libtpu refuses); 3 it could not be checked here
+(no libtpu, a generation this libtpu cannot target, any other compile failure).
+
+Order matters: libtpu reads LIBTPU_INIT_ARGS once per process, at the first topology, and ends the
+process on a bad flag; so the flags are checked first in a child (libtpu_flags.py), JAX_PLATFORMS
+is cpu (nothing initialises libtpu earlier), and ALLOW_MULTIPLE_LIBTPU_LOAD lets several plans run
+at once. XLA's `cost_analysis()` is not used: for a scanned model with Pallas calls its
+`optimal_seconds` is negative and its `flops` count one layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import importlib.metadata
+import importlib.util
+import logging
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+
+from tpu_operator.api.contract import PlanResult, RejectedFlag, TrainerConfig
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+# Our generation names as libtpu names them (`v7x` itself is not one), and the chips of one host.
+LIBTPU_NAMES = {"v7x": "tpu7x", "v6e": "v6e", "v5p": "v5p"}
+CHIPS_PER_HOST = (2, 2, 1)
+LARGEST = 6  # allocations listed when it does not fit
+
+
+def libtpu_version() -> str | None:
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def topology_devices(generation: str, topology: str, slices: int) -> list:
+    """The devices of `slices` slices of `generation` `topology`, made by libtpu (no TPU needed)."""
+    from jax.experimental import topologies
+
+    dims = [int(d) for d in topology.split("x")]
+    padded = dims + [1] * (3 - len(dims))
+    bounds = tuple(min(b, d) for b, d in zip(CHIPS_PER_HOST, padded))  # 1x1x1 is a 1-chip host
+    topo = topologies.get_topology_desc(
+        platform="tpu", topology_name=f"{LIBTPU_NAMES.get(generation, generation)}:{topology}",
+        chip_config_name="default", chips_per_host_bounds=bounds, num_slices=slices,
+        wrap=tuple(d >= 4 for d in padded))
+    return list(topo.devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Per-device bytes of a compiled step (`compiled.memory_analysis()`)."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+
+    @property
+    def state(self) -> int:
+        return self.argument
+
+    @property
+    def temporaries(self) -> int:
+        return self.temp + self.output - self.alias
+
+    @property
+    def total(self) -> int:
+        return self.state + self.temporaries
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    memory: Memory
+    compile_seconds: float
+    device_kind: str
+    devices: int
+
+
+def build_step(cfg: TrainerConfig, devices: list):
+    """The trainer's step over `devices`, lowered with abstract arguments; and the trainer."""
+    import jax
+    import numpy as np
+
+    from . import sharding, train
+
+    mesh = sharding.make_mesh(cfg.mesh.shape, cfg.slices, devices)
+    trainer = train.build(cfg, mesh, interpret=False)
+    t = cfg.training
+    batch = jax.ShapeDtypeStruct((t.global_batch, t.sequence_length), np.int32, sharding=trainer.batch_sharding)
+    return trainer.step.lower(trainer.abstract_state, (batch, batch, batch)), trainer
+
+
+def state_bytes(trainer) -> int:
+    """Per-device bytes of the train state (parameters, optimizer state), from its shardings."""
+    import jax
+
+    return sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
+               for a in jax.tree.leaves(trainer.abstract_state))
+
+
+def compile_train_step(cfg: TrainerConfig) -> Compiled:
+    """Compile `cfg`'s train step for its slice; raises what the compiler raises."""
+    devices = topology_devices(cfg.generation, cfg.topology, cfg.slices)
+    lowered, _ = build_step(cfg, devices)
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - start
+    m = compiled.memory_analysis()
+    memory = Memory(m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes, m.temp_size_in_bytes)
+    return Compiled(memory, seconds, devices[0].device_kind, len(devices))
+
+
+# --- what went wrong ------------------------------------------------------------------------------
+
+
+def oom_kind(exc: BaseException) -> str | None:
+    """'hbm' or 'vmem' for the TPU compiler's out-of-memory errors (RESOURCE_EXHAUSTED), else None.
+    Seen with libtpu 0.0.52:
+      E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required for HLO temporaries
+        (162.91G) exceeds available HBM (94.74G).
+      XLA:TPU compile permanent error. Ran out of memory in memory space vmem. Used 91.44M of 63.94M vmem.
+      E1001: CompileTimeScopedVmemOom: Ran out of memory in memory space vmem while allocating on stack
+        for %splash_mha_dkv_no_residuals.1 ... Scoped allocation with size 35.78M and limit 32.00M ...
+    """
+    text = str(exc)
+    if "RESOURCE_EXHAUSTED" not in text:
+        return None
+    if "memory space vmem" in text or "ScopedVmemOom" in text:
+        return "vmem"
+    if "HbmOom" in text or "memory on HBM" in text:
+        return "hbm"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:600]
+
+
+def hbm_advice(cfg: TrainerConfig, state: int, limit: float) -> list[str]:
+    """Fields (under spec) that lower per-device HBM, the most direct first: where the state alone
+    takes half the limit or more, more devices to shard it over; otherwise fewer activations."""
+    m, t = cfg.mesh, cfg.training
+    shard_state = ["tpu.topology"] + (["parallelism.fsdp"] if m.fsdp * m.tensor * m.expert * m.context > m.fsdp else [])
+    fewer_activations = ["training.globalBatch"]
+    if t.remat.policy != "full":
+        fewer_activations.append("training.remat.policy")
+    fewer_activations.append("tpu.slices")  # the batch spreads over more devices
+    if t.sequence_length >= 32768:
+        fewer_activations.append("parallelism.context")
+    if state >= limit / 2:
+        return shard_state + fewer_activations
+    return fewer_activations + shard_state
+
+
+def vmem_advice(text: str) -> list[str]:
+    """Smaller kernel blocks, or more scoped VMEM (up to the chip's: the operator checks that bound)."""
+    kernel = "kernels.splash" if "splash" in text else "kernels.moeMatmul"
+    return [kernel, "runtime.scopedVmemLimitKiB"]
+
+
+def largest_allocations(dump_dir: str | None, n: int = LARGEST) -> list[str]:
+    """The n largest HBM allocations of XLA's memory-usage report of the step ('size: shapes')."""
+    files = sorted(glob.glob(os.path.join(dump_dir or "", "*train_step*memory-usage-report.txt")),
+                   key=os.path.getsize)
+    if not files:
+        return []
+    with open(files[-1]) as f:
+        first = f.read().split("\n\n", 1)[0]  # the default memory space (HBM)
+    rows = re.findall(r"^\s*[\d.]+\w+\(\s*\d+%\);\s*([\d.]+\s*\w+);\s*\d+;\s*\d+;\s*(.*)$", first, re.M)
+    return [f"{size.replace('GiB', ' GiB').replace('MiB', ' MiB')}: {shapes[:160]}" for size, shapes in rows[:n]]
+
+
+# --- the plan ---------------------------------------------------------------------------------------
+
+
+def _gib(n: float) -> float:
+    return round(n / GIB, 3)
+
+
+def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dump_dir: str | None = None) -> PlanResult:
+    """Compile `cfg`'s step for its slice and judge it against `capacity_gib` per device less
+    `headroom`. In this process: LIBTPU_INIT_ARGS must be set, and accepted (`libtpu_flags`), before."""
+    base = dict(hbm_capacity_gib=capacity_gib, headroom=headroom, libtpu_version=libtpu_version())
+    where = f"{cfg.generation} {cfg.topology} x {cfg.slices} slice(s)"
+    try:
+        devices = topology_devices(cfg.generation, cfg.topology, cfg.slices)
+    except Exception as exc:  # noqa: BLE001 -- libtpu's INVALID_ARGUMENT for a name it does not know
+        return PlanResult(verdict="Unsupported", message=f"libtpu {base['libtpu_version']} cannot make a {where}: "
+                          f"{_first_line(exc)}", **base)
+    base |= dict(device_kind=devices[0].device_kind, devices=len(devices))
+    try:
+        lowered, trainer = build_step(cfg, devices)
+    except Exception as exc:  # noqa: BLE001 -- a bug or a shape the trainer refuses: not the user's to fix
+        log.exception("building the step failed")
+        return PlanResult(verdict="CompileError", message=f"building the step failed: {_first_line(exc)}", **base)
+    state = state_bytes(trainer)
+    start = time.perf_counter()
+    try:
+        compiled = lowered.compile()
+    except Exception as exc:  # noqa: BLE001 -- classified below; anything else is reported, not raised
+        seconds = round(time.perf_counter() - start, 1)
+        kind, first = oom_kind(exc), _first_line(exc)
+        if kind == "vmem":
+            return PlanResult(verdict="VmemOverflow", compile_seconds=seconds, change=vmem_advice(str(exc)), **base,
+                              message=f"a Mosaic kernel does not fit VMEM on {devices[0].device_kind}: {first}")
+        if kind == "hbm":
+            limit = (capacity_gib or 0) * (1 - headroom) * GIB
+            return PlanResult(verdict="DoesNotFit", compile_seconds=seconds, state_gib=_gib(state), **base,
+                              change=hbm_advice(cfg, state, limit), largest=largest_allocations(dump_dir),
+                              message=f"does not fit HBM on a {where}: {first} Parameters and optimizer state alone "
+                                      f"are {_gib(state)} GiB per device")
+        log.error("compile failed: %s", exc)
+        return PlanResult(verdict="CompileError", compile_seconds=seconds, **base,
+                          message=f"the TPU compiler failed: {first}")
+    seconds = round(time.perf_counter() - start, 1)
+    m = compiled.memory_analysis()
+    memory = Memory(m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes, m.temp_size_in_bytes)
+    numbers = dict(hbm_per_device_gib=_gib(memory.total), state_gib=_gib(memory.state),
+                   temporaries_gib=_gib(memory.temporaries), compile_seconds=seconds)
+    said = (f"{_gib(memory.total)} GiB per device ({_gib(memory.state)} state + {_gib(memory.temporaries)} "
+            f"temporaries) on a {where}")
+    if capacity_gib is None:
+        return PlanResult(verdict="Fits", message=f"compiles: {said}; no HBM capacity given to check against",
+                          **numbers, **base)
+    usable = capacity_gib * (1 - headroom)
+    if memory.total / GIB <= usable:
+        return PlanResult(verdict="Fits", **numbers, **base,
+                          message=f"fits: {said}, of {capacity_gib:g} GiB ({usable:.1f} GiB with "
+                                  f"{headroom:.0%} headroom)")
+    return PlanResult(verdict="DoesNotFit", change=hbm_advice(cfg, memory.state, usable * GIB),
+                      largest=largest_allocations(dump_dir), **numbers, **base,
+                      message=f"does not fit: {said}, more than {usable:.1f} GiB ({capacity_gib:g} GiB less "
+                              f"{headroom:.0%} headroom)")
+
+
+def check(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float) -> PlanResult:
+    """The whole check, as the CLI runs it: libtpu present, the flags of $LIBTPU_INIT_ARGS accepted (in
+    a child), then `plan` in this process with XLA's memory report dumped to a scratch directory."""
+    base = dict(hbm_capacity_gib=capacity_gib, headroom=headroom)
+    if importlib.util.find_spec("libtpu") is None:
+        return PlanResult(verdict="NoLibtpu", **base, message="libtpu is not installed here, so the TPU compiler "
+                          "cannot be run: pip install 'tpu-operator[plan]' (or the TPU workload image)")
+    from . import libtpu_flags
+
+    flags = os.environ.get("LIBTPU_INIT_ARGS", "").split()
+    bad: list[RejectedFlag] = libtpu_flags.rejected(flags, cfg.generation)
+    if bad:
+        return PlanResult(verdict="RejectedFlags", rejected_flags=bad, libtpu_version=libtpu_version(), **base,
+                          change=["runtime.libtpuInitArgs"],
+                          message=f"libtpu {libtpu_version()} refuses {len(bad)} LIBTPU_INIT_ARGS flag(s): " +
+                                  "; ".join(f"{b.flag}: {b.message}" for b in bad))
+    with tempfile.TemporaryDirectory(prefix="tpujob-plan-") as dump:
+        # The TPU compiler reads XLA_FLAGS too: its memory report names the largest allocations.
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
+                                   " --xla_dump_hlo_module_re=.*train_step.*").strip()
+        return plan(cfg, capacity_gib=capacity_gib, headroom=headroom, dump_dir=dump)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpu_workload.plan", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="TrainerConfig JSON file (the one the pods mount)")
+    parser.add_argument("--hbm-capacity-gib", type=float, help="HBM of one device (v7x: 96); unset: only the "
+                                                                "compiler's own limit is checked")
+    parser.add_argument("--headroom", type=float, default=0.10, help="fraction of HBM to keep free (default 0.10)")
+    parser.add_argument("--termination-log", help="also write the result here (e.g. /dev/termination-log)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Before JAX is imported: nothing may initialise libtpu before the flags are checked, and several
+    # plans may run on one machine.
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    with open(args.config) as f:
+        cfg = TrainerConfig.model_validate_json(f.read())
+    try:
+        import absl.flags
+
+        absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags on first use
+    except ImportError:
+        pass
+    result = check(cfg, capacity_gib=args.hbm_capacity_gib, headroom=args.headroom)
+    print(result.model_dump_json(by_alias=True, exclude_defaults=True), flush=True)
+    if args.termination_log:
+        with open(args.termination_log, "w") as f:
+            f.write(result.to_termination_message())
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
