@@ -58,6 +58,15 @@ def test_the_step_uses_tuned_blocks_only_where_the_config_leaves_the_defaults(tm
     assert train.model_config(longer, interpret=True).kernels.splash == SplashSpec()  # no entry: defaults
 
 
+def test_a_step_compiled_for_a_tpu_looks_up_that_chips_blocks_not_this_processs(tmp_path):
+    """Ahead of time (tpu_workload.plan) this process's devices are CPUs: the mesh's chip names the entry."""
+    tuned = {f: 256 for f in tuning.BLOCK_FIELDS}
+    (tmp_path / tuning.CACHE_FILE).write_text(json.dumps({tuning.cache_key(128, 4, 16, "TPU7x"): tuned}))
+    cfg = splash_config(str(tmp_path))
+    assert train.model_config(cfg, interpret=False, device_kind="TPU7x").kernels.splash == SplashSpec(**tuned)
+    assert train.model_config(cfg, interpret=True).kernels.splash == SplashSpec()  # this CPU: no entry
+
+
 def test_cli_tunes_the_configs_shape_into_a_url_cache(tmp_path, monkeypatch, capsys):
     """An fsspec memory:// directory stands in for gs:// (same read/merge/write path)."""
     monkeypatch.setattr(tune_jax.CONFIG, "profiling_samples", 1)
