@@ -154,8 +154,8 @@ def oom_kind(exc: BaseException) -> str | None:
     return None
 
 
-def _first_line(exc: BaseException) -> str:
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)[:600]
+def _first_line(exc: BaseException | str) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), "(no message)")[:600]
 
 
 def hbm_advice(cfg: TrainerConfig, state: int, limit: float) -> list[str]:
@@ -172,6 +172,15 @@ def hbm_advice(cfg: TrainerConfig, state: int, limit: float) -> list[str]:
     if state >= limit / 2:
         return shard_state + fewer_activations
     return fewer_activations + shard_state
+
+
+def vmem_summary(text: str) -> str:
+    """The kernel and the numbers of a VMEM overflow, without the HLO instruction the compiler quotes."""
+    kernel = re.search(r"for %([\w.-]+) =|HLO :: ([\w.-]+)", text)
+    numbers = re.search(r"Scoped allocation with size [\d.]+\w+ and limit [\d.]+\w+ exceeded [^.]*\.\d*\w*|"
+                        r"Used [\d.]+\w+ of [\d.]+\w+ vmem\. Exceeded vmem capacity by [\d.]+\w+", text)
+    name = next((g for g in kernel.groups() if g), "") if kernel else ""
+    return ((f"{name}: " if name else "") + (numbers.group(0) if numbers else _first_line(text)))
 
 
 def vmem_advice(text: str) -> list[str]:
@@ -224,7 +233,8 @@ def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dum
         kind, first = oom_kind(exc), _first_line(exc)
         if kind == "vmem":
             return PlanResult(verdict="VmemOverflow", compile_seconds=seconds, change=vmem_advice(str(exc)), **base,
-                              message=f"a Mosaic kernel does not fit VMEM on {devices[0].device_kind}: {first}")
+                              message=f"a Mosaic kernel does not fit VMEM on {devices[0].device_kind}: "
+                                      f"{vmem_summary(str(exc))}")
         if kind == "hbm":
             limit = (capacity_gib or 0) * (1 - headroom) * GIB
             return PlanResult(verdict="DoesNotFit", compile_seconds=seconds, state_gib=_gib(state), **base,
