@@ -73,11 +73,25 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def print_plan(job: TPUTrainingJob) -> None:
+    """Before a local run: the plan of the job's real slice, where libtpu can compile it here."""
+    from .local.plan import available, run_plan
+    from .rendering.plan_report import lines
+
+    if job.spec.command or job.spec.plan.preflight == "skip":
+        return  # its own command is not our trainer's step; or planning is off for this job
+    if not available():
+        print("plan: not checked for the real slice (libtpu is not installed: pip install 'tpu-operator[plan]')")
+        return
+    print(f"plan of the real slice ({job.spec.tpu.topology} x {job.spec.tpu.slices}), before the local run:")
+    print("\n".join("  " + line for line in lines(run_plan(job), job)), flush=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from .local.run import TooLargeForLocal, run_local, scale_down
+    from .local.run import TooLargeForLocal, check_fits, run_local, scale_down
 
     if not args.local:
         print("error: only --local runs are supported by `tpujob run`; on a cluster, `kubectl apply -f` the job "
@@ -87,11 +101,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(docs) != 1:
         raise InvalidJob([f"(file): run --local takes exactly one job, got {len(docs)} documents"])
     doc = docs[0]
+    original = parse_job(doc)  # the job as written must be valid before it is shrunk
     if args.scale_down:
-        parse_job(doc)  # the job as written must be valid before it is shrunk
         doc, changes = scale_down(doc)
         print("scaled down for this machine: " + "; ".join(changes))
     job = parse_job(doc)
+    try:
+        check_fits(job)
+    except TooLargeForLocal as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    print_plan(original)  # the job as written, for its real slice
     run_dir = Path(args.run_dir or f"runs/{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     # SIGTERM (e.g. from a test or a container runtime) stops the processes like Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)

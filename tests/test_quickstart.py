@@ -1,5 +1,6 @@
 """README's first command: the quickstart job trains on this machine as a 2-host v7x slice."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,8 @@ def test_quickstart_runs_locally_and_checkpoints(tmp_path):
                              str(ROOT / "examples" / "quickstart.yaml"), "--run-dir", str(run_dir)],
                             capture_output=True, text=True, timeout=540)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    if importlib.util.find_spec("libtpu") is not None:  # first, the plan of the real v7x slice
+        assert "plan of the real slice (2x2x2 x 1)" in result.stdout and "verdict:     fits" in result.stdout
     steps = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())["spec"]["training"]["steps"]
     status = yaml.safe_load((run_dir / "status.yaml").read_text())["status"]
     assert status["phase"] == "Succeeded" and status["step"] == steps and status["restarts"] == 0
