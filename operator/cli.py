@@ -151,7 +151,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
         namespaces=() if args.all_namespaces else tuple(args.namespace), standalone=args.standalone,
         health_host=args.health_host, health_port=args.health_port, metrics_host=args.metrics_host,
         metrics_port=args.metrics_port, default_image=args.default_image, metrics_access=args.metrics_access,
-        metrics_interval_s=args.metrics_interval, resync_interval_s=args.resync_interval, verbose=args.verbose,
+        metrics_interval_s=args.metrics_interval, resync_interval_s=args.resync_interval,
+        preflight_start_s=args.preflight_start_timeout, preflight_deadline_s=int(args.preflight_deadline),
+        verbose=args.verbose,
         print_rbac=args.print_rbac))
 
 
@@ -209,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-interval", type=seconds, default=10.0, help="seconds between trainer metric reads")
     p.add_argument("--resync-interval", type=seconds, default=60.0,
                    help="seconds between two re-reads of an unfinished job's JobSet, to catch up on a lost event")
+    p.add_argument("--preflight-start-timeout", type=seconds, default=300.0,
+                   help="seconds a pre-flight pod may take to start before the job goes on without the check")
+    p.add_argument("--preflight-deadline", type=seconds, default=900.0,
+                   help="the pre-flight Job's activeDeadlineSeconds (a full-size compile takes minutes)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logs")
     p.add_argument("--print-rbac", action="store_true", help="print the RBAC rules the operator needs, and exit")
     p.set_defaults(func=cmd_operator)

@@ -43,6 +43,12 @@ def tiny_job(**spec_overrides: Any) -> dict[str, Any]:
     return doc
 
 
+def operator_job(**spec_overrides: Any) -> dict[str, Any]:
+    """`tiny_job` without the operator's pre-flight compile (spec.plan.preflight skip): for tests of what
+    the operator does once the JobSet may exist. The pre-flight has tests of its own."""
+    return tiny_job(**{"plan": {"preflight": "skip"}, **spec_overrides})
+
+
 # Opt-in markers: their tests run only when the -m expression names them.
 OPT_IN = ("slow", "images")
 

@@ -1,7 +1,7 @@
 """Every kopf handler of the operator, each a line or two that hands over to the manager.
 
-- Indices of TPUTrainingJobs, of the JobSets labelled `training.tpu-operator.dev/job`, and of the
-  Kueue Workloads a JobSet owns: the manager's caches, filled from kopf's watches (kopf runs the
+- Indices of TPUTrainingJobs, of the JobSets labelled `training.tpu-operator.dev/job`, of the
+  pre-flight batch Jobs (preflight.py), and of the Kueue Workloads a JobSet owns: the manager's caches, filled from kopf's watches (kopf runs the
   other handlers only once all are filled from their initial listing). The Workload selector names
   no version: kopf watches the one the cluster prefers (v1beta2 from Kueue v0.16, v1beta1 before;
   the fields read are the same). Where Kueue is not installed, kopf finds no such resource, logs
@@ -25,14 +25,17 @@ import kopf
 
 from ..api import names
 from ..api.models import GROUP, PLURAL, VERSION
-from . import kueue
-from .kube import JOBSETS
+from ..rendering.preflight import LABEL_ROLE, ROLE
+from . import kueue, preflight
+from .kube import BATCH_JOBS, JOBSETS
 from .manager import Manager
 
 JOB = (GROUP, VERSION, PLURAL)
 JOBSET = (JOBSETS.group, JOBSETS.version, JOBSETS.plural)
 OURS = {names.LABEL_JOB: kopf.PRESENT}
 WORKLOAD = {"group": kueue.GROUP, "plural": kueue.PLURAL}  # any served version: the preferred one
+PREFLIGHT = (BATCH_JOBS.group, BATCH_JOBS.version, BATCH_JOBS.plural)
+OUR_PREFLIGHTS = {names.LABEL_JOB: kopf.PRESENT, LABEL_ROLE: ROLE}
 
 
 def _owned_by_a_jobset(body: kopf.Body, **_: Any) -> bool:
@@ -63,6 +66,11 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, login: Any) -> N
     async def workloads(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
         return {(namespace, kueue.jobset_owner(body)): kueue.trim(_plain(body))}
 
+    @kopf.index(*PREFLIGHT, id="preflights", labels=OUR_PREFLIGHTS, registry=registry)
+    async def preflights(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        key = preflight.job_key(body)
+        return {key: preflight.trim(_plain(body))} if key else {}
+
     @kopf.on.event(*JOB, id="job", registry=registry)
     async def job_event(namespace: str, name: str, **_: Any) -> None:
         manager.add((namespace, name), "job")
@@ -71,13 +79,18 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, login: Any) -> N
     async def jobset_event(body: kopf.Body, **_: Any) -> None:
         manager.jobset_seen(body)
 
+    @kopf.on.event(*PREFLIGHT, id="preflight", labels=OUR_PREFLIGHTS, registry=registry)
+    async def preflight_event(body: kopf.Body, **_: Any) -> None:
+        manager.preflight_seen(body)
+
     @kopf.on.event(**WORKLOAD, id="workload", when=_owned_by_a_jobset, registry=registry)
     async def workload_event(body: kopf.Body, **_: Any) -> None:
         manager.workload_seen(body)
 
     @kopf.on.startup(id="manager", registry=registry)
-    async def start(jobs: kopf.Index, jobsets: kopf.Index, workloads: kopf.Index, **_: Any) -> None:
-        manager.start(jobs, jobsets, workloads)
+    async def start(jobs: kopf.Index, jobsets: kopf.Index, workloads: kopf.Index, preflights: kopf.Index,
+                    **_: Any) -> None:
+        manager.start(jobs, jobsets, workloads, preflights)
 
     @kopf.on.cleanup(id="manager", registry=registry)
     async def stop(**_: Any) -> None:

@@ -46,6 +46,7 @@ JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
 CONFIGMAPS = Resource("", "v1", "configmaps")
 PODS = Resource("", "v1", "pods")
 EVENTS = Resource("", "v1", "events")
+BATCH_JOBS = Resource("batch", "v1", "jobs")  # the pre-flight (preflight.py)
 
 
 class ApiError(Exception):

@@ -36,6 +36,8 @@ class OperatorOptions:
     metrics_access: Literal["proxy", "direct"] = "proxy"
     metrics_interval_s: float = 10.0
     resync_interval_s: float = 60.0
+    preflight_start_s: float = 300.0
+    preflight_deadline_s: int = 900
     verbose: bool = False
     print_rbac: bool = False
 
@@ -76,6 +78,7 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
     from .kube import AsyncKube, configuration
     from .manager import Manager
     from .metrics_reader import MetricsReader
+    from .preflight import Timing
     from .reconcile import OperatorConfig
     from .stats import Stats
 
@@ -85,7 +88,9 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
         log.error(f"{NO_CREDENTIALS} ({type(exc).__name__}: {exc})")
         return 1
     config = OperatorConfig(default_image=options.default_image, metrics_access=options.metrics_access,
-                            metrics_interval_s=options.metrics_interval_s, resync_interval_s=options.resync_interval_s)
+                            metrics_interval_s=options.metrics_interval_s, resync_interval_s=options.resync_interval_s,
+                            preflight=Timing(start_s=options.preflight_start_s,
+                                             deadline_s=options.preflight_deadline_s))
     kube = AsyncKube(k8s.ApiClient(credentials))
     stats, events = Stats(), EventPoster(kube)
     manager = Manager(kube, MetricsReader(kube, config.metrics_access, config.metrics_timeout_s), config, events,

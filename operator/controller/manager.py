@@ -29,7 +29,7 @@ from typing import Any
 
 from ..api import names
 from ..api.models import RuntimeSpec, TPUTrainingJobStatus
-from . import kueue
+from . import kueue, preflight
 from .kube import JOBSETS, ApiError, Kube, Obj
 from .metrics_reader import MetricsReader
 from .queue import WorkQueue
@@ -41,7 +41,7 @@ log = logging.getLogger("tpu_operator")
 Key = tuple[str, str]  # (namespace, job name)
 Index = Mapping[Hashable, Any]  # kopf.Index: key -> a store of the values indexed under it
 # The reason a reconcile ran, for the operator's metrics: the first of these it was queued for.
-TRIGGERS = ("job", "jobset", "workload", "resync", "metrics", "retry")
+TRIGGERS = ("job", "jobset", "workload", "preflight", "resync", "metrics", "retry")
 LOOK_AT_PODS = {"jobset", "resync"}  # the only triggers that may list a JobSet's pods
 
 
@@ -66,6 +66,7 @@ class Manager:
         self.jobs: Index = {}
         self.jobsets: Index = {}
         self.workloads: Index = {}
+        self.preflights: Index = {}
         self.written: dict[Key, Obj] = {}
         self.samples: dict[Key, Sample] = {}
         self.due_resync: dict[Key, float] = {}
@@ -77,8 +78,9 @@ class Manager:
 
     # --- what sets reconciles going ---------------------------------------------------------------
 
-    def start(self, jobs: Index, jobsets: Index, workloads: Index) -> None:
+    def start(self, jobs: Index, jobsets: Index, workloads: Index, preflights: Index | None = None) -> None:
         self.jobs, self.jobsets, self.workloads = jobs, jobsets, workloads
+        self.preflights = preflights if preflights is not None else {}
         self.tasks = [asyncio.create_task(self.queue.run_timers(), name="queue-timers"),
                       asyncio.create_task(self._ticker(), name="ticker"),
                       *(asyncio.create_task(self._worker(), name=f"worker-{i}") for i in range(self.workers))]
@@ -96,6 +98,12 @@ class Manager:
         owner = owner_of(jobset)
         if owner is not None:
             self.queue.add(owner[:2], "jobset")
+
+    def preflight_seen(self, job: Obj) -> None:
+        """A pre-flight Job changed: reconcile the job it plans (preflight.py)."""
+        key = preflight.job_key(job)
+        if key is not None:
+            self.queue.add(key, "preflight")
 
     def workload_seen(self, workload: Obj) -> None:
         """A Workload changed: reconcile the job whose JobSet owns it (if the JobSet is one of ours)."""
@@ -159,7 +167,8 @@ class Manager:
                 jobset = None
         outcome = await reconcile(self.kube, job, jobset, self.samples.pop(key, None), self.config, self.emit,
                                   self.reader, self.now, workloads=self.workloads_of(key),
-                                  look_at_pods=bool(reasons & LOOK_AT_PODS))
+                                  look_at_pods=bool(reasons & LOOK_AT_PODS),
+                                  preflights=list(self.preflights.get(key) or ()))
         if outcome.job is not None:
             self.written[key] = outcome.job
         if outcome.requeue_after_s is not None:

@@ -13,8 +13,11 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # get: adoption after a 409 and the resync; patch: spec.suspend.
     {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create"]},
-    # pod 0 of a JobSet, for its metrics; and a JobSet's pods when some are not ready, to say why (one
-    # label-selected list per JobSet event or resync: no watch, so no cluster-wide pod cache).
+    # The pre-flight compile (a kopf index of our batch Jobs); get: adoption after a 409.
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
+    # pod 0 of a JobSet, for its metrics; a JobSet's pods when some are not ready, to say why (one
+    # label-selected list per JobSet event or resync: no watch, so no cluster-wide pod cache); the
+    # pre-flight's pod, for its result (its termination message) or why it did not start.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},  # --metrics-access proxy only
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},

@@ -32,7 +32,7 @@ from ..api import names
 from ..api.models import KIND, TPUTrainingJob, TPUTrainingJobStatus
 from ..api.validation import InvalidJob, parse_job
 from ..rendering.manifests import applied_spec, render
-from . import diagnosis, kueue, phases, status as status_lib
+from . import diagnosis, kueue, phases, preflight, status as status_lib
 from .kube import CONFIGMAPS, JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 from .metrics_reader import LABEL_JOBSET, MetricsReader
 from .phases import Notice
@@ -50,6 +50,7 @@ class OperatorConfig:
     metrics_timeout_s: float = 3.0
     resync_interval_s: float = 60.0
     conflict_retry_s: float = 30.0
+    preflight: preflight.Timing = preflight.Timing()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,17 +105,18 @@ async def ensure_child(kube: Kube, resource: Any, manifest: Obj, owner_uid: str)
                        "delete or rename it")
 
 
-async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | None) -> tuple[Obj, bool]:
-    """The ConfigMap and the JobSet, created side by side (a pod waits for its ConfigMap volume):
-    (the JobSet, whether it was created now)."""
+async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | None,
+                          config_map_exists: bool = False) -> tuple[Obj, bool]:
+    """The ConfigMap (unless known to exist: the pre-flight made it) and the JobSet, created side by side
+    (a pod waits for its ConfigMap volume): (the JobSet, whether it was created now)."""
     config_map, jobset = render(job, default_image)
     uid = job.metadata.uid or ""
-    results = await asyncio.gather(ensure_child(kube, CONFIGMAPS, config_map, uid),
+    results = await asyncio.gather(*([] if config_map_exists else [ensure_child(kube, CONFIGMAPS, config_map, uid)]),
                                    ensure_child(kube, JOBSETS, jobset, uid), return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return results[1]
+    return results[-1]
 
 
 def changed_fields(before: Any, after: Any, path: str = "spec") -> list[str]:
@@ -200,7 +202,7 @@ async def apply_suspend(kube: Kube, job: TPUTrainingJob, jobset: Obj, workload: 
 async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status_lib.Sample | None,
                     config: OperatorConfig, emit: Emit, reader: MetricsReader | None = None,
                     now: Callable[[], str] = utcnow, *, workloads: Sequence[Obj] = (),
-                    look_at_pods: bool = False) -> Outcome:
+                    look_at_pods: bool = False, preflights: Sequence[Obj] = ()) -> Outcome:
     """Converge one job: validate, make its ConfigMap and JobSet exist (`jobset` is the JobSet as last
     seen, None when none is known), apply suspend, refuse other changes, map the JobSet's status, its
     Kueue Workload (among `workloads`, those seen under the JobSet's name), the trainer's `sample` and,
@@ -220,9 +222,17 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
         return Outcome("invalid" if done else "gone", done)
 
     created, ensured = False, jobset is None or owner_of(jobset) != (namespace, job.metadata.name, uid)
+    planned: preflight.Gate | None = None
     if ensured:
         try:
-            jobset, created = await ensure_children(kube, job, config.default_image)
+            if preflight.wanted(job):  # no JobSet before the compiler says the step fits (preflight.py)
+                planned = await preflight.gate(kube, job, job_obj, preflights, config.preflight, config.default_image,
+                                               now())
+                if not planned.proceed:
+                    done = await write_status(kube, job_obj, planned.compute or (lambda s, g: (s, [])), emit)
+                    return Outcome(planned.result if done else "gone", done, planned.requeue_after_s)
+            jobset, created = await ensure_children(kube, job, config.default_image,
+                                                    planned is not None and planned.config_map_exists)
         except NameConflict as exc:
             message = str(exc)
             done = await write_status(kube, job_obj, lambda s, g: status_lib.conflicted(s, message, g, now()), emit)
@@ -242,7 +252,9 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
     intent = phases.Intent(suspend=job.spec.suspend, queued=queue is not None)
 
     def compute(old: TPUTrainingJobStatus, generation: int | None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
-        new, notices = status_lib.reconciled(old, jobset_name, config_map, created, refused, generation, now())
+        old, notices = planned.compute(old, generation) if planned and planned.compute else (old, [])
+        new, made = status_lib.reconciled(old, jobset_name, config_map, created, refused, generation, now())
+        notices += made
         if queue is not None:
             new, queued = kueue.follow(new, workload, queue, jobset_name, now())
             notices += queued

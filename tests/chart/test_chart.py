@@ -169,6 +169,8 @@ def test_default_rbac_is_cluster_wide_least_privilege(helm, tmp_path):
     # suspend); pods are listed, never watched.
     assert rules_of(role)[("kueue.x-k8s.io", "workloads")] == {"list", "watch", "patch"}
     assert rules_of(role)[("", "pods")] == {"list"}
+    # The pre-flight compile: a batch Job per job spec generation, watched through a kopf index.
+    assert rules_of(role)[("batch", "jobs")] == {"get", "list", "watch", "create"}
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}

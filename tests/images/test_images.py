@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.chart.test_chart import deployment_container, render as render_chart
-from tests.conftest import EXAMPLES, JOBSET_CRD, ROOT, tiny_job
+from tests.conftest import EXAMPLES, JOBSET_CRD, ROOT, operator_job
 from tests.images.container import (Image, exec_in_image, own_dir, podman, process_status, root_mount_options,
                                     running)
 from tests.kubeapi.harness import kubectl, running_apiserver, wait_for
@@ -205,7 +205,7 @@ def test_operator_image_turns_a_job_into_a_jobset_and_status(images, helm, tmp_p
         assert "ro" in root_mount_options(pid)
 
         job = tmp_path / "job.yaml"
-        job.write_text(yaml.safe_dump(tiny_job()))
+        job.write_text(yaml.safe_dump(operator_job()))
         kubectl(server, "apply", "-f", str(job), check=True)
 
         def job_status() -> dict[str, Any] | None:

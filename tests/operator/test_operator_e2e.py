@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import JOBSET_CRD, ROOT, tiny_job
+from tests.conftest import JOBSET_CRD, ROOT, operator_job
 from tests.kubeapi.harness import Server, kubectl, running_apiserver, wait_for
 from tests.operator_process import Operator, running_operator
 from tpu_workload.metrics import serve_http
@@ -60,7 +60,8 @@ def operator(cluster: tuple[Server, Operator]) -> Operator:
 
 
 def job_doc(name: str, **spec: Any) -> dict[str, Any]:
-    doc = tiny_job(**spec)
+    """A tiny job named `name`; without the pre-flight unless `plan` says otherwise (its tests below)."""
+    doc = operator_job(**spec)
     doc["metadata"]["name"] = name
     return doc
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from tests.conftest import tiny_job
+from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
 from tpu_operator.api import names
 from tpu_operator.api.models import TPUTrainingJobStatus
 from tpu_operator.controller import metrics_reader, phases, reconcile, status as status_lib

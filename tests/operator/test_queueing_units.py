@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import tiny_job
+from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
 from tests.operator.test_operator_units import NOW, LATER, FakeKube, drain, job_status, manager_for, writes
 from tpu_operator.api import names
 from tpu_operator.api.models import TPUTrainingJobStatus

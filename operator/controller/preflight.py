@@ -1,0 +1,295 @@
+"""The pre-flight: before a job's JobSet is created, its train step is compiled for its slice by the TPU
+compiler on a CPU node, and a job the compiler says cannot fit never gets a JobSet.
+
+The pre-flight is a batch/v1 Job (rendering/preflight.py: the workload image running
+`python -m tpu_workload.plan` on the job's ConfigMap and flags, no TPU, `backoffLimit: 0`, a deadline,
+owned by the job) named `<job>-plan-<generation>`; its pod leaves the plan's JSON as its termination
+message. Level-triggered like the rest of the reconcile: what happens is decided from the job's status,
+the pre-flight Job as the watch last saw it (a kopf index, like the JobSets), and, once it has finished
+or while its pod is late, one list of its pods (`decide`, pure):
+
+1. No pre-flight for this job (spec.plan.preflight skip, its own command, or its JobSet exists): the
+   reconcile goes on as without one.
+2. The `Planned` condition already decided this generation: follow it (False: the job stays Invalid;
+   True or Unknown: the JobSet is made, e.g. again after it was deleted).
+3. No pre-flight Job for this generation: the ConfigMap (its pod mounts it) and the Job are created,
+   Planned=Unknown reason Compiling. An operator restarted mid-way finds the Job in its index, or in the
+   status it wrote (Compiling), and never creates a second.
+4. The Job finished: the result is its pod's termination message. Fits: Planned=True, `status.plan`, the
+   JobSet is created. DoesNotFit, VmemOverflow, RejectedFlags: phase Invalid with the fields to change,
+   Planned=False, a Warning Event, no JobSet. Anything else (no libtpu, a generation it cannot target, a
+   crash, the deadline): Planned=Unknown with why, a Warning Event, and the JobSet is created as without
+   a pre-flight: a pre-flight that cannot run never holds a job back.
+5. Still going: a pod not started after `start_s` (an image that cannot be pulled, no CPU node with
+   room) is looked at once and the pre-flight given up with the kubelet's or scheduler's words; past
+   the Job's deadline plus `grace_s`, given up too. Otherwise the job is looked at again when the next
+   of those moments comes (the work queue's timer, no polling of the API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from pydantic import ValidationError
+
+from ..api import names
+from ..api.contract import JOB_MUST_CHANGE, PlanResult
+from ..api.models import PlanStatus, TPUTrainingJob, TPUTrainingJobStatus
+from ..rendering.plan_report import problems
+from ..rendering.preflight import (DEADLINE_S, LABEL_GENERATION, LABEL_ROLE, ROLE, preflight_labels, preflight_name,
+                                   render_preflight)
+from . import diagnosis
+from .conditions import set_condition
+from .kube import BATCH_JOBS, PODS, Kube, Obj
+from .phases import Notice
+
+COMPILING = "Compiling"
+Compute = Callable[[TPUTrainingJobStatus, "int | None"], "tuple[TPUTrainingJobStatus, list[Notice]]"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    start_s: float = 300.0  # the pod must be running by then (a CPU node may have to be added first)
+    deadline_s: int = DEADLINE_S  # the Job's activeDeadlineSeconds
+    grace_s: float = 60.0  # after the deadline, for a Job controller that never says it failed
+
+
+def wanted(job: TPUTrainingJob) -> bool:
+    """The job is pre-flighted: planning is on and the pods run our trainer (a command of its own is not
+    the step the plan compiles)."""
+    return job.spec.plan.preflight == "compile" and not job.spec.command
+
+
+def trim(job: Obj) -> Obj:
+    """What the index keeps of a pre-flight Job."""
+    meta = job.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels", "creationTimestamp",
+                                              "deletionTimestamp", "ownerReferences") if k in meta},
+            "status": job.get("status") or {}}
+
+
+def job_key(job: Obj) -> tuple[str, str] | None:
+    """(namespace, TPUTrainingJob name) of one of our pre-flight Jobs."""
+    meta = job.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(LABEL_ROLE) != ROLE or not labels.get(names.LABEL_JOB):
+        return None
+    return meta.get("namespace", "default"), labels[names.LABEL_JOB]
+
+
+def of_generation(found: Sequence[Obj], generation: int) -> Obj | None:
+    return next((j for j in found if ((j.get("metadata") or {}).get("labels") or {}).get(LABEL_GENERATION)
+                 == str(generation) and not j["metadata"].get("deletionTimestamp")), None)
+
+
+# --- the decision (pure) ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    kind: Literal["create", "wait", "list_pods", "fits", "invalid", "unknown"]
+    reason: str = ""
+    message: str = ""
+    result: PlanResult | None = None
+    requeue_after_s: float | None = None
+
+
+def _state(job: Obj) -> tuple[str, str]:
+    """(succeeded | failed | running | pending, the Job's failure reason) from a batch Job's status."""
+    status = job.get("status") or {}
+    true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    if status.get("succeeded") or "Complete" in true or "SuccessCriteriaMet" in true:
+        return "succeeded", ""
+    failed = true.get("Failed") or true.get("FailureTarget")
+    if status.get("failed") or failed:
+        return "failed", (failed or {}).get("reason", "")
+    return ("running" if status.get("ready") else "pending"), ""
+
+
+def read_result(pods: Sequence[Obj]) -> tuple[PlanResult | None, str]:
+    """The plan's result from the pod's termination message, or why there is none."""
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "", reverse=True):
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            ended = (status.get("state") or {}).get("terminated") or (status.get("lastState") or {}).get("terminated")
+            if not ended:
+                continue
+            message = (ended.get("message") or "").strip()
+            try:
+                return PlanResult.model_validate_json(message), ""
+            except ValidationError:
+                why = f"the plan exited with code {ended.get('exitCode')} ({ended.get('reason') or 'Error'})"
+                return None, why + (f": {message[-600:]}" if message else " without a result")
+    return None, "its pod left no result"
+
+
+def decide(found: Obj | None, pods: Sequence[Obj] | None, age_s: float, timing: Timing, compiling: bool) -> Decision:
+    """What to do about a pre-flight Job (`found`, None if none is known for this generation) that is
+    `age_s` old; `pods`: its pods when listed (None: not listed yet); `compiling`: the status says this
+    generation's Job was created (the watch may not have delivered it yet)."""
+    if found is None:
+        if compiling and age_s < timing.start_s:
+            return Decision("wait", requeue_after_s=timing.start_s - age_s)
+        return Decision("create", requeue_after_s=timing.start_s)
+    state, failure = _state(found)
+    name = found["metadata"]["name"]
+    if state in ("succeeded", "failed"):
+        if pods is None:
+            return Decision("list_pods")
+        result, why = read_result(pods)
+        if result is None:
+            reason = "DeadlineExceeded" if failure == "DeadlineExceeded" else "PreflightFailed"
+            return Decision("unknown", reason, f"pre-flight Job {name} {failure or 'failed'}: {why}")
+        if result.verdict == "Fits":
+            return Decision("fits", "Fits", result.message, result)
+        if result.verdict in JOB_MUST_CHANGE:
+            return Decision("invalid", result.verdict, result.message, result)
+        return Decision("unknown", result.verdict, result.message, result)
+    end = timing.deadline_s + timing.grace_s
+    if age_s >= end:
+        return Decision("unknown", "DeadlineExceeded", f"pre-flight Job {name} did not finish in {end:.0f} s")
+    if state == "pending" and age_s >= timing.start_s:
+        if pods is None:
+            return Decision("list_pods")
+        if not pods:
+            return Decision("unknown", "PreflightNotStarted", f"no pod of pre-flight Job {name} after "
+                            f"{age_s:.0f} s (is a Job controller running?)")
+        for verdict in (diagnosis.containers(pods), diagnosis.scheduled(pods)):
+            if verdict[0] == "False" and verdict[1] not in (diagnosis.STARTING, "Pending"):
+                return Decision("unknown", "PreflightNotStarted",
+                                f"the pre-flight pod did not start in {age_s:.0f} s: {verdict[2]}")
+        if not any((p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed") for p in pods):
+            return Decision("unknown", "PreflightNotStarted",
+                            f"the pre-flight pod did not start in {age_s:.0f} s: {diagnosis.scheduled(pods)[2]}")
+        return Decision("wait", requeue_after_s=end - age_s)  # it runs; the Job's status lags
+    return Decision("wait", requeue_after_s=(timing.start_s if state == "pending" else end) - age_s)
+
+
+# --- the status (pure) --------------------------------------------------------------------------------
+
+
+def plan_status(result: PlanResult | None, capacity: float, now: str) -> PlanStatus:
+    r = result or PlanResult(verdict="CompileError", message="")
+    return PlanStatus(hbm_per_device_gib=r.hbm_per_device_gib, hbm_capacity_gib=r.hbm_capacity_gib or capacity,
+                      fits=r.fits, compile_seconds=r.compile_seconds, libtpu_version=r.libtpu_version, checked_at=now)
+
+
+def compiling(status: TPUTrainingJobStatus, name: str, where: str, generation: int | None,
+              now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+    message = f"compiling the train step for {where} on a CPU node (pre-flight Job {name})"
+    conds = set_condition(status.conditions, "Planned", "Unknown", COMPILING, message, now, generation)
+    conds = set_condition(conds, "Ready", "False", "Planning", "the JobSet is created once the pre-flight says the "
+                          "step fits", now, generation)
+    return status.model_copy(update=dict(phase="Pending", message=message, conditions=conds, plan=None,
+                                         observed_generation=generation)), []
+
+
+def planned(status: TPUTrainingJobStatus, decision: Decision, capacity: float, generation: int | None,
+            now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+    """Fits (True) or could not be checked (Unknown): the JobSet is created next, in the same write."""
+    before = status.condition("Planned")
+    if decision.kind == "fits":
+        conds = set_condition(status.conditions, "Planned", "True", "Fits", decision.message, now, generation)
+        notice = Notice("Normal", "Planned", decision.message)
+    else:
+        message = f"{decision.message}; the JobSet is created without the check"
+        conds = set_condition(status.conditions, "Planned", "Unknown", decision.reason, message, now, generation)
+        notice = Notice("Warning", decision.reason, message)
+    fresh = before is None or before.reason != decision.reason or before.observed_generation != generation
+    new = status.model_copy(update=dict(conditions=conds, plan=plan_status(decision.result, capacity, now)))
+    return new, [notice] if fresh else []
+
+
+def does_not_fit(status: TPUTrainingJobStatus, decision: Decision, found: list[str], capacity: float,
+                 generation: int | None, now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+    """The compiler says the job cannot run as written: Invalid, naming what to change; no JobSet."""
+    message = "; ".join(found)
+    reason = "DoesNotFit"  # every verdict that makes a job Invalid: HBM, VMEM, or flags libtpu refuses
+    before = status.condition("Planned")
+    conds = set_condition(status.conditions, "Planned", "False", decision.reason, message, now, generation)
+    conds = set_condition(conds, "Ready", "False", reason, message, now, generation)
+    new = status.model_copy(update=dict(phase="Invalid", message=message, conditions=conds, observed_generation=generation,
+                                        plan=plan_status(decision.result, capacity, now)))
+    fresh = before is None or before.status != "False" or before.observed_generation != generation
+    return new, [Notice("Warning", reason, message)] if fresh else []
+
+
+# --- the gate (I/O) -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """What the reconcile does next: make the JobSet (`proceed`) or not; what to write (`compute`, applied
+    before the reconcile's own), when to look again, and whether the ConfigMap is known to exist."""
+
+    proceed: bool
+    compute: Compute | None = None
+    result: str = "planning"
+    requeue_after_s: float | None = None
+    config_map_exists: bool = False
+
+
+def _seconds(stamp: str | None) -> float | None:
+    try:
+        return datetime.datetime.strptime(stamp or "", "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Obj], timing: Timing,
+               default_image: str | None, now: str) -> Gate:
+    """The pre-flight's part of a reconcile of a job that wants one and has no JobSet (see the module
+    docstring); `found` are the job's pre-flight Jobs as the watch saw them."""
+    from ..api.plan import Plan
+    from ..rendering.manifests import render
+
+    status = TPUTrainingJobStatus.model_validate(job_obj.get("status") or {})
+    generation = job_obj["metadata"].get("generation") or 1
+    namespace, name = job.metadata.namespace, job.metadata.name
+    capacity = Plan(job).hbm_gib_per_device
+    current = of_generation(found, generation)
+    mark = status.condition("Planned")
+    if mark is not None and mark.observed_generation == generation and mark.reason != COMPILING:
+        if mark.status == "False":
+            return Gate(False, result="invalid")
+        return Gate(True, config_map_exists=current is not None)
+    is_compiling = mark is not None and mark.observed_generation == generation and mark.reason == COMPILING
+    since = (current or {}).get("metadata", {}).get("creationTimestamp") or (
+        mark.last_transition_time if is_compiling else None)
+    start, at = _seconds(since), _seconds(now)
+    age = at - start if start is not None and at is not None else 0.0
+    decision = decide(current, None, age, timing, is_compiling)
+    if decision.kind == "list_pods":
+        selector = ",".join(f"{k}={v}" for k, v in preflight_labels(name, generation).items()
+                            if k != names.LABEL_MANAGED_BY)
+        decision = decide(current, await kube.list(PODS, namespace, selector), age, timing, is_compiling)
+    pf_name = preflight_name(name, generation)
+    where = f"{job.spec.tpu.generation} {job.spec.tpu.topology} x {job.spec.tpu.slices}"
+    if decision.kind in ("create", "wait"):
+        if decision.kind == "create":
+            await _create(kube, job, generation, timing, default_image, render)
+        return Gate(False, lambda s, g: compiling(s, pf_name, where, g, now), requeue_after_s=decision.requeue_after_s)
+    if decision.kind == "invalid":
+        found_problems = problems(decision.result, job)
+        return Gate(False, lambda s, g: does_not_fit(s, decision, found_problems, capacity, g, now), result="invalid")
+    return Gate(True, lambda s, g: planned(s, decision, capacity, g, now), config_map_exists=True)
+
+
+async def _create(kube: Kube, job: TPUTrainingJob, generation: int, timing: Timing, default_image: str | None,
+                  render: Callable[..., list[Obj]]) -> None:
+    """The ConfigMap and the pre-flight Job, side by side (a pod waits for its ConfigMap volume)."""
+    from .kube import CONFIGMAPS
+    from .reconcile import ensure_child
+
+    config_map = render(job, default_image)[0]
+    uid = job.metadata.uid or ""
+    manifest = render_preflight(job, generation, default_image, timing.deadline_s)
+    results = await asyncio.gather(ensure_child(kube, CONFIGMAPS, config_map, uid),
+                                   ensure_child(kube, BATCH_JOBS, manifest, uid), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
