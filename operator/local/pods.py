@@ -128,3 +128,22 @@ def local_pods(jobset: Mapping[str, Any], config_maps: Mapping[str, Mapping[str,
                     argv[0] = sys.executable  # the image's python is this environment's
                 pods.append(LocalPod(hostname, slice_index, host_index, argv, env))
     return pods
+
+
+def job_process(pod_spec: dict[str, Any], config_maps: Mapping[str, Mapping[str, str]], workdir: Path,
+                base_env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str], Path]:
+    """The single container of a batch Job's pod as a process to start: (argv, env, the local file that
+    stands for its terminationMessagePath). Volumes and the termination message path become files under
+    `workdir`, and paths in the command and env are rewritten to them, as for a JobSet's pods."""
+    container = pod_spec["containers"][0]
+    mounts = _materialise_volumes(pod_spec, config_maps, workdir / "volumes")
+    message = workdir / "termination-log"
+    mounts[container.get("terminationMessagePath") or "/dev/termination-log"] = message
+    env = dict(base_env or {})
+    env.update({v["name"]: _rewrite_paths(v.get("value", ""), mounts) for v in container.get("env", [])
+                if "valueFrom" not in v})
+    argv = [_rewrite_paths(a, mounts) for a in [*container.get("command", []), *container.get("args", [])]]
+    if argv and re.fullmatch(r"python(3(\.\d+)?)?", argv[0]):
+        argv[0] = sys.executable
+    return argv, env, message
+

@@ -1,11 +1,19 @@
-"""A node agent for tests: it plays the JobSet controller and the kubelet of one fake TPU node pool.
+"""A node agent for tests: it plays the JobSet controller, the Job controller and the kubelet of one fake
+TPU node pool and one CPU node.
 
-There is no JobSet controller or kubelet on this machine. The agent watches JobSets through the
-API, runs each one's pods as local processes with the same code as `tpujob run --local`
+There is no JobSet controller, Job controller or kubelet on this machine. The agent watches JobSets through
+the API, runs each one's pods as local processes with the same code as `tpujob run --local`
 (tpu_operator.local.pods + tpu_operator.local.supervisor), creates the Pod objects the kubelet would
 report (status.podIP 127.0.0.1, so the operator reads metrics from the real trainer), and writes
 the JobSet status the way the JobSet controller does: replicatedJobsStatus counters, `restarts`,
 and a Completed or Failed condition with terminalState.
+
+It also runs the operator's pre-flight batch Jobs (label training.tpu-operator.dev/role=preflight) as one
+local process each, the real `python -m tpu_workload.plan` with the pod's command, env and ConfigMap, and
+reports what a kubelet and the Job controller would: a Pod whose container ends `terminated` with its exit
+code and its termination message (the file at terminationMessagePath; with FallbackToLogsOnError, the
+log's tail when that is empty and the exit code is not 0), and the Job's `succeeded`/`failed` counts with a
+Complete or Failed condition.
 """
 
 from __future__ import annotations
@@ -13,17 +21,20 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config, watch
 
-from tpu_operator.local.pods import LocalPod, free_port, local_pods
+from tpu_operator.local.pods import LocalPod, free_port, job_process, local_pods
 from tpu_operator.api.contract import TrainerConfig
 from tpu_operator.local.supervisor import Outcome, supervise
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+PREFLIGHT = "training.tpu-operator.dev/role=preflight"
+LOG_TAIL = 2048  # bytes of the log a kubelet keeps as the message with FallbackToLogsOnError
 
 
 def _now() -> str:
@@ -35,6 +46,8 @@ class NodeAgent:
         self.api_client = config.new_client_from_config(str(kubeconfig))
         self.custom = client.CustomObjectsApi(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
+        self.batch = client.BatchV1Api(self.api_client)
+        self.batch_runs: dict[str, threading.Thread] = {}
         self.namespace, self.workdir = namespace, workdir
         self.runs: dict[str, threading.Thread] = {}
         self.outcomes: dict[str, Outcome] = {}
@@ -42,9 +55,11 @@ class NodeAgent:
         self.attempt_pods: dict[str, list[LocalPod]] = {}
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="node-agent")
+        self._batch_watcher = threading.Thread(target=self._watch_batch, daemon=True, name="node-agent-jobs")
 
     def start(self) -> "NodeAgent":
         self._watcher.start()
+        self._batch_watcher.start()
         return self
 
     def stop(self) -> None:
@@ -56,7 +71,7 @@ class NodeAgent:
                     os.killpg(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        for thread in self.runs.values():
+        for thread in [*self.runs.values(), *self.batch_runs.values()]:
             thread.join(timeout=30)
 
     def _watch(self) -> None:
@@ -166,3 +181,63 @@ class NodeAgent:
                             "reason": "AllJobsCompleted" if condition == "Completed" else "ReachedMaxRestarts",
                             "message": outcome.message}],
         })
+
+    # --- the operator's pre-flight batch Jobs: the Job controller and a kubelet -----------------------------
+
+    def _watch_batch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in watch.Watch().stream(self.batch.list_namespaced_job, self.namespace,
+                                                  label_selector=PREFLIGHT, timeout_seconds=5):
+                    job = self.api_client.sanitize_for_serialization(event["object"])
+                    name = job["metadata"]["name"]
+                    if event["type"] == "ADDED" and name not in self.batch_runs and not self._stop.is_set():
+                        thread = threading.Thread(target=self._run_batch, args=(job,), daemon=True, name=f"job-{name}")
+                        self.batch_runs[name] = thread
+                        thread.start()
+            except Exception:  # a dropped watch or the server going away: watch again unless stopping
+                if self._stop.wait(0.2):
+                    return
+
+    def _run_batch(self, job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        template = job["spec"]["template"]
+        pod_spec, pod_name = template["spec"], f"{name}-{os.urandom(3).hex()[:5]}"
+        config_maps = {}
+        for volume in pod_spec.get("volumes", []):
+            if "configMap" in volume:
+                cm = self.core.read_namespaced_config_map(volume["configMap"]["name"], self.namespace)
+                config_maps[cm.metadata.name] = cm.data
+        argv, env, message_file = job_process(pod_spec, config_maps, self.workdir / name, os.environ)
+        container = pod_spec["containers"][0]
+        self.core.create_namespaced_pod(self.namespace, {
+            "apiVersion": "v1", "kind": "Pod", "spec": pod_spec,
+            "metadata": {"name": pod_name, "namespace": self.namespace, "labels": template["metadata"]["labels"]}})
+        self.core.patch_namespaced_pod_status(pod_name, self.namespace, {"status": {
+            "phase": "Running", "podIP": "127.0.0.1", "containerStatuses": [{
+                "name": container["name"], "image": container["image"], "imageID": "", "restartCount": 0,
+                "ready": True, "state": {"running": {"startedAt": _now()}}}]}})
+        self.batch.patch_namespaced_job_status(name, self.namespace, {"status": {"active": 1, "ready": 1,
+                                                                                  "startTime": _now()}})
+        log = self.workdir / name / "log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.pids[name] = [proc.pid]
+            code = proc.wait()
+        if self._stop.is_set():
+            return
+        message = message_file.read_text() if message_file.exists() else ""
+        if not message and code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            message = log.read_bytes()[-LOG_TAIL:].decode(errors="replace")
+        reason = "Completed" if code == 0 else "Error"
+        self.core.patch_namespaced_pod_status(pod_name, self.namespace, {"status": {
+            "phase": "Succeeded" if code == 0 else "Failed", "containerStatuses": [{
+                "name": container["name"], "image": container["image"], "imageID": "", "restartCount": 0,
+                "ready": False, "state": {"running": None, "terminated": {"exitCode": code, "reason": reason, "message": message,
+                                                         "finishedAt": _now()}}}]}})
+        done = {"type": "Complete", "status": "True", "reason": "Completed"} if code == 0 else \
+            {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}
+        self.batch.patch_namespaced_job_status(name, self.namespace, {"status": {
+            "active": 0, "ready": 0, "succeeded" if code == 0 else "failed": 1, "completionTime": _now(),
+            "conditions": [{**done, "lastTransitionTime": _now(), "message": f"exit code {code}"}]}})
+

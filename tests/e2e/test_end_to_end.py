@@ -7,6 +7,7 @@ tests are marked `fake_controller` and named for it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -42,8 +43,10 @@ def cluster(tmp_path):
                 agent.stop()
 
 
-def _apply_quickstart(server, tmp_path, **training) -> dict:
+def _apply_quickstart(server, tmp_path, plan=None, **training) -> dict:
     doc = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
+    if plan is not None:
+        doc["spec"]["plan"] = plan
     doc["spec"]["checkpoint"] = {"directory": str(tmp_path / "ckpt"), "interval": 5, "keep": 3}
     doc["spec"]["runtime"] = {"metricsPort": free_port()}
     doc["spec"]["training"].update(training)
@@ -78,6 +81,15 @@ def test_fake_jobset_controller_job_trains_to_success_with_metrics_in_status(clu
     status = _watch_phases(server, operator, "Succeeded", phases, steps)
     total = doc["spec"]["training"]["steps"]
     assert "Running" in phases
+    # The pre-flight ran first (the node agent ran `python -m tpu_workload.plan` as the Job's pod): the
+    # quickstart's step, compiled by libtpu for its v7x 2x2x2 slice, fits.
+    planned = next(c for c in status["conditions"] if c["type"] == "Planned")
+    if importlib.util.find_spec("libtpu") is not None:
+        assert (planned["status"], planned["reason"]) == ("True", "Fits"), planned
+        assert status["plan"]["fits"] is True and 0 < status["plan"]["hbmPerDeviceGiB"] < 1
+        assert status["plan"]["hbmCapacityGiB"] == 96 and status["plan"]["libtpuVersion"]
+    else:  # the plan says it could not check: the job runs all the same
+        assert (planned["status"], planned["reason"]) == ("Unknown", "NoLibtpu"), planned
     assert status["step"] == total and status["mfu"] > 0 and status["stepTimeSeconds"] > 0
     # The status carries the trainer's own final report (what process 0 served at the end).
     summary = agent.outcomes["quickstart"].summary
@@ -95,7 +107,7 @@ def test_fake_jobset_controller_job_trains_to_success_with_metrics_in_status(clu
 
 def test_fake_jobset_controller_killed_pod_restarts_and_resumes(cluster, tmp_path):
     server, operator, agent = cluster
-    _apply_quickstart(server, tmp_path, steps=20)
+    _apply_quickstart(server, tmp_path, plan={"preflight": "skip"}, steps=20)
     phases, steps = [], []
 
     def checkpointed():
