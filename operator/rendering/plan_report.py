@@ -27,7 +27,7 @@ def lines(result: PlanResult, job: TPUTrainingJob) -> list[str]:
              f"{result.devices or plan.total_devices} {result.device_kind or 'TPU'} devices")
     out = [f"job:         {job.metadata.namespace}/{job.metadata.name} on {where}"]
     if result.compile_seconds is not None:
-        out.append(f"compiled:    by libtpu {result.libtpu_version} in {result.compile_seconds:.1f} s")
+        out.append(f"compiler:    libtpu {result.libtpu_version}, {result.compile_seconds:.1f} s")
     if result.hbm_per_device_gib is not None:
         out += [f"per device:  {result.state_gib:.2f} GiB parameters + optimizer state (+ batch), "
                 f"{result.temporaries_gib:.2f} GiB activations/temporaries = {result.hbm_per_device_gib:.2f} GiB"]
