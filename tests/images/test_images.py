@@ -122,7 +122,7 @@ print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "home_writable": writa
 @pytest.mark.parametrize("which, present, absent", [
     ("operator", ["tpu_operator.controller.handlers", "kopf", "kubernetes_asyncio", "jinja2"],
      ["jax", "jaxlib", "flax", "kubernetes"]),
-    ("workload", ["tpu_workload", "jax", "flax", "orbax", "pydantic"],
+    ("workload", ["tpu_workload", "jax", "flax", "orbax", "pydantic", "libtpu"],  # libtpu: the pre-flight's compiler
      ["kopf", "kubernetes", "kubernetes_asyncio", "jinja2"]),
 ], ids=["operator", "workload"])
 def test_image_holds_its_side_only_and_runs_as_non_root(images, which, present, absent):
