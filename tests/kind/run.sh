@@ -116,6 +116,9 @@ done
 kubectl get tpujobs -o wide
 [ "$phase" = Succeeded ] || { echo "job phase is '$phase', not Succeeded" >&2; exit 1; }
 kubectl get jobset "$job" >/dev/null   # the operator made a JobSet for it
+# The pre-flight ran first, as a batch Job of the CPU image (it carries libtpu): True when it compiled and fit.
+echo "Planned=$(kubectl get tpujob "$job" -o jsonpath='{.status.conditions[?(@.type=="Planned")].status}')" \
+  "plan=$(kubectl get tpujob "$job" -o jsonpath='{.status.plan}')"
 
 mfu=$(kubectl get tpujob "$job" -o jsonpath='{.status.mfu}')
 step_time=$(kubectl get tpujob "$job" -o jsonpath='{.status.stepTimeSeconds}')
