@@ -90,14 +90,6 @@ class Memory:
         return self.state + self.temporaries
 
 
-@dataclasses.dataclass(frozen=True)
-class Compiled:
-    memory: Memory
-    compile_seconds: float
-    device_kind: str
-    devices: int
-
-
 def build_step(cfg: TrainerConfig, devices: list):
     """The trainer's step over `devices`, lowered with abstract arguments; and the trainer."""
     import jax
@@ -118,18 +110,6 @@ def state_bytes(trainer) -> int:
 
     return sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
                for a in jax.tree.leaves(trainer.abstract_state))
-
-
-def compile_train_step(cfg: TrainerConfig) -> Compiled:
-    """Compile `cfg`'s train step for its slice; raises what the compiler raises."""
-    devices = topology_devices(cfg.generation, cfg.topology, cfg.slices)
-    lowered, _ = build_step(cfg, devices)
-    start = time.perf_counter()
-    compiled = lowered.compile()
-    seconds = time.perf_counter() - start
-    m = compiled.memory_analysis()
-    memory = Memory(m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes, m.temp_size_in_bytes)
-    return Compiled(memory, seconds, devices[0].device_kind, len(devices))
 
 
 # --- what went wrong ------------------------------------------------------------------------------
