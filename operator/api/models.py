@@ -18,6 +18,8 @@ from pydantic.alias_generators import to_camel
 
 from . import catalogue, rules
 from .contract import (SLICE_AXES, Base, CheckpointSpec, KernelsSpec, Mesh, ModelDims, TrainingSpec, _desc)
+from .failures import DEFAULT_RESTART_ON_EXIT_CODES, NEVER_RESTARTED, LastRestart, RestartCounts
+from .goodput import Badput, Ledger
 from .presets import PRESETS
 
 GROUP = "training.tpu-operator.dev"
@@ -187,10 +189,34 @@ class RuntimeSpec(Base):
 
 
 class FailurePolicySpec(Base):
-    max_restarts: int = _desc("Whole-slice restarts before the job fails.", default=3, ge=0, le=1000)
+    """How the operator restarts a job (README: Failures and restarts; api/failures.py has the rule)."""
+
+    max_restarts: int = _desc("Restarts after failures and hangs before the job fails, counted by the operator "
+                              "across JobSet re-creations (preemptions are counted but not charged).",
+                              default=3, ge=0, le=1000)
     restart_on_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = _desc(
-        "Trainer exit codes that restart the job; any other non-zero code fails it at once. "
-        "Empty: every failure restarts.", default_factory=list, max_length=64)
+        "Trainer exit codes that restart the job; any other fails it at once. Default: the retryable "
+        "classes 42 (infrastructure), 137 (killed), 143 (SIGTERM). Empty: every code but 3 restarts; "
+        "3 (a user error) never does.",
+        default_factory=lambda: list(DEFAULT_RESTART_ON_EXIT_CODES), max_length=64)
+    hang_timeout_seconds: int | None = _desc(
+        "A running job is Hung, and restarted, when no step completed for this long. Default: the larger of "
+        "600 and 20 x the median step time.", default=None, ge=1)
+    startup_timeout_seconds: int = _desc(
+        "Start-up allowance: pods running -> first step done (restore and compilation included) before the "
+        "job is Hung.", default=1800, ge=1)
+    backoff_seconds: float = _desc("Delay before the first restart; doubled for each restart after it.",
+                                   default=10.0, ge=0, le=86400)
+    max_backoff_seconds: float = _desc("Longest delay between restarts.", default=600.0, ge=0, le=86400)
+
+    @field_validator("restart_on_exit_codes")
+    @classmethod
+    def _never_user_errors(cls, v: list[int]) -> list[int]:
+        listed = sorted(set(v) & set(NEVER_RESTARTED))
+        if listed:
+            raise ValueError(f"exit code {listed[0]} is a user or configuration error and is never retried; "
+                             "remove it")
+        return v
 
 
 class Toleration(Base):
@@ -248,6 +274,10 @@ class TPUTrainingJobSpec(Base):
                                           default_factory=list)
     suspend: bool = _desc("Suspend the job (its pods are deleted; resume continues from the checkpoint).",
                           default=False)
+    termination_grace_period_seconds: int | None = _desc(
+        "Seconds a pod has after SIGTERM to finish its step and write a checkpoint before it is killed. "
+        "Default: derived from the checkpoint size per host (README: Failures and restarts).",
+        default=None, ge=1, le=86400)
 
     @model_validator(mode="after")
     def _cross_field(self) -> "TPUTrainingJobSpec":
@@ -314,7 +344,7 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 class Condition(Base):
     """A Kubernetes-shaped condition; `lastTransitionTime` moves only when `status` changes."""
 
-    type: str = _desc("Ready, SpecChange, Running, Succeeded, Failed, Metrics.")
+    type: str = _desc("Ready, SpecChange, Running, Succeeded, Failed, Metrics, Hung.")
     status: ConditionStatus = _desc("True, False or Unknown.")
     reason: str = _desc("CamelCase reason.", default="")
     message: str = _desc("Human-readable detail.", default="")
@@ -337,7 +367,12 @@ class TPUTrainingJobStatus(Base):
                                               default=())
     observed_generation: int | None = _desc("metadata.generation the status describes.", default=None)
     job_set_name: str | None = _desc("The JobSet running this job.", default=None)
-    restarts: int | None = _desc("Whole-slice restarts so far.", default=None)
+    restarts: RestartCounts | None = _desc("Whole-job restarts by cause; they survive JobSet re-creations.",
+                                           default=None)
+    last_restart: LastRestart | None = _desc("The latest restart: its cause and the trainer's last error line.",
+                                             default=None)
+    next_restart_time: str | None = _desc("When the pending restart creates the JobSet again (after its backoff).",
+                                          default=None)
     step: int | None = _desc("Latest completed training step.", default=None)
     step_time_seconds: float | None = _desc("Latest step time in seconds.", default=None)
     tokens_per_second: float | None = _desc("Training throughput, tokens per second, all slices.", default=None)
@@ -347,6 +382,10 @@ class TPUTrainingJobStatus(Base):
     start_time: str | None = _desc("When the job first ran.", default=None)
     completion_time: str | None = _desc("When the job succeeded or failed.", default=None)
     message: str | None = _desc("Human-readable summary of the phase.", default=None)
+    goodput: float | None = _desc("Seconds on steps that survive / seconds since the job was created, as of "
+                                  "the latest change (0..1).", default=None)
+    badput: Badput | None = _desc("The rest of the wall time, in seconds, by cause.", default=None)
+    accounting: Ledger | None = _desc("The goodput ledger the figures above are computed from.", default=None)
 
     @property
     def finished(self) -> bool:

@@ -35,16 +35,9 @@ class TooLargeForLocal(ValueError):
     pass
 
 
-def parameter_count(job: TPUTrainingJob) -> int:
-    m = job.spec.model_dims
-    attention = m.model_dim * m.head_dim * (2 * m.heads + 2 * m.kv_heads)
-    mlp = 3 * m.model_dim * m.mlp_dim * max(1, m.experts) + (m.model_dim * m.experts)
-    return m.layers * (attention + mlp + 2 * m.model_dim) + 2 * m.vocab * m.model_dim + m.model_dim
-
-
 def check_fits(job: TPUTrainingJob) -> None:
     plan = Plan(job)
-    params = parameter_count(job)
+    params = plan.parameters
     problems = []
     if plan.total_hosts > MAX_LOCAL_HOSTS:
         problems.append(f"{plan.total_hosts} hosts ({job.spec.tpu.topology} x {plan.slices} slice(s)) need "
