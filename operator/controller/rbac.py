@@ -10,10 +10,13 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # kopf watches the jobs; a status write that conflicts re-reads the job once.
     {"apiGroups": ["training.tpu-operator.dev"], "resources": ["tputrainingjobs"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["training.tpu-operator.dev"], "resources": ["tputrainingjobs/status"], "verbs": ["patch"]},
-    # get: adoption after a 409 and the resync; patch: spec.suspend.
-    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    # get: adoption after a 409 and the resync; patch: spec.suspend; delete: a restart replaces a failed or
+    # hung JobSet (api/failures.py).
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},  # pod 0 of a JobSet, for its metrics
+    # pod 0 of a JobSet, for its metrics; a failed JobSet's pods, for their exit codes and messages.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},  # --metrics-access proxy only
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # kopf: notices CRDs and namespaces coming and going. Optional: without them kopf scans CRDs once at

@@ -30,9 +30,9 @@ from ..api import names
 from ..api.models import KIND, TPUTrainingJob, TPUTrainingJobStatus
 from ..api.validation import InvalidJob, parse_job
 from ..rendering.manifests import applied_spec, render
-from . import phases, status as status_lib
-from .kube import CONFIGMAPS, JOBS, JOBSETS, ApiError, Kube, Obj
-from .metrics_reader import MetricsReader
+from . import accounting, phases, restarts, status as status_lib
+from .kube import CONFIGMAPS, JOBS, JOBSETS, PODS, ApiError, Kube, Obj
+from .metrics_reader import LABEL_JOBSET, MetricsReader
 from .phases import Notice
 
 log = logging.getLogger("tpu_operator")
@@ -128,8 +128,35 @@ def refused_changes(jobset: Obj, job: TPUTrainingJob) -> list[str]:
     return changed_fields(json.loads(applied), applied_spec(job)) if applied else []
 
 
-def jobset_finished(jobset: Obj) -> bool:
-    return phases.phase_of(None, 0, phases.JobSetView.of(jobset)) in phases.TERMINAL
+def jobset_completed(jobset: Obj) -> bool:
+    return phases.phase_of(None, phases.JobSetView.of(jobset)) == "Succeeded"
+
+
+def jobset_failed(jobset: Obj) -> bool:
+    js = phases.JobSetView.of(jobset)
+    return "Failed" in js.true_conditions or js.terminal_state == "Failed"
+
+
+async def failure_of(kube: Kube, namespace: str, jobset: Obj) -> restarts.Failure:
+    """Why a JobSet failed, from its pods (one LIST, only when a JobSet fails)."""
+    name = jobset["metadata"]["name"]
+    pods = await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
+    return restarts.failure_of(pods, phases.JobSetView.of(jobset).condition_message("Failed"))
+
+
+async def replace_jobset(kube: Kube, namespace: str, jobset: Obj) -> None:
+    """Delete a JobSet a restart replaces (foreground: its pods go first; only this uid). Its DELETED
+    event brings the job back, and the reconcile creates the JobSet again once the backoff is over."""
+    meta = jobset["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground",
+            "preconditions": {"uid": meta["uid"]}}
+    try:
+        await kube.delete(JOBSETS, namespace, meta["name"], body)
+    except ApiError as exc:
+        if exc.status not in (404, 409):  # gone already, or another JobSet of that name: not ours to delete
+            raise
 
 
 # --- status ------------------------------------------------------------------------------------------
@@ -188,7 +215,8 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
     namespace, uid = meta.get("namespace", "default"), meta.get("uid")
     if meta.get("deletionTimestamp"):
         return Outcome("deleting")
-    if TPUTrainingJobStatus.model_validate(job_obj.get("status") or {}).finished:
+    before = TPUTrainingJobStatus.model_validate(job_obj.get("status") or {})
+    if before.finished:
         return Outcome("finished")  # never re-run a finished job, e.g. when its JobSet was deleted by a TTL
     try:
         job = parse_job({k: job_obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in job_obj})
@@ -199,6 +227,9 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
 
     created, ensured = False, jobset is None or owner_of(jobset) != (namespace, job.metadata.name, uid)
     if ensured:
+        wait = restarts.wait_s(before, now())
+        if wait > 0:  # a restart's backoff: the JobSet is created again once it is over
+            return Outcome("waiting", None, wait)
         try:
             jobset, created = await ensure_children(kube, job, config.default_image)
         except NameConflict as exc:
@@ -208,17 +239,31 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
     refused = [] if created else refused_changes(jobset, job)
     if bool((jobset.get("spec") or {}).get("suspend")) != job.spec.suspend:
         jobset = await kube.patch(JOBSETS, namespace, jobset["metadata"]["name"], {"spec": {"suspend": job.spec.suspend}})
-    if sample is None and reader is not None and jobset_finished(jobset):
+    if sample is None and reader is not None and jobset_completed(jobset):
         # The trainer lingers after its last step, serving its final values: read them once more.
         sample = await reader.read(namespace, jobset["metadata"]["name"], job.spec.runtime.metrics_port)
+    failure = None
+    if jobset_failed(jobset) and not restarts.replaced(before, jobset):
+        failure = await failure_of(kube, namespace, jobset)
     jobset_name, config_map = jobset["metadata"]["name"], names.config_map_name(job.metadata.name)
+    policy, total_steps, created_at = job.spec.failure_policy, job.spec.training.steps, meta.get("creationTimestamp")
 
     def compute(old: TPUTrainingJobStatus, generation: int | None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
-        new, notices = status_lib.reconciled(old, jobset_name, config_map, created, refused, generation, now())
-        new, followed = phases.follow(new, jobset, now())
+        t = now()
+        new, notices = status_lib.reconciled(old, jobset_name, config_map, created, refused, generation, t)
+        new = accounting.observed(new, sample, created_at, t)
+        restart: phases.Restart = "replaced" if restarts.replaced(new, jobset) else None
+        hung = restarts.hang(new, policy, total_steps, t) if restart is None and failure is None else None
+        if restart is None and (failure is not None or hung is not None):
+            new, verdict, more = restarts.decide(new, jobset["metadata"].get("uid"), failure, hung, policy, t)
+            restart, notices = ("replaced" if verdict.restart else "given-up"), notices + more
+        new, followed = phases.follow(new, jobset, t, restart)
         if sample is not None:
-            new = status_lib.with_sample(new, sample, now())
-        return new, notices + followed
+            new = status_lib.with_sample(new, sample, t)
+        new = accounting.settled(old, new, sample, failure.progress if failure else None, created_at, t)
+        return restarts.recovered(new, t), notices + followed
 
     done = await write_status(kube, job_obj, compute, emit)
+    if done is not None and restarts.replaced(TPUTrainingJobStatus.model_validate(done.get("status") or {}), jobset):
+        await replace_jobset(kube, namespace, jobset)
     return Outcome("created" if created else "adopted" if ensured else "followed", done)

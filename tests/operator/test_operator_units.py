@@ -29,32 +29,32 @@ LATER = "2026-01-01T00:05:00Z"
 EMPTY = TPUTrainingJobStatus()
 
 
-def jobset(restarts: int = 0, active: int = 0, ready: int = 0, conditions: tuple[str, ...] = (),
+def jobset(active: int = 0, ready: int = 0, conditions: tuple[str, ...] = (),
            terminal: str | None = None, suspend: bool = False) -> dict[str, Any]:
-    status: dict[str, Any] = {"restarts": restarts,
-                              "replicatedJobsStatus": [{"name": "slice", "active": active, "ready": ready}],
+    status: dict[str, Any] = {"replicatedJobsStatus": [{"name": "slice", "active": active, "ready": ready}],
                               "conditions": [{"type": t, "status": "True", "message": f"{t} msg"} for t in conditions]}
     if terminal:
         status["terminalState"] = terminal
     return {"metadata": {"name": "js"}, "spec": {"suspend": suspend}, "status": status}
 
 
-@pytest.mark.parametrize("previous, seen, js, expected", [
-    (None, 0, jobset(), "Pending"),
-    ("Pending", 0, jobset(active=2), "Running"),
-    ("Running", 0, jobset(restarts=1, active=2), "Restarting"),  # recreated pods are active, not ready
-    ("Restarting", 1, jobset(restarts=1, active=2), "Restarting"),
-    ("Restarting", 1, jobset(restarts=1, active=2, ready=1), "Running"),
-    ("Running", 0, jobset(restarts=1, ready=2), "Running"),  # the restart is over by the time we look
-    ("Running", 0, jobset(conditions=("Completed",)), "Succeeded"),
-    ("Running", 0, jobset(terminal="Failed"), "Failed"),
-    ("Running", 0, jobset(conditions=("Suspended",)), "Suspended"),
-    ("Running", 0, jobset(suspend=True, active=1), "Suspended"),
-    ("Succeeded", 0, jobset(active=1), "Succeeded"),  # terminal phases are sticky
-    ("Failed", 0, jobset(), "Failed"),
+@pytest.mark.parametrize("previous, restart, js, expected", [
+    (None, None, jobset(), "Pending"),
+    ("Pending", None, jobset(active=2), "Running"),
+    ("Running", "replaced", jobset(active=2, ready=2), "Restarting"),  # a hung JobSet, to be replaced
+    ("Running", "replaced", jobset(terminal="Failed"), "Restarting"),  # a failed one, restarted
+    ("Restarting", None, jobset(active=2), "Restarting"),  # recreated pods are active, not ready
+    ("Restarting", None, jobset(active=2, ready=1), "Running"),
+    ("Running", None, jobset(conditions=("Completed",)), "Succeeded"),
+    ("Running", "given-up", jobset(terminal="Failed"), "Failed"),
+    ("Running", None, jobset(terminal="Failed"), "Failed"),  # no decision about it: the JobSet's word
+    ("Running", None, jobset(conditions=("Suspended",)), "Suspended"),
+    ("Running", None, jobset(suspend=True, active=1), "Suspended"),
+    ("Succeeded", None, jobset(active=1), "Succeeded"),  # terminal phases are sticky
+    ("Failed", None, jobset(), "Failed"),
 ])
-def test_phase_rule(previous, seen, js, expected):
-    assert phases.phase_of(previous, seen, phases.JobSetView.of(js)) == expected
+def test_phase_rule(previous, restart, js, expected):
+    assert phases.phase_of(previous, phases.JobSetView.of(js), restart) == expected
 
 
 def test_follow_keeps_transition_times_and_emits_on_transitions_only():
@@ -62,12 +62,12 @@ def test_follow_keeps_transition_times_and_emits_on_transitions_only():
     assert status.phase == "Running" and status.start_time == NOW and notices == []
     again, notices = phases.follow(status, jobset(active=1), LATER)
     assert again == status and notices == []
-    restarted, notices = phases.follow(status, jobset(restarts=1, active=1), LATER)
-    assert restarted.phase == "Restarting" and restarted.restarts == 1
-    assert [n.reason for n in notices] == ["Restarted"]
+    restarted, notices = phases.follow(status.model_copy(update=dict(message="restart 1 (failure) in 10 s")),
+                                       jobset(active=1), LATER, "replaced")
+    assert restarted.phase == "Restarting" and restarted.message == "restart 1 (failure) in 10 s" and notices == []
     running = restarted.condition("Running")
     assert running.status == "False" and running.last_transition_time == LATER
-    done, notices = phases.follow(restarted, jobset(restarts=1, conditions=("Completed",)), LATER)
+    done, notices = phases.follow(restarted, jobset(conditions=("Completed",)), LATER)
     assert done.phase == "Succeeded" and done.completion_time == LATER and done.message == "Completed msg"
     assert [n.reason for n in notices] == ["Succeeded"]
     assert done.condition("Running").last_transition_time == LATER
@@ -193,6 +193,15 @@ class FakeKube:
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any:
         self.calls.append(("PROXY", f"{pod}:{port}/{path}"))
         return {"step": 9, "mfu": 0.25}
+
+    async def delete(self, resource: Resource, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        path = resource.path(namespace, name)
+        self.calls.append(("DELETE", path))
+        if path not in self.objects:
+            raise ApiError(404, "not found")
+        if (body.get("preconditions") or {}).get("uid") not in (None, self.objects[path]["metadata"]["uid"]):
+            raise ApiError(409, "uid precondition failed")
+        return self.objects.pop(path)
 
     def add_job(self, doc: dict[str, Any], uid: str = "job-uid") -> dict[str, Any]:
         obj = copy.deepcopy(doc)
