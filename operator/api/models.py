@@ -36,6 +36,8 @@ CONFIG_FILE = "config.json"
 # Env names the renderer owns; a user env var of the same name would silently break start-up.
 RESERVED_ENV_PREFIXES = ("TPUJOB_", "MEGASCALE_")
 RESERVED_ENV = ("LIBTPU_INIT_ARGS", "XLA_FLAGS")
+# The trainer's fault-injection switches (tpu_workload.faults): a test job may set them; the renderer never does.
+TEST_ENV_PREFIX = "TPUJOB_TEST_"
 
 GENERATION_SPELLINGS = tuple(sorted(catalogue.ALIASES))
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -152,7 +154,7 @@ class EnvVar(Base):
     @field_validator("name")
     @classmethod
     def _not_reserved(cls, v: str) -> str:
-        if v.startswith(RESERVED_ENV_PREFIXES) or v in RESERVED_ENV:
+        if (v.startswith(RESERVED_ENV_PREFIXES) and not v.startswith(TEST_ENV_PREFIX)) or v in RESERVED_ENV:
             raise ValueError(f"{v} is set by the operator; use runtime.libtpuInitArgs / xlaFlags for flags")
         return v
 

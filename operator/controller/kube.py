@@ -1,4 +1,4 @@
-"""The Kubernetes API as the controller uses it: six calls over kubernetes_asyncio's public ApiClient.
+"""The Kubernetes API as the controller uses it: seven calls over kubernetes_asyncio's public ApiClient.
 
 `Kube` is the protocol the reconcile logic is written against (tests give it an in-memory fake);
 `AsyncKube` implements it with kubernetes_asyncio, the maintained async sibling of the `kubernetes`
@@ -67,6 +67,7 @@ class Kube(Protocol):
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]: ...
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any: ...
     async def delete(self, resource: Resource, namespace: str, name: str, body: Obj) -> Obj: ...  # DeleteOptions
+    async def delete_all(self, resource: Resource, namespace: str, selector: str, body: Obj) -> Obj: ...
 
 
 class AsyncKube:
@@ -102,6 +103,10 @@ class AsyncKube:
 
     async def delete(self, resource: Resource, namespace: str, name: str, body: Obj) -> Obj:
         return await self._call("DELETE", resource.path(namespace, name), body)
+
+    async def delete_all(self, resource: Resource, namespace: str, selector: str, body: Obj) -> Obj:
+        """deletecollection of the objects `selector` matches."""
+        return await self._call("DELETE", f"{resource.path(namespace)}?labelSelector={quote(selector, safe='')}", body)
 
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any:
         """GET through the API server's pod proxy; the decoded JSON body (or its text)."""

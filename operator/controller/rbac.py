@@ -15,8 +15,9 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create"]},
-    # pod 0 of a JobSet, for its metrics; a failed JobSet's pods, for their exit codes and messages.
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    # list: pod 0 of a JobSet, for its metrics; a failed JobSet's pods, for their exit codes and messages.
+    # deletecollection: a failed or hung attempt's pods, at once (reconcile.replace_jobset).
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "deletecollection"]},
     {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},  # --metrics-access proxy only
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # kopf: notices CRDs and namespaces coming and going. Optional: without them kopf scans CRDs once at

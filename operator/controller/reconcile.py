@@ -144,16 +144,22 @@ async def failure_of(kube: Kube, namespace: str, jobset: Obj) -> restarts.Failur
     return restarts.failure_of(pods, phases.JobSetView.of(jobset).condition_message("Failed"))
 
 
-async def replace_jobset(kube: Kube, namespace: str, jobset: Obj) -> None:
+async def replace_jobset(kube: Kube, namespace: str, jobset: Obj, cause: str) -> None:
     """Delete a JobSet a restart replaces (foreground: its pods go first; only this uid). Its DELETED
-    event brings the job back, and the reconcile creates the JobSet again once the backoff is over."""
+    event brings the job back, and the reconcile creates the JobSet again once the backoff is over.
+    Unless the restart is for a preemption (its pods are saving the step in flight), the pods go at
+    once (gracePeriodSeconds 0): a JAX process cannot save without all of its peers, so a failed or
+    hung attempt's survivors would only sit out their grace period in a collective."""
     meta = jobset["metadata"]
     if meta.get("deletionTimestamp"):
         return
-    body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground",
-            "preconditions": {"uid": meta["uid"]}}
     try:
-        await kube.delete(JOBSETS, namespace, meta["name"], body)
+        if cause != "preemption":
+            await kube.delete_all(PODS, namespace, f"{LABEL_JOBSET}={meta['name']}",
+                                  {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+        await kube.delete(JOBSETS, namespace, meta["name"], {
+            "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground",
+            "preconditions": {"uid": meta["uid"]}})
     except ApiError as exc:
         if exc.status not in (404, 409):  # gone already, or another JobSet of that name: not ours to delete
             raise
@@ -264,6 +270,7 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
         return restarts.recovered(new, t), notices + followed
 
     done = await write_status(kube, job_obj, compute, emit)
-    if done is not None and restarts.replaced(TPUTrainingJobStatus.model_validate(done.get("status") or {}), jobset):
-        await replace_jobset(kube, namespace, jobset)
+    written = TPUTrainingJobStatus.model_validate((done or {}).get("status") or {})
+    if done is not None and restarts.replaced(written, jobset):
+        await replace_jobset(kube, namespace, jobset, written.last_restart.cause)
     return Outcome("created" if created else "adopted" if ensured else "followed", done)

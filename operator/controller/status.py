@@ -102,5 +102,13 @@ def with_sample(status: TPUTrainingJobStatus, sample: Sample, now: str) -> TPUTr
 
 
 def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """The top-level JSON merge patch from `old` to `new` (None removes a field)."""
-    return {k: new.get(k) for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+    """The JSON merge patch (RFC 7386) from `old` to `new`: changed fields, None for removed ones, and
+    nested objects patched field by field (a merge patch merges objects: a field left out is kept)."""
+    patch = {}
+    for k in old.keys() | new.keys():
+        before, after = old.get(k), new.get(k)
+        if before == after:
+            continue
+        both = isinstance(before, dict) and isinstance(after, dict)
+        patch[k] = merge_patch(before, after) if both else after
+    return patch

@@ -99,6 +99,9 @@ def test_changed_fields_names_paths():
 def test_merge_patch_has_only_what_changed():
     assert status_lib.merge_patch({"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5, "d": 4}) == {"b": 5, "c": None, "d": 4}
     assert status_lib.merge_patch({"a": [1]}, {"a": [1]}) == {}
+    # Objects are merged by the server: a nested field that goes away must be nulled explicitly.
+    assert status_lib.merge_patch({"o": {"x": 1, "y": {"z": 2}}}, {"o": {"y": {"z": 3}}}) == \
+        {"o": {"x": None, "y": {"z": 3}}}
 
 
 def test_to_sample_keeps_good_values_and_drops_bad_ones():
@@ -160,7 +163,7 @@ class FakeKube:
         if key in self.objects:
             raise ApiError(409, "already exists")
         obj = copy.deepcopy(body)
-        obj["metadata"].setdefault("uid", f"uid-{len(self.objects)}")
+        obj["metadata"].setdefault("uid", f"uid-{self.rv + 1}")  # never reused
         self._bump(obj)
         self.objects[key] = obj
         return copy.deepcopy(obj)
@@ -175,12 +178,7 @@ class FakeKube:
             raise ApiError(409, "conflict")
         if wanted and wanted != obj["metadata"]["resourceVersion"]:
             raise ApiError(409, "conflict")
-        part = obj.setdefault(sub or "spec", {})
-        for k, v in body.get(sub or "spec", {}).items():
-            if v is None:
-                part.pop(k, None)
-            else:
-                part[k] = v
+        _merge(obj.setdefault(sub or "spec", {}), body.get(sub or "spec", {}))
         self._bump(obj)
         return copy.deepcopy(obj)
 
@@ -203,6 +201,14 @@ class FakeKube:
             raise ApiError(409, "uid precondition failed")
         return self.objects.pop(path)
 
+    async def delete_all(self, resource: Resource, namespace: str, selector: str,
+                         body: dict[str, Any]) -> dict[str, Any]:
+        doomed = await self.list(resource, namespace, selector)
+        self.calls[-1] = ("DELETECOLLECTION", resource.path(namespace))  # the list above is part of this call
+        for o in doomed:
+            self.objects.pop(resource.path(namespace, o["metadata"]["name"]), None)
+        return {"kind": "Status", "status": "Success"}
+
     def add_job(self, doc: dict[str, Any], uid: str = "job-uid") -> dict[str, Any]:
         obj = copy.deepcopy(doc)
         obj["metadata"].update(namespace="default", uid=uid, generation=1)
@@ -215,6 +221,17 @@ class FakeKube:
 
     def jobset(self, name: str = "tiny") -> dict[str, Any] | None:
         return copy.deepcopy(self.objects.get(JOBSETS.path("default", name)))
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """RFC 7386: None removes, objects merge field by field, anything else replaces."""
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+            _merge(target[k], v)
+        else:
+            target[k] = copy.deepcopy(v)
 
 
 def run_reconcile(kube: FakeKube, obj: dict[str, Any], jobset_seen: dict[str, Any] | None = None,

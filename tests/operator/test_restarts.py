@@ -49,8 +49,9 @@ def fail_jobset(kube: FakeKube, *codes_and_lines: tuple[int, str]) -> None:
                                                                "message": "jobset failed"}]}
     for i, (code, line) in enumerate(codes_and_lines):
         message = TerminationRecord(code=code, error=line).message()
-        kube.objects[PODS.path("default", f"tiny-slice-0-{i}-{js['metadata']['uid']}")] = {
-            "metadata": {"name": f"tiny-slice-0-{i}", "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny"}},
+        name = f"tiny-slice-0-{i}-{js['metadata']['uid']}"
+        kube.objects[PODS.path("default", name)] = {
+            "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny"}},
             "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
                 "exitCode": code, "message": message, "finishedAt": at(10 + i)}}}]}}
 
@@ -72,10 +73,11 @@ def test_a_failed_jobset_is_restarted_once_after_its_backoff_and_the_budget_is_t
     status = job_status(kube)
     assert status.phase == "Restarting" and status.restarts == RestartCounts(failure=1, total=1)
     assert status.last_restart.job_set_uid == first and status.last_restart.exit_code == 42
-    assert "tiny-slice-0-0 exited with code 42" in status.message and "Retryable: gloo" in status.message
+    assert f"tiny-slice-0-0-{first} exited with code 42" in status.message and "Retryable: gloo" in status.message
     assert status.next_restart_time == at(30) and events == ["Restarted"]
-    # One LIST of the pods, one status write, then the failed JobSet is deleted (only that uid).
-    assert [c[0] for c in kube.calls] == ["LIST", "PATCH", "DELETE"] and kube.jobset() is None
+    # One LIST of the pods, one status write, then the pods go at once and the JobSet (only that uid).
+    assert [c[0] for c in kube.calls] == ["LIST", "PATCH", "DELETECOLLECTION", "DELETE"] and kube.jobset() is None
+    assert not [p for p in kube.objects if "/pods/" in p]
     # Seen again (a stale cache, or after an operator restart): counted once, not deleted twice.
     stale = {**fail_jobset_copy(kube, first)}
     kube.calls.clear()
@@ -109,7 +111,8 @@ def test_a_user_error_fails_at_once_quoting_the_trainers_line():
     _, events = run(kube, at(20))
     status = job_status(kube)
     assert status.phase == "Failed" and status.restarts.total == 0 and events == ["Failed"]
-    assert status.message == ("tiny-slice-0-1 exited with code 3 (user or configuration error): "
+    uid = kube.jobset()["metadata"]["uid"]
+    assert status.message == (f"tiny-slice-0-1-{uid} exited with code 3 (user or configuration error): "
                               "UserError: data.path gs://b/x has no files; a user error is never retried")
     assert not [c for c in kube.calls if c[0] == "DELETE"]
 

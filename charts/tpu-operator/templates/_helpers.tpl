@@ -121,7 +121,7 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
   verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "deletecollection"]
 {{- if eq .Values.operator.metricsAccess "proxy" }}
 - apiGroups: [""]
   resources: ["pods/proxy"]
