@@ -23,6 +23,10 @@ def test_root_cause_is_the_first_real_failure_not_the_pods_stopped_after_it():
     assert (f.cause, f.code, f.pod, f.error) == ("failure", 42, "h1", "Retryable: gloo")
     assert root_cause([PodExit("h0", 143, finished_at=2), PodExit("h1", 143, finished_at=1)]).pod == "h1"
     assert root_cause([PodExit("h0", 143), PodExit("h1", 137, finished_at=1)]).cause == "failure"
+    # Finished together: the host killed from outside, not its peer that lost the connection to it.
+    together = [PodExit("h0", 42, rec(42, "UNKNOWN: Gloo AllGather failed: Connection reset by peer"), 5.0),
+                PodExit("h1", 137, None, 5.0)]
+    assert (root_cause(together).pod, root_cause(together).code) == ("h1", 137)
     assert root_cause([PodExit("h0", 1, finished_at=1), PodExit("h1", 3, finished_at=2)]).cause == "user"
     assert root_cause([PodExit("h0", 137, disrupted=True)]).cause == "preemption"  # the cluster stopped it
     assert root_cause([PodExit("h0", 0)]) is None

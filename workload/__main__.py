@@ -29,8 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _train(args.config, clock)
     except Exception as exc:  # every failure leaves through the one mapping to exit codes
-        return exits.fail(exc, clock.snapshot())
+        _exit_now(exits.fail(exc, clock.snapshot()))
     return exits.finish(clock.snapshot())
+
+
+def _exit_now(code: int) -> None:
+    """Leave without the interpreter's exit handlers: jax.distributed's waits for every other process to
+    shut down too (up to 5 minutes), which the peers of a failed process never do."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def _train(config: str, clock) -> None:

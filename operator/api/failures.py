@@ -19,9 +19,12 @@ The rule (`verdict`), first match wins:
 5. Otherwise: restart after `backoffSeconds * 2^(restarts so far)`, at most `maxBackoffSeconds`.
 
 Which pod speaks for a failed attempt (`root_cause`): once one pod fails, the others are stopped
-(SIGTERM, so they exit 143, or 137 past their grace period); those codes are collateral. The root
-cause is the first pod with a user error, else the earliest to finish with a code other than 143,
-else the earliest (every pod was stopped: a preemption).
+(SIGTERM, so they exit 143, or 137 past their grace period), or fail in their next collective
+(42: "connection reset by peer"); those codes are collateral. The root cause is the first pod with
+a user error, else the earliest to finish with a code other than 143, else the earliest (every pod
+was stopped: a preemption). Pods that finished at the same time (the kubelet's finishedAt has 1 s
+resolution) are ranked: a process killed from outside (137) before one that failed on its own, as
+the peers of a lost host fail right after it.
 """
 
 from __future__ import annotations
@@ -105,8 +108,8 @@ class Failure:
 
 def root_cause(exits: list[PodExit]) -> Failure | None:
     """The pod that speaks for a failed attempt (rule in the module docstring); None if none failed."""
-    failed = sorted((e for e in exits if e.code != 0 or e.disrupted), key=lambda e: (e.finished_at is None,
-                                                                                     str(e.finished_at or "")))
+    failed = sorted((e for e in exits if e.code != 0 or e.disrupted),
+                    key=lambda e: (e.finished_at is None, e.finished_at or 0, e.code != ExitCode.KILLED))
     if not failed:
         return None
     user = [e for e in failed if e.code in NEVER_RESTARTED]
