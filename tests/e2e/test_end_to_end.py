@@ -149,3 +149,14 @@ def test_fake_jobset_controller_hung_trainer_is_restarted_and_finishes(cluster, 
     assert status["badput"]["hung"] >= 6 and status["step"] == 12
     events = kubectl(server, "get", "events", "-o", "json", check=True).stdout
     assert '"reason": "Hung"' in events
+
+
+def test_fake_jobset_controller_user_error_fails_at_once_quoting_the_trainer(cluster, tmp_path):
+    server, operator, agent = cluster
+    _apply_quickstart(server, tmp_path, steps=10, env={"TPUJOB_TEST_FAIL_AT_STEP": "2:3@1"})
+    status = _watch_phases(server, operator, "Failed", [], [])
+    # The trainer's last error line, from its termination record through the pod's container state.
+    assert "exited with code 3 (user or configuration error): UserError: injected fault (TPUJOB_TEST_FAIL_AT_STEP) " \
+           "at step 2; a user error is never retried" in status["message"], status["message"]
+    assert status["restarts"]["total"] == 0 and agent.started["quickstart"] == 1
+    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "RestartPolicy"
