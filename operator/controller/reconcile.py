@@ -14,6 +14,14 @@ exists is refused: the JobSet stays as it is, condition SpecChange=False (reason
 the changed fields and a Warning Event says so. To apply such a change, delete the job and create
 it again (a checkpointed job resumes from its checkpoint directory). The spec a JobSet was made
 from is rendered into its annotation `training.tpu-operator.dev/applied-spec`.
+
+Restarts (the rule: api/failures.py; the pure steps: restarts.py): a JobSet that failed and was not
+counted yet has its pods listed once (exit codes, termination messages); a running one may be hung
+(the trainer's clock in the ledger). The decision is written with the status, restart counts and the
+replaced JobSet's uid first; only then is that JobSet deleted (`replace_jobset`), so an operator
+killed in between finds the decision and deletes it, never counting it twice. While the backoff
+runs (`nextRestartTime`) a missing JobSet is not created; after it, it is created under the same
+name, so two never exist. The goodput ledger moves with the same reconcile (accounting.py).
 """
 
 from __future__ import annotations
