@@ -267,7 +267,8 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
         new, notices = status_lib.reconciled(old, jobset_name, config_map, created, refused, generation, t)
         new = accounting.observed(new, sample, created_at, t)
         restart: phases.Restart = "replaced" if restarts.replaced(new, jobset) else None
-        hung = restarts.hang(new, policy, total_steps, t) if restart is None and failure is None else None
+        hung = restarts.hang(new, policy, total_steps, t) \
+            if restart is None and failure is None and restarts.answered(sample) else None
         if restart is None and (failure is not None or hung is not None):
             new, verdict, more = restarts.decide(new, jobset["metadata"].get("uid"), failure, hung, policy, t)
             restart, notices = ("replaced" if verdict.restart else "given-up"), notices + more

@@ -5,11 +5,13 @@
   the tail of its log when it died before writing one, by `FallbackToLogsOnError`), and the pod
   condition `DisruptionTarget=True` the cluster sets on a pod it stops (preemption, eviction, a
   node taint), which makes it a preemption whatever the code.
-- `hang`: why a running attempt is hung, or None. Only a trainer that has reported in this attempt
-  can be hung (one the operator cannot reach at all is `Metrics=False`, never restarted for it;
-  the trainer's own start-up watchdog covers a process stuck before it serves /status): no step
-  completed for `hangTimeoutSeconds` (default the larger of 600 s and 20 x the median step time),
-  or, before the first step, for `startupTimeoutSeconds` since it started.
+- `hang`: why a running attempt is hung, or None. It is judged only on a read of the trainer's
+  /status that succeeded (`answered`): a trainer that answers and says no step completed for
+  `hangTimeoutSeconds` (default the larger of 600 s and 20 x the median step time), or, before its
+  first step, for `startupTimeoutSeconds` since it started. Stored progress alone never restarts a
+  job (an operator back from an outage would find every job's last step old), and a trainer the
+  operator cannot reach is `Metrics=False`, never restarted for it; the trainer's own start-up
+  watchdog covers a process stuck before it serves /status.
 - `decide`: the status after a failed or hung attempt: counts by cause, `lastRestart` (with the uid
   of the JobSet it replaces, so that a JobSet is counted once however often it is seen), and
   `nextRestartTime` after the backoff, or the job given up; a `Hung` condition; the Events.
@@ -25,6 +27,7 @@ from ..api.lifecycle import TerminationRecord
 from ..api.models import FailurePolicySpec, TPUTrainingJobStatus
 from .conditions import set_condition
 from .phases import Notice
+from .status import Sample
 
 CONTAINER = "trainer"
 MIN_HANG_TIMEOUT_S = 600
@@ -61,6 +64,11 @@ def _seconds(ts: str) -> float:
 
 def _stamp(seconds: float) -> str:
     return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def answered(sample: Sample | None) -> bool:
+    """A read of the trainer's /status succeeded and brought its clock."""
+    return sample is not None and sample.error is None and sample.progress is not None
 
 
 def hang_timeout_s(policy: FailurePolicySpec, median_step_s: float | None) -> float:

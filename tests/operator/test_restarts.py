@@ -148,6 +148,10 @@ def test_a_hung_job_is_marked_restarted_and_goodput_lands_in_status_and_metrics(
     run(kube, at(11), sample=Sample(step=6, progress=p))
     status = job_status(kube)
     assert status.goodput == round(5.0 / 11, 4) and status.badput.queued == 1.0 and status.badput.startup == 4.0
+    # Long past the timeout, a reconcile with no fresh read (a resync, an operator back from an outage)
+    # or with a failed one restarts nothing: only a trainer that answers and says it is stuck is hung.
+    assert run(kube, at(41))[1] == [] and run(kube, at(41), sample=Sample(error="refused"))[1] == []
+    assert job_status(kube).restarts.total == 0
     _, events = run(kube, at(41), sample=Sample(step=6, progress=p))
     status = job_status(kube)
     assert events == ["Hung", "Restarted"] and status.phase == "Restarting"
