@@ -20,7 +20,8 @@ from tpu_operator.local.run import TooLargeForLocal, check_fits, scale_down
 from tpu_operator.api.validation import parse_job
 
 # Process 0 prints metric lines; every process records its environment; host 1 fails on the first
-# attempt with the exit code in $FAIL_CODE (when set), and any process can be told to hang.
+# attempt with the exit code in $FAIL_CODE (when set), after printing an error line and no termination
+# record (so its log's tail stands in), and any process can be told to hang.
 TRAINER = r"""
 import json, os, pathlib, sys, time
 cfg = json.load(open(os.environ["TPUJOB_CONFIG"]))
@@ -31,7 +32,8 @@ if os.environ.get("HANG"):
     (ckpt / f"pid-{me}").write_text(str(os.getpid())); time.sleep(600)
 marker = ckpt / "failed-once"
 if me == "0-1" and os.environ.get("FAIL_CODE") and not marker.exists():
-    marker.write_text("x"); sys.exit(int(os.environ["FAIL_CODE"]))
+    marker.write_text("x"); print(f"StandInError: failing with {os.environ['FAIL_CODE']}", flush=True)
+    sys.exit(int(os.environ["FAIL_CODE"]))
 if me == "0-0":
     start = 3 if marker.exists() else 0
     for step in range(start + 1, cfg["training"]["steps"] + 1):
@@ -46,7 +48,7 @@ def _job(tmp_path, **env):
                    training={"steps": 6, "globalBatch": 16, "sequenceLength": 128},
                    checkpoint={"directory": "/checkpoints/x", "persistentVolumeClaim": "ckpt"},
                    command=["python", "-c", TRAINER], args=["--config", "/etc/tpujob/config.json"],
-                   failurePolicy={"maxRestarts": 1, "restartOnExitCodes": [3]},
+                   failurePolicy={"maxRestarts": 1, "restartOnExitCodes": [42, 143], "backoffSeconds": 0.5},
                    runtime={"env": [{"name": k, "value": v} for k, v in env.items()],
                             "xlaFlags": ["--xla_tpu_enable_latency_hiding_scheduler=true"]})
     path = tmp_path / "job.yaml"
@@ -80,28 +82,38 @@ def test_each_pod_gets_the_manifest_environment_on_loopback(tmp_path):
     assert envs["env-0-1.json"]["TPUJOB_HOST_ID"] == "1" and envs["env-0-0.json"]["TPUJOB_HOST_ID"] == "0"
     assert envs["env-0-0.json"]["TPUJOB_COORDINATOR_ADDRESS"] == envs["env-0-1.json"]["TPUJOB_COORDINATOR_ADDRESS"]
     status = yaml.safe_load((tmp_path / "run" / "status.yaml").read_text())["status"]
-    assert status["phase"] == "Succeeded" and status["step"] == 6 and status["restarts"] == 0
+    assert status["phase"] == "Succeeded" and status["step"] == 6 and status["restarts"]["total"] == 0
     assert "step 6/6" in result.stdout and "phase: Succeeded" in result.stdout
     assert (tmp_path / "run" / "logs" / "tiny-slice-0-1.log").exists()
     assert (tmp_path / "run" / "report.png").stat().st_size > 1000
 
 
+def _status(tmp_path):
+    return yaml.safe_load((tmp_path / "run" / "status.yaml").read_text())["status"]
+
+
 @pytest.mark.e2e
-def test_restartable_failure_restarts_the_whole_slice(tmp_path):
-    result = _run(tmp_path, _job(tmp_path, FAIL_CODE="3"))
+@pytest.mark.parametrize("code, cause", [(42, "failure"), (143, "preemption")])
+def test_a_retryable_exit_restarts_the_whole_slice_after_its_backoff(tmp_path, code, cause):
+    result = _run(tmp_path, _job(tmp_path, FAIL_CODE=str(code)))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "tiny-slice-0-1 exited with code 3" in result.stdout and "restarted 2 process(es)" in result.stdout
-    status = yaml.safe_load((tmp_path / "run" / "status.yaml").read_text())["status"]
-    assert status["phase"] == "Succeeded" and status["restarts"] == 1 and status["step"] == 6
+    assert f"tiny-slice-0-1 exited with code {code}" in result.stdout and "restarted 2 process(es)" in result.stdout
+    assert f"restart 1 ({cause}) in 0.5 s" in result.stdout
+    status = _status(tmp_path)
+    assert status["phase"] == "Succeeded" and status["step"] == 6
+    assert status["restarts"] == {"failure": 0, "preemption": 0, "hang": 0, cause: 1, "total": 1}
 
 
 @pytest.mark.e2e
-def test_unlisted_exit_code_fails_at_once(tmp_path):
-    result = _run(tmp_path, _job(tmp_path, FAIL_CODE="9"))
+@pytest.mark.parametrize("code, why", [(9, "not in restartOnExitCodes [42, 143]"),
+                                       (3, "a user error is never retried")])
+def test_other_exits_fail_at_once_quoting_the_last_error_line(tmp_path, code, why):
+    result = _run(tmp_path, _job(tmp_path, FAIL_CODE=str(code)))
     assert result.returncode == 1
-    status = yaml.safe_load((tmp_path / "run" / "status.yaml").read_text())["status"]
-    assert status["phase"] == "Failed" and status["restarts"] == 0
-    assert "not in restartOnExitCodes [3]" in status["message"]
+    status = _status(tmp_path)
+    assert status["phase"] == "Failed" and status["restarts"]["total"] == 0
+    assert f"tiny-slice-0-1 exited with code {code}" in status["message"] and why in status["message"]
+    assert f"StandInError: failing with {code}" in status["message"]  # the log's last line, as FallbackToLogsOnError
 
 
 @pytest.mark.e2e

@@ -1,7 +1,9 @@
 """`python -m tpu_workload --config FILE`: train the TrainerConfig in FILE (JSON).
 
 Stdout of process 0 carries JSON lines only (one per logged step, then a summary with
-"summary": true); human logs go to stderr. Exit 0 on completion, 1 on failure.
+"summary": true); human logs go to stderr. The exit code follows the contract in
+`tpu_operator.api.lifecycle` (0 finished, 3 user error, 42 retryable, 143 stopped by SIGTERM after a
+checkpoint, 1 unexpected), decided in `exits.py`, which also writes the termination record.
 """
 
 from __future__ import annotations
@@ -20,40 +22,73 @@ def main(argv: list[str] | None = None) -> int:
     _reserve_stdout_for_json()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log = logging.getLogger("tpu_workload")
+    from . import exits
+    from .progress import Clock
 
+    clock = Clock(started_at=time.time())
+    try:
+        _train(args.config, clock)
+    except Exception as exc:  # every failure leaves through the one mapping to exit codes
+        _exit_now(exits.fail(exc, clock.snapshot()))
+    return exits.finish(clock.snapshot())
+
+
+def _exit_now(code: int) -> None:
+    """Leave without the interpreter's exit handlers: jax.distributed's waits for every other process to
+    shut down too (up to 5 minutes), which the peers of a failed process never do."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def _train(config: str, clock) -> None:
     from tpu_operator.api.contract import TrainerConfig
 
-    from . import metrics, runtime
+    from . import compile_cache, exits, metrics, runtime
 
-    with open(args.config) as f:
+    with open(config) as f:
         cfg = TrainerConfig.model_validate_json(f.read())
-    env = runtime.read_env()
-    runtime.start(env)
+    try:
+        env = runtime.read_env()
+        runtime.join_plan(env)
+    except ValueError as exc:
+        raise exits.UserError(f"environment contract: {exc}") from exc
+    try:
+        with exits.deadline(env.init_timeout_s, "joining the other processes (jax.distributed start-up)",
+                            clock.snapshot):
+            runtime.start(env)
+    except Exception as exc:
+        raise exits.Retryable(f"joining the other processes failed: {exits.error_line(exc)}") from exc
 
     import absl.flags
     import jax
+    from jax.experimental import multihost_utils
 
     absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags on first use
-    from . import train
+    from . import faults, preemption, train
 
+    if jax.process_count() > 1:  # a peer that joined and died at once would block the first step for good
+        with exits.deadline(env.init_timeout_s, "the first collective across all processes", clock.snapshot):
+            multihost_utils.sync_global_devices("tpujob:started")
+    compile_cache.enable(cfg)
     port = env.metrics_port if env.metrics_port is not None else cfg.metrics_port
-    status = metrics.Status(cfg.training.steps, jax.process_count())
+    status = metrics.Status(cfg.training.steps, jax.process_count(), progress=lambda: clock.snapshot().model_dump())
     # Process 0 serves /status and /metrics from start-up (compile included) until it exits.
     server = metrics.serve(status, port) if jax.process_index() == 0 else None
     try:
         train.run(cfg, peak_flops_per_device=runtime.peak_flops_per_device(env, cfg.peak_flops_per_device),
-                  run_dir=env.run_dir, status=status)
+                  run_dir=env.run_dir, status=status, clock=clock,
+                  extra_hooks=lambda run: [preemption.StopOnSigterm(run).hook(),
+                                           *faults.hooks(run, jax.process_index())])
     except Exception:
         status.update(state="failed")
-        log.exception("training failed")
-        return 1
+        raise
     if server is not None:
         if env.linger_s > 0:
-            log.info("serving final metrics for %.0f s", env.linger_s)
+            logging.getLogger("tpu_workload").info("serving final metrics for %.0f s", env.linger_s)
             time.sleep(env.linger_s)
         server.shutdown()
-    return 0
 
 
 def _reserve_stdout_for_json() -> None:

@@ -36,8 +36,9 @@ def _now() -> str:
 class Status:
     """The latest values, shared between the training loop and the HTTP thread."""
 
-    def __init__(self, total_steps: int, process_count: int):
+    def __init__(self, total_steps: int, process_count: int, progress: Callable[[], dict] | None = None):
         self._lock = threading.Lock()
+        self._progress = progress  # the trainer's clock, read fresh on every request (hang detection)
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self)
         self._values = {k: None for k in STEP_KEYS} | {
@@ -49,7 +50,8 @@ class Status:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return dict(self._values)
+            values = dict(self._values)
+        return values | {"progress": self._progress()} if self._progress else values
 
     def prometheus(self) -> bytes:
         """The latest values in the Prometheus text format (values not reported yet are left out)."""

@@ -11,6 +11,9 @@ Environment (set by the rendered pods and by the local runner):
   TPUJOB_PEAK_FLOPS_PER_DEVICE overrides the peak used for MFU
   TPUJOB_RUN_DIR               TensorBoard goes here when there is no checkpoint directory
   TPUJOB_LINGER_SECONDS        keep serving metrics this long after completion (default 0)
+  TPUJOB_INIT_TIMEOUT_SECONDS  limit on jax.distributed start-up and on the first collective after
+                               it (default 300); past it the trainer exits 42 (exits.py)
+  TPUJOB_TERMINATION_LOG       where the exit record goes (default /dev/termination-log; exits.py)
 
 How the process joins the others (`join_plan`, a pure function of `Env`):
   1. TPUJOB_COORDINATOR_ADDRESS set: jax.distributed.initialize with it, the process count and id.
@@ -32,6 +35,8 @@ from typing import Callable, Mapping
 
 log = logging.getLogger(__name__)
 
+DEFAULT_INIT_TIMEOUT_S = 300
+INIT_TIMEOUT_MARGIN_S = 30
 # Nominal per-device peak of a CPU "device", used only so MFU is defined on CPU runs.
 CPU_PEAK_FLOPS_PER_DEVICE = 5e10
 
@@ -56,6 +61,7 @@ class Env:
     run_dir: str | None
     linger_s: float
     tpu_signs: tuple[str, ...] = ()  # the TPU variables set and TPU device nodes found
+    init_timeout_s: int = DEFAULT_INIT_TIMEOUT_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +111,8 @@ def read_env(env: Mapping[str, str] | None = None, *,
                platform=env.get("TPUJOB_PLATFORM") or None, cpu_devices=_int(env, "TPUJOB_CPU_DEVICES"),
                metrics_port=_int(env, "TPUJOB_METRICS_PORT"), peak_flops=float(peak) if peak else None,
                run_dir=env.get("TPUJOB_RUN_DIR") or None,
-               linger_s=float(env.get("TPUJOB_LINGER_SECONDS") or 0), tpu_signs=tpu_signs(env, glob))
+               linger_s=float(env.get("TPUJOB_LINGER_SECONDS") or 0), tpu_signs=tpu_signs(env, glob),
+               init_timeout_s=_int(env, "TPUJOB_INIT_TIMEOUT_SECONDS") or DEFAULT_INIT_TIMEOUT_S)
 
 
 def on_tpu_host(env: Env) -> bool:
@@ -143,7 +150,9 @@ def start(env: Env) -> None:
         jax.config.update("jax_num_cpu_devices", env.cpu_devices)
     log.info("joining: %s (%s)", plan.kind, plan.reason)
     if plan.kind != "single":
-        jax.distributed.initialize(**plan.kwargs)
+        # The caller's watchdog (exits.deadline) fires at init_timeout_s and exits 42 with a message;
+        # JAX's own timeout, later, would abort the process (SIGABRT) without one.
+        jax.distributed.initialize(**plan.kwargs, initialization_timeout=env.init_timeout_s + INIT_TIMEOUT_MARGIN_S)
     log.info("process %d of %d: %d local / %d global devices (%s)", jax.process_index(), jax.process_count(),
              jax.local_device_count(), jax.device_count(), jax.default_backend())
 

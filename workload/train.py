@@ -29,6 +29,7 @@ from . import metrics as metrics_lib
 from . import model as model_lib
 from . import sharding, tuning
 from .checkpoint import Checkpointer, abstract_like
+from .progress import Clock
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,7 @@ class StepRecord:
     tokens_per_s: float
     mfu: float
     last_checkpoint_step: int | None
+    progress: dict | None = None  # the trainer's clock (lifecycle.Progress) after this step
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -231,19 +233,22 @@ class Run:
     ckpt: Checkpointer | None
     flops_per_step: float
     peak_flops: float  # of all devices in the mesh
+    clock: Clock = dataclasses.field(default_factory=Clock)
 
     @property
     def tokens_per_step(self) -> int:
         return self.cfg.training.global_batch * self.cfg.training.sequence_length
 
     def record(self, step: int, loss: float, step_time_s: float) -> StepRecord:
+        last_checkpoint = self.ckpt.last_complete_step() if self.ckpt else None
+        self.clock.step_done(step, step_time_s, last_checkpoint)
         return StepRecord(step=step, loss=loss, step_time_s=step_time_s,
                           tokens_per_s=self.tokens_per_step / step_time_s,
                           mfu=self.flops_per_step / step_time_s / self.peak_flops,
-                          last_checkpoint_step=self.ckpt.last_complete_step() if self.ckpt else None)
+                          last_checkpoint_step=last_checkpoint, progress=self.clock.snapshot().model_dump())
 
 
-def setup(cfg: TrainerConfig, *, peak_flops_per_device: float) -> Run:
+def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | None = None) -> Run:
     """Mesh, step, and the state to start from: the latest complete checkpoint when resuming."""
     t = cfg.training
     mesh = sharding.make_mesh(cfg.mesh.shape, cfg.slices)
@@ -258,10 +263,12 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float) -> Run:
     sharding.check_shardings(state["params"], trainer.param_shardings)
     start = int(jax.device_get(state["step"]))
     log.info("starting at step %d of %d", start, t.steps)
+    clock = clock or Clock()
+    clock.start(start)
     batches = data_lib.Batches(data_lib.make_source(t, cfg.model.vocab), trainer.batch_sharding, cfg.mesh.context)
     return Run(cfg=cfg, trainer=trainer, state=state, start=start, batches=batches, ckpt=ckpt,
                flops_per_step=flops_lib.flops_per_step(cfg.model, t),
-               peak_flops=peak_flops_per_device * mesh.size)
+               peak_flops=peak_flops_per_device * mesh.size, clock=clock)
 
 
 def reporting_hooks(run: Run, status: metrics_lib.Status, tb: metrics_lib.TensorBoard, main: bool) -> list[Hook]:
@@ -273,7 +280,7 @@ def reporting_hooks(run: Run, status: metrics_lib.Status, tb: metrics_lib.Tensor
     if main:
         hooks.append(Hook(every, on_record=lambda r: metrics_lib.emit(r.as_dict())))
     if run.ckpt:
-        hooks.append(Hook(run.cfg.checkpoint.interval, on_state=run.ckpt.save))
+        hooks.append(Hook(run.cfg.checkpoint.interval, on_state=run.clock.timed(run.ckpt.save)))
     return hooks
 
 
@@ -296,7 +303,7 @@ def train(run: Run, hooks: list[Hook]) -> Summary:
                 hook.on_state(step + 1, state)
         pending = (step + 1, metrics)
     record, _ = _report(run, hooks, *pending, t_prev, times)
-    last = run.ckpt.finish() if run.ckpt else None
+    last = run.clock.finish_checkpoints(run.ckpt) if run.ckpt else None
     timed = times[1:] or times
     median = statistics.median(timed)
     return Summary(step=total, last_checkpoint_step=last, loss=record.loss, step_time_s=median,
@@ -317,15 +324,18 @@ def _report(run: Run, hooks: list[Hook], step: int, metrics: dict, t_prev: float
 
 
 def run(cfg: TrainerConfig, *, peak_flops_per_device: float, run_dir: str | None = None,
-        status: metrics_lib.Status | None = None) -> Summary:
-    """Train `cfg` on all global devices; every process returns the summary, process 0 prints it."""
+        status: metrics_lib.Status | None = None, clock: Clock | None = None,
+        extra_hooks: Callable[[Run], list[Hook]] | None = None) -> Summary:
+    """Train `cfg` on all global devices; every process returns the summary, process 0 prints it.
+    `extra_hooks(run)` run before the reporting and checkpoint hooks (SIGTERM handling, test faults)."""
     main = jax.process_index() == 0
     status = status or metrics_lib.Status(cfg.training.steps, jax.process_count())
-    prepared = setup(cfg, peak_flops_per_device=peak_flops_per_device)
+    prepared = setup(cfg, peak_flops_per_device=peak_flops_per_device, clock=clock)
     base = cfg.checkpoint.directory or run_dir
     tb = metrics_lib.TensorBoard(f"{base.rstrip('/')}/tensorboard" if base and main else None)
     try:
-        summary = train(prepared, reporting_hooks(prepared, status, tb, main))
+        hooks = [*(extra_hooks(prepared) if extra_hooks else []), *reporting_hooks(prepared, status, tb, main)]
+        summary = train(prepared, hooks)
     finally:
         tb.close()
         if prepared.ckpt:

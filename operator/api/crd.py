@@ -23,8 +23,9 @@ PRINTER_COLUMNS = [
     {"name": "MFU", "type": "number", "jsonPath": ".status.mfu"},
     {"name": "Step Time", "type": "number", "jsonPath": ".status.stepTimeSeconds"},
     {"name": "Tokens/s", "type": "number", "jsonPath": ".status.tokensPerSecond", "priority": 1},
-    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "priority": 1},
-    {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions", "priority": 1},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total", "priority": 1},
+    {"name": "Preemptions", "type": "integer", "jsonPath": ".status.restarts.preemption", "priority": 1},
+    {"name": "Goodput", "type": "number", "jsonPath": ".status.goodput", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},  # why Queued or Pending
 ]

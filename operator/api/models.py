@@ -18,6 +18,8 @@ from pydantic.alias_generators import to_camel
 
 from . import catalogue, rules
 from .contract import (SLICE_AXES, Base, CheckpointSpec, KernelsSpec, Mesh, ModelDims, TrainingSpec, _desc)
+from .failures import DEFAULT_RESTART_ON_EXIT_CODES, NEVER_RESTARTED, LastRestart, RestartCounts
+from .goodput import Badput, Ledger
 from .presets import PRESETS
 
 GROUP = "training.tpu-operator.dev"
@@ -34,6 +36,8 @@ CONFIG_FILE = "config.json"
 # Env names the renderer owns; a user env var of the same name would silently break start-up.
 RESERVED_ENV_PREFIXES = ("TPUJOB_", "MEGASCALE_")
 RESERVED_ENV = ("LIBTPU_INIT_ARGS", "XLA_FLAGS")
+# The trainer's fault-injection switches (tpu_workload.faults): a test job may set them; the renderer never does.
+TEST_ENV_PREFIX = "TPUJOB_TEST_"
 
 GENERATION_SPELLINGS = tuple(sorted(catalogue.ALIASES))
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -210,7 +214,7 @@ class EnvVar(Base):
     @field_validator("name")
     @classmethod
     def _not_reserved(cls, v: str) -> str:
-        if v.startswith(RESERVED_ENV_PREFIXES) or v in RESERVED_ENV:
+        if (v.startswith(RESERVED_ENV_PREFIXES) and not v.startswith(TEST_ENV_PREFIX)) or v in RESERVED_ENV:
             raise ValueError(f"{v} is set by the operator; use runtime.libtpuInitArgs / xlaFlags for flags")
         return v
 
@@ -247,10 +251,34 @@ class RuntimeSpec(Base):
 
 
 class FailurePolicySpec(Base):
-    max_restarts: int = _desc("Whole-slice restarts before the job fails.", default=3, ge=0, le=1000)
+    """How the operator restarts a job (README: Failures and restarts; api/failures.py has the rule)."""
+
+    max_restarts: int = _desc("Restarts after failures and hangs before the job fails, counted by the operator "
+                              "across JobSet re-creations (preemptions are counted but not charged).",
+                              default=3, ge=0, le=1000)
     restart_on_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = _desc(
-        "Trainer exit codes that restart the job; any other non-zero code fails it at once. "
-        "Empty: every failure restarts.", default_factory=list, max_length=64)
+        "Trainer exit codes that restart the job; any other fails it at once. Default: the retryable "
+        "classes 42 (infrastructure), 137 (killed), 143 (SIGTERM). Empty: every code but 3 restarts; "
+        "3 (a user error) never does.",
+        default_factory=lambda: list(DEFAULT_RESTART_ON_EXIT_CODES), max_length=64)
+    hang_timeout_seconds: int | None = _desc(
+        "A running job is Hung, and restarted, when no step completed for this long. Default: the larger of "
+        "600 and 20 x the median step time.", default=None, ge=1)
+    startup_timeout_seconds: int = _desc(
+        "Start-up allowance: pods running -> first step done (restore and compilation included) before the "
+        "job is Hung.", default=1800, ge=1)
+    backoff_seconds: float = _desc("Delay before the first restart; doubled for each restart after it.",
+                                   default=10.0, ge=0, le=86400)
+    max_backoff_seconds: float = _desc("Longest delay between restarts.", default=600.0, ge=0, le=86400)
+
+    @field_validator("restart_on_exit_codes")
+    @classmethod
+    def _never_user_errors(cls, v: list[int]) -> list[int]:
+        listed = sorted(set(v) & set(NEVER_RESTARTED))
+        if listed:
+            raise ValueError(f"exit code {listed[0]} is a user or configuration error and is never retried; "
+                             "remove it")
+        return v
 
 
 class Toleration(Base):
@@ -332,6 +360,10 @@ class TPUTrainingJobSpec(Base):
                                           default_factory=list)
     suspend: bool = _desc("Suspend the job (its pods are deleted; resume continues from the checkpoint). With "
                           "queueName, the operator deactivates the job's Kueue Workload.", default=False)
+    termination_grace_period_seconds: int | None = _desc(
+        "Seconds a pod has after SIGTERM to finish its step and write a checkpoint before it is killed. "
+        "Default: derived from the checkpoint size per host (README: Failures and restarts).",
+        default=None, ge=1, le=86400)
 
     @model_validator(mode="after")
     def _cross_field(self) -> "TPUTrainingJobSpec":
@@ -405,7 +437,7 @@ class Condition(Base):
     """A Kubernetes-shaped condition; `lastTransitionTime` moves only when `status` changes."""
 
     type: str = _desc("Ready, Planned, SpecChange, Admitted, Scheduled, ContainersReady, Running, Succeeded, Failed, "
-                      "Metrics.")
+                      "Metrics, Hung.")
     status: ConditionStatus = _desc("True, False or Unknown.")
     reason: str = _desc("CamelCase reason.", default="")
     message: str = _desc("Human-readable detail.", default="")
@@ -440,11 +472,14 @@ class TPUTrainingJobStatus(Base):
                                               default=())
     observed_generation: int | None = _desc("metadata.generation the status describes.", default=None)
     job_set_name: str | None = _desc("The JobSet running this job.", default=None)
-    restarts: int | None = _desc("Whole-slice restarts so far.", default=None)
-    preemptions: int | None = _desc("Times Kueue evicted the job (preemption, node failures, a PodsReady timeout...) "
-                                    "and queued it again; not counted in restarts.", default=None)
-    last_eviction_time: str | None = _desc("When Kueue last evicted the job (its Workload's Evicted condition).",
-                                           default=None)
+    restarts: RestartCounts | None = _desc("Whole-job restarts by cause; they survive JobSet re-creations. A "
+                                           "Kueue eviction counts under preemption.", default=None)
+    last_restart: LastRestart | None = _desc("The latest restart: its cause and the trainer's last error line.",
+                                             default=None)
+    next_restart_time: str | None = _desc("When the pending restart creates the JobSet again (after its backoff).",
+                                          default=None)
+    last_eviction_time: str | None = _desc("When Kueue last evicted the job (its Workload's Evicted condition); "
+                                           "each eviction counts once under restarts.preemption.", default=None)
     workload_name: str | None = _desc("The Kueue Workload of the JobSet (jobs with a queueName).", default=None)
     plan: PlanStatus | None = _desc("The pre-flight compile's findings (spec.plan.preflight compile).", default=None)
     step: int | None = _desc("Latest completed training step.", default=None)
@@ -456,6 +491,10 @@ class TPUTrainingJobStatus(Base):
     start_time: str | None = _desc("When the job first ran.", default=None)
     completion_time: str | None = _desc("When the job succeeded or failed.", default=None)
     message: str | None = _desc("Human-readable summary of the phase.", default=None)
+    goodput: float | None = _desc("Seconds on steps that survive / seconds since the job was created, as of "
+                                  "the latest change (0..1).", default=None)
+    badput: Badput | None = _desc("The rest of the wall time, in seconds, by cause.", default=None)
+    accounting: Ledger | None = _desc("The goodput ledger the figures above are computed from.", default=None)
 
     @property
     def finished(self) -> bool:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from . import catalogue
 from .contract import TrainerConfig
 from .models import TPUTrainingJob
+
+
+# What a SIGTERM must fit in before the kubelet kills the pod: the step in flight, then a blocking save
+# of this host's share of the checkpoint (f32 weights and two Adam moments) at a conservative write rate.
+CHECKPOINT_BYTES_PER_PARAM = 12
+GRACE_WRITE_BYTES_PER_S = 200e6
+GRACE_MARGIN_S = 60
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,22 @@ class Plan:
     @property
     def peak_flops_per_device(self) -> float:
         return self.gen.peak_flops(self.job.spec.training.precision) / self.gen.devices_per_chip
+
+    @property
+    def parameters(self) -> int:
+        m = self.job.spec.model_dims
+        attention = m.model_dim * m.head_dim * (2 * m.heads + 2 * m.kv_heads)
+        mlp = 3 * m.model_dim * m.mlp_dim * max(1, m.experts) + (m.model_dim * m.experts)
+        return m.layers * (attention + mlp + 2 * m.model_dim) + 2 * m.vocab * m.model_dim + m.model_dim
+
+    @property
+    def termination_grace_period_seconds(self) -> int:
+        """The spec's, else a margin for the step in flight plus this host's share of a checkpoint written
+        at GRACE_WRITE_BYTES_PER_S, rounded up to 30 s (llama3-8b on 4x4x4: 120 s)."""
+        if self.job.spec.termination_grace_period_seconds is not None:
+            return self.job.spec.termination_grace_period_seconds
+        per_host = self.parameters * CHECKPOINT_BYTES_PER_PARAM / self.total_hosts
+        return 30 * math.ceil((GRACE_MARGIN_S + per_host / GRACE_WRITE_BYTES_PER_S) / 30)
 
     def trainer_config(self) -> TrainerConfig:
         spec = self.job.spec

@@ -1,4 +1,4 @@
-"""The Kubernetes API as the controller uses it: five calls over kubernetes_asyncio's public ApiClient.
+"""The Kubernetes API as the controller uses it: seven calls over kubernetes_asyncio's public ApiClient.
 
 `Kube` is the protocol the reconcile logic is written against (tests give it an in-memory fake);
 `AsyncKube` implements it with kubernetes_asyncio, the maintained async sibling of the `kubernetes`
@@ -67,6 +67,8 @@ class Kube(Protocol):
                     sub: str | None = None) -> Obj: ...  # JSON merge patch
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]: ...
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any: ...
+    async def delete(self, resource: Resource, namespace: str, name: str, body: Obj) -> Obj: ...  # DeleteOptions
+    async def delete_all(self, resource: Resource, namespace: str, selector: str, body: Obj) -> Obj: ...
 
 
 class AsyncKube:
@@ -80,7 +82,7 @@ class AsyncKube:
         try:
             return await self.api.call_api(
                 path, method, header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=body, auth_settings=["BearerToken"], response_types_map={200: "object", 201: "object"},
+                body=body, auth_settings=["BearerToken"], response_types_map={200: "object", 201: "object", 202: "object"},
                 _return_http_data_only=True, _request_timeout=self.timeout_s)
         except ApiException as exc:
             raise ApiError(exc.status or 0, _reason(exc)) from None
@@ -99,6 +101,13 @@ class AsyncKube:
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]:
         found = await self._call("GET", f"{resource.path(namespace)}?labelSelector={quote(selector, safe='')}")
         return found.get("items") or []
+
+    async def delete(self, resource: Resource, namespace: str, name: str, body: Obj) -> Obj:
+        return await self._call("DELETE", resource.path(namespace, name), body)
+
+    async def delete_all(self, resource: Resource, namespace: str, selector: str, body: Obj) -> Obj:
+        """deletecollection of the objects `selector` matches."""
+        return await self._call("DELETE", f"{resource.path(namespace)}?labelSelector={quote(selector, safe='')}", body)
 
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any:
         """GET through the API server's pod proxy; the decoded JSON body (or its text)."""

@@ -13,7 +13,8 @@ user's `spec.suspend` to the Workload's `spec.active` instead, Kueue's own switc
 - `trim`: the part of a Workload the operator keeps in its index (what the functions below read).
 - `pick`: the Workload of a JobSet among those the watch saw under its name.
 - `admission`: the job's `Admitted` condition from the Workload, with Kueue's own words.
-- `follow`: the status after seeing the Workload: `Admitted`, `workloadName`, and `preemptions`,
+- `follow`: the status after seeing the Workload: `Admitted`, `workloadName`, and a restart with cause
+  `preemption` (`restarts.preemption`, the job's restart counter, not charged against maxRestarts),
   counted once per eviction (keyed on the Evicted condition's lastTransitionTime), with its Events.
 - `activation_patch`: the Workload patch that carries `spec.suspend`, if one is needed.
 """
@@ -24,6 +25,7 @@ import dataclasses
 from typing import Any
 
 from ..api import names
+from ..api.failures import RestartCounts
 from ..api.models import TPUTrainingJobStatus
 from ..rendering.placement import KUEUE_QUEUE_LABEL
 from .conditions import set_condition
@@ -139,7 +141,7 @@ def follow(status: TPUTrainingJobStatus, wl: WorkloadView | None, queue: str, jo
     evicted = wl.true("Evicted") if wl else None
     key = evicted and (evicted.get("lastTransitionTime") or f"{evicted.get('reason')}: {evicted.get('message')}")
     if evicted is not None and evicted.get("reason") != DEACTIVATED and key != status.last_eviction_time:
-        update.update(preemptions=(status.preemptions or 0) + 1, last_eviction_time=key)
+        update.update(restarts=(status.restarts or RestartCounts()).plus("preemption"), last_eviction_time=key)
         notices.append(Notice("Warning", "Evicted", f"{message}; queued again in LocalQueue {queue}"))
     elif state == "True" and (before is None or before.status != "True"):
         notices.append(Notice("Normal", "Admitted", message))

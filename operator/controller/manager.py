@@ -182,8 +182,11 @@ class Manager:
         """Keep the job's resync and metrics reads on the ticker's calendar while they are due. First
         reads are spread over an interval, so jobs found together (a restart) are not read together."""
         status = TPUTrainingJobStatus.model_validate((job or {}).get("status") or {})
-        if job is None or job["metadata"].get("deletionTimestamp") or status.finished:
-            self._drop(key)
+        gone = job is None or job["metadata"].get("deletionTimestamp")
+        if not gone:
+            self.stats.job(key, status)  # a finished job's last figures stay until it is deleted
+        if gone or status.finished:
+            self._drop(key, forget_stats=bool(gone))
             return
         if status.job_set_name and status.phase != "Invalid":
             self.due_resync.setdefault(key, self.clock() + self.config.resync_interval_s * self.rng.uniform(0.5, 1))
@@ -192,9 +195,11 @@ class Manager:
         elif self.due_metrics.pop(key, None) is not None:
             self.reader.forget(key[0], names.jobset_name(key[1]))  # not running: its pods will be new ones
 
-    def _drop(self, key: Key) -> None:
+    def _drop(self, key: Key, forget_stats: bool = True) -> None:
         for table in (self.written, self.samples, self.due_resync, self.due_metrics):
             table.pop(key, None)
+        if forget_stats:
+            self.stats.forget_job(key)
         self.reader.forget(key[0], names.jobset_name(key[1]))
 
     async def _ticker(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from ..api.lifecycle import Progress
 from .kube import PODS, ApiError, Kube
 from .status import Sample
 
@@ -65,7 +66,7 @@ def to_sample(body: Any) -> Sample:
         if kind is float and not math.isfinite(value):
             continue
         values[field] = int(value) if kind is int else round(float(value), 6)
-    return Sample(**values)
+    return Sample(**values, progress=Progress.lenient(body.get("progress")))
 
 
 class MetricsReader:

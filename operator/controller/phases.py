@@ -5,15 +5,18 @@ The phase rule, first match wins (`phase_of`):
 1. Succeeded and Failed are sticky: a finished job never goes back (a JobSet deleted after it
    finished, e.g. by its TTL, does not make the job Pending again).
 2. Succeeded: the JobSet has condition Completed=True, or terminalState Completed.
-3. Failed: the JobSet has condition Failed=True, or terminalState Failed.
+3. Failed: the restart policy gave up on the JobSet's failure (`restart` is "given-up": a user
+   error, an exit code not restarted, the restart budget spent; restarts.py, api/failures.py), or
+   the JobSet failed and no restart decision was taken about it.
 4. Suspended: the JobSet is suspended (condition Suspended=True, or spec.suspend is true) and the
    job has no queue or its user suspended it (the job's spec.suspend).
 5. Queued: the job has a queue (spec.queueName) and its JobSet is suspended: Kueue holds it until
    it admits the job, and again after an eviction. The message is Kueue's (condition Admitted).
-6. Restarting: the JobSet's status.restarts is above the restarts the job last recorded (a restart
-   the operator has not seen yet), or the job is already Restarting; it stays Restarting until a
-   Job is *ready* again (sum of replicatedJobsStatus[].ready > 0), then it is Running. Active
-   alone does not end Restarting: the recreated Jobs count their pending pods as active at once.
+6. Restarting: the JobSet is one a restart replaces (`restart` is "replaced": it failed or hung, and
+   the operator deletes it and creates it again after a backoff), or the job is already Restarting;
+   it stays Restarting until a Job of the new JobSet is *ready* (sum of replicatedJobsStatus[].ready
+   > 0), then it is Running. Active alone does not end Restarting: new Jobs count their pending
+   pods as active at once.
 7. Pending: no Job is ready and the last look at the pods found one that cannot be scheduled or
    whose container cannot start (diagnosis.py); the message says which and why.
 8. Running: some Job is active or ready (sum of active + ready > 0).
@@ -21,7 +24,8 @@ The phase rule, first match wins (`phase_of`):
 
 `Invalid` is decided before any JobSet exists (reconcile.py), never here. The counts are JobSet's:
 replicatedJobsStatus counts Jobs (one per slice), and a Job is active while any of its pods is
-pending or running, ready once all of them are.
+pending or running, ready once all of them are. JobSet's own `restarts` is not read: the rendered
+JobSet never restarts itself (maxRestarts 0); the operator does.
 
 Conditions follow Kubernetes: `lastTransitionTime` changes only when a condition's status does
 (conditions.py).
@@ -30,7 +34,7 @@ Conditions follow Kubernetes: `lastTransitionTime` changes only when a condition
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from ..api.models import TERMINAL_PHASES as TERMINAL
 from ..api.models import Condition, TPUTrainingJobStatus
@@ -42,7 +46,6 @@ class JobSetView:
     """What the phase rule reads of a JobSet."""
 
     true_conditions: dict[str, dict[str, Any]]  # type -> condition, only those with status True
-    restarts: int
     terminal_state: str | None
     active: int
     ready: int
@@ -61,7 +64,6 @@ class JobSetView:
 
         return cls(
             true_conditions={c["type"]: c for c in status.get("conditions") or [] if c.get("status") == "True"},
-            restarts=int(status.get("restarts") or 0),
             terminal_state=status.get("terminalState"),
             active=total("active"), ready=total("ready"), succeeded=total("succeeded"), failed=total("failed"),
             suspend=bool((jobset.get("spec") or {}).get("suspend")),
@@ -80,22 +82,27 @@ class Intent:
     queued: bool = False  # the job names a Kueue queue: Kueue decides when its JobSet runs
 
 
-def phase_of(previous_phase: str | None, previous_restarts: int, js: JobSetView, intent: Intent = Intent(),
+Restart = Literal["replaced", "given-up"] | None
+
+
+def phase_of(previous_phase: str | None, js: JobSetView, intent: Intent = Intent(), restart: Restart = None,
              trouble: bool = False) -> str:
-    """The rule in the module docstring (`trouble`: the pods' diagnosis found a problem)."""
+    """The rule in the module docstring (`restart`: the restart policy's decision about this JobSet;
+    `trouble`: the pods' diagnosis found a problem)."""
     suspended = "Suspended" in js.true_conditions or js.suspend
     if previous_phase in TERMINAL:
         return previous_phase
     if "Completed" in js.true_conditions or js.terminal_state == "Completed":
         return "Succeeded"
-    if "Failed" in js.true_conditions or js.terminal_state == "Failed":
+    failed = "Failed" in js.true_conditions or js.terminal_state == "Failed"
+    if restart == "given-up" or (failed and restart is None):
         return "Failed"
     if suspended and (not intent.queued or intent.suspend):
         return "Suspended"
     if suspended:
         return "Queued"
-    if js.restarts > previous_restarts or previous_phase == "Restarting":
-        return "Running" if js.ready > 0 else "Restarting"
+    if restart == "replaced" or previous_phase == "Restarting":
+        return "Running" if js.ready > 0 and restart is None else "Restarting"
     if trouble and js.ready == 0:
         return "Pending"
     if js.active + js.ready > 0:
@@ -120,7 +127,7 @@ def _message(phase: str, js: JobSetView, status: TPUTrainingJobStatus, trouble: 
     if phase == "Pending" and trouble is not None:
         return trouble.message
     if phase == "Restarting":
-        base = f"restart {js.restarts}: waiting for the recreated pods to be ready"
+        base = "restarting: waiting for the recreated pods to be ready"
     elif phase == "Running":
         base = f"{js.ready} of {js.jobs or js.active} slice(s) ready"
     else:
@@ -138,28 +145,28 @@ class Notice:
 
 
 def follow(status: TPUTrainingJobStatus, jobset: dict[str, Any], now: str, intent: Intent = Intent(),
-           trouble: Condition | None = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
-    """The job status after seeing `jobset`, and the Events its transitions deserve. `trouble` is the
-    problem the last look at the pods found (diagnosis.trouble), if any."""
+           trouble: Condition | None = None, restart: Restart = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+    """The job status after seeing `jobset` (and the restart decision about it), and the Events its
+    transitions deserve. `trouble` is the problem the last look at the pods found (diagnosis.trouble),
+    if any. A restart decision's message, set before, is kept while it applies."""
     js = JobSetView.of(jobset)
-    before, seen_restarts = status.phase, status.restarts or 0
-    phase = phase_of(before, seen_restarts, js, intent, trouble is not None)
-    message = status.message if phase in TERMINAL and before in TERMINAL else _message(phase, js, status, trouble)
+    before = status.phase
+    phase = phase_of(before, js, intent, restart, trouble is not None)
+    keep = (phase in TERMINAL and before in TERMINAL) or restart is not None
+    message = status.message if keep and status.message else _message(phase, js, status, trouble)
     started = phase in ("Running", "Restarting", *TERMINAL)
     conds = set_condition(status.conditions, "Running", "True" if phase == "Running" else "False", phase, message,
                           now)
     if phase == "Succeeded":
         conds = set_condition(conds, "Succeeded", "True", "JobSetCompleted", message, now)
     if phase == "Failed":
-        conds = set_condition(conds, "Failed", "True", "JobSetFailed", message, now)
+        conds = set_condition(conds, "Failed", "True", "RestartPolicy" if restart else "JobSetFailed", message, now)
     new = status.model_copy(update=dict(
-        phase=phase, restarts=max(js.restarts, seen_restarts), message=message, conditions=conds,
+        phase=phase, message=message, conditions=conds,
         start_time=status.start_time or (now if started else None),
         completion_time=status.completion_time or (now if phase in TERMINAL else None)))
 
     notices = []
-    if js.restarts > seen_restarts and before not in TERMINAL:
-        notices.append(Notice("Warning", "Restarted", f"the JobSet restarted all slices (restart {js.restarts})"))
     if phase != before:
         if phase == "Succeeded":
             notices.append(Notice("Normal", "Succeeded", message))

@@ -10,15 +10,19 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # kopf watches the jobs; a status write that conflicts re-reads the job once.
     {"apiGroups": ["training.tpu-operator.dev"], "resources": ["tputrainingjobs"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["training.tpu-operator.dev"], "resources": ["tputrainingjobs/status"], "verbs": ["patch"]},
-    # get: adoption after a 409 and the resync; patch: spec.suspend.
-    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    # get: adoption after a 409 and the resync; patch: spec.suspend; delete: a restart replaces a failed or
+    # hung JobSet (api/failures.py).
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create"]},
     # The pre-flight compile (a kopf index of our batch Jobs); get: adoption after a 409.
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
-    # pod 0 of a JobSet, for its metrics; a JobSet's pods when some are not ready, to say why (one
-    # label-selected list per JobSet event or resync: no watch, so no cluster-wide pod cache); the
-    # pre-flight's pod, for its result (its termination message) or why it did not start.
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    # list: pod 0 of a JobSet, for its metrics; a JobSet's pods when some are not ready, to say why (one
+    # label-selected list per JobSet event or resync: no watch, so no cluster-wide pod cache); a failed
+    # JobSet's pods, for their exit codes and messages; the pre-flight's pod, for its result (its
+    # termination message) or why it did not start. deletecollection: a failed or hung attempt's pods,
+    # at once (reconcile.replace_jobset).
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "deletecollection"]},
     {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},  # --metrics-access proxy only
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # Kueue: list and watch the Workloads of queued JobSets (a kopf index); patch spec.active to carry a

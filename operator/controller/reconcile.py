@@ -16,6 +16,14 @@ SpecChange=False (reason Immutable) names the changed fields and a Warning Event
 such a change, delete the job and create it again (a checkpointed job resumes from its checkpoint
 directory). The spec a JobSet was made from is rendered into its annotation
 `training.tpu-operator.dev/applied-spec`.
+
+Restarts (the rule: api/failures.py; the pure steps: restarts.py): a JobSet that failed and was not
+counted yet has its pods listed once (exit codes, termination messages); a running one may be hung
+(the trainer's clock in the ledger). The decision is written with the status, restart counts and the
+replaced JobSet's uid first; only then is that JobSet deleted (`replace_jobset`), so an operator
+killed in between finds the decision and deletes it, never counting it twice. While the backoff
+runs (`nextRestartTime`) a missing JobSet is not created; after it, it is created under the same
+name, so two never exist. The goodput ledger moves with the same reconcile (accounting.py).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from ..api import names
 from ..api.models import KIND, TPUTrainingJob, TPUTrainingJobStatus
 from ..api.validation import InvalidJob, parse_job
 from ..rendering.manifests import applied_spec, render
-from . import diagnosis, kueue, phases, preflight, status as status_lib
+from . import accounting, diagnosis, kueue, phases, preflight, restarts, status as status_lib
 from .kube import CONFIGMAPS, JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 from .metrics_reader import LABEL_JOBSET, MetricsReader
 from .phases import Notice
@@ -132,8 +140,41 @@ def refused_changes(jobset: Obj, job: TPUTrainingJob) -> list[str]:
     return changed_fields(json.loads(applied), applied_spec(job)) if applied else []
 
 
-def jobset_finished(jobset: Obj) -> bool:
-    return phases.phase_of(None, 0, phases.JobSetView.of(jobset)) in phases.TERMINAL
+def jobset_completed(jobset: Obj) -> bool:
+    return phases.phase_of(None, phases.JobSetView.of(jobset)) == "Succeeded"
+
+
+def jobset_failed(jobset: Obj) -> bool:
+    js = phases.JobSetView.of(jobset)
+    return "Failed" in js.true_conditions or js.terminal_state == "Failed"
+
+
+async def failure_of(kube: Kube, namespace: str, jobset: Obj) -> restarts.Failure:
+    """Why a JobSet failed, from its pods (one LIST, only when a JobSet fails)."""
+    name = jobset["metadata"]["name"]
+    pods = await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
+    return restarts.failure_of(pods, phases.JobSetView.of(jobset).condition_message("Failed"))
+
+
+async def replace_jobset(kube: Kube, namespace: str, jobset: Obj, cause: str) -> None:
+    """Delete a JobSet a restart replaces (foreground: its pods go first; only this uid). Its DELETED
+    event brings the job back, and the reconcile creates the JobSet again once the backoff is over.
+    Unless the restart is for a preemption (its pods are saving the step in flight), the pods go at
+    once (gracePeriodSeconds 0): a JAX process cannot save without all of its peers, so a failed or
+    hung attempt's survivors would only sit out their grace period in a collective."""
+    meta = jobset["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    try:
+        if cause != "preemption":
+            await kube.delete_all(PODS, namespace, f"{LABEL_JOBSET}={meta['name']}",
+                                  {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+        await kube.delete(JOBSETS, namespace, meta["name"], {
+            "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground",
+            "preconditions": {"uid": meta["uid"]}})
+    except ApiError as exc:
+        if exc.status not in (404, 409):  # gone already, or another JobSet of that name: not ours to delete
+            raise
 
 
 # --- status ------------------------------------------------------------------------------------------
@@ -205,14 +246,15 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
                     look_at_pods: bool = False, preflights: Sequence[Obj] = ()) -> Outcome:
     """Converge one job: validate, make its ConfigMap and JobSet exist (`jobset` is the JobSet as last
     seen, None when none is known), apply suspend, refuse other changes, map the JobSet's status, its
-    Kueue Workload (among `workloads`, those seen under the JobSet's name), the trainer's `sample` and,
-    when `look_at_pods` (a JobSet event or a resync) and some pods are not ready, the pods' state into
-    the job's, and write it."""
+    Kueue Workload (among `workloads`, those seen under the JobSet's name), the trainer's `sample`, the
+    restart policy's decision and, when `look_at_pods` (a JobSet event or a resync) and some pods are
+    not ready, the pods' state into the job's, and write it."""
     meta = job_obj["metadata"]
     namespace, uid = meta.get("namespace", "default"), meta.get("uid")
     if meta.get("deletionTimestamp"):
         return Outcome("deleting")
-    if TPUTrainingJobStatus.model_validate(job_obj.get("status") or {}).finished:
+    before = TPUTrainingJobStatus.model_validate(job_obj.get("status") or {})
+    if before.finished:
         return Outcome("finished")  # never re-run a finished job, e.g. when its JobSet was deleted by a TTL
     try:
         job = parse_job({k: job_obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in job_obj})
@@ -224,6 +266,9 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
     created, ensured = False, jobset is None or owner_of(jobset) != (namespace, job.metadata.name, uid)
     planned: preflight.Gate | None = None
     if ensured:
+        wait = restarts.wait_s(before, now())
+        if wait > 0:  # a restart's backoff: the JobSet is created again once it is over
+            return Outcome("waiting", None, wait)
         try:
             if preflight.wanted(job):  # no JobSet before the compiler says the step fits (preflight.py)
                 planned = await preflight.gate(kube, job, job_obj, preflights, config.preflight, config.default_image,
@@ -241,28 +286,45 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
     queue = job.spec.queue_name
     workload = kueue.pick(list(workloads), jobset["metadata"].get("uid")) if queue else None
     jobset = await apply_suspend(kube, job, jobset, workload)
-    if sample is None and reader is not None and jobset_finished(jobset):
+    if sample is None and reader is not None and jobset_completed(jobset):
         # The trainer lingers after its last step, serving its final values: read them once more.
         sample = await reader.read(namespace, jobset["metadata"]["name"], job.spec.runtime.metrics_port)
+    failure = None
+    if jobset_failed(jobset) and not restarts.replaced(before, jobset):
+        failure = await failure_of(kube, namespace, jobset)
     jobset_name, config_map = jobset["metadata"]["name"], names.config_map_name(job.metadata.name)
     view = phases.JobSetView.of(jobset)
     pods = None
     if look_at_pods and diagnosis.needs_pods(view):  # one list per JobSet event or resync, never per pod
         pods = await kube.list(PODS, namespace, f"{LABEL_JOBSET}={jobset_name}")
     intent = phases.Intent(suspend=job.spec.suspend, queued=queue is not None)
+    policy, total_steps, created_at = job.spec.failure_policy, job.spec.training.steps, meta.get("creationTimestamp")
 
     def compute(old: TPUTrainingJobStatus, generation: int | None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+        t = now()
         old, notices = planned.compute(old, generation) if planned and planned.compute else (old, [])
-        new, made = status_lib.reconciled(old, jobset_name, config_map, created, refused, generation, now())
+        new, made = status_lib.reconciled(old, jobset_name, config_map, created, refused, generation, t)
         notices += made
         if queue is not None:
-            new, queued = kueue.follow(new, workload, queue, jobset_name, now())
+            new, queued = kueue.follow(new, workload, queue, jobset_name, t)
             notices += queued
-        new, diagnosed = diagnosis.follow(new, view, pods, now())
-        new, followed = phases.follow(new, jobset, now(), intent, diagnosis.trouble(new))
+        new, diagnosed = diagnosis.follow(new, view, pods, t)
+        notices += diagnosed
+        new = accounting.observed(new, sample, created_at, t)
+        restart: phases.Restart = "replaced" if restarts.replaced(new, jobset) else None
+        hung = restarts.hang(new, policy, total_steps, t) \
+            if restart is None and failure is None and restarts.answered(sample) else None
+        if restart is None and (failure is not None or hung is not None):
+            new, verdict, more = restarts.decide(new, jobset["metadata"].get("uid"), failure, hung, policy, t)
+            restart, notices = ("replaced" if verdict.restart else "given-up"), notices + more
+        new, followed = phases.follow(new, jobset, t, intent, diagnosis.trouble(new), restart)
         if sample is not None:
-            new = status_lib.with_sample(new, sample, now())
-        return new, notices + diagnosed + followed
+            new = status_lib.with_sample(new, sample, t)
+        new = accounting.settled(old, new, sample, failure.progress if failure else None, created_at, t)
+        return restarts.recovered(new, t), notices + followed
 
     done = await write_status(kube, job_obj, compute, emit)
+    written = TPUTrainingJobStatus.model_validate((done or {}).get("status") or {})
+    if done is not None and restarts.replaced(written, jobset):
+        await replace_jobset(kube, namespace, jobset, written.last_restart.cause)
     return Outcome("created" if created else "adopted" if ensured else "followed", done)

@@ -1,9 +1,14 @@
 """The operator's own Prometheus metrics (prometheus_client): reconciles by trigger and result, the
-failed ones, and how long they took. Served at `--metrics-port` /metrics."""
+failed ones, and how long they took; and per job its goodput, badput by bucket and restarts by
+cause, as its status says (a deleted job's series are dropped). Served at
+`--metrics-port` /metrics."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ..api.goodput import BUCKETS as BADPUT_BUCKETS
+from ..api.models import TPUTrainingJobStatus
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FAILED = ("error", "api_error")
@@ -18,6 +23,31 @@ class Stats:
                               ["handler"], registry=self.registry)
         self.duration = Histogram("tpu_operator_reconcile_duration_seconds", "Time spent in one reconcile.",
                                   ["handler"], buckets=BUCKETS, registry=self.registry)
+
+        self.goodput = Gauge("tpu_operator_job_goodput", "Seconds on steps that survive / seconds since the job was "
+                             "created (0..1).", ["namespace", "job"], registry=self.registry)
+        self.badput = Gauge("tpu_operator_job_badput_seconds", "Wall time of a job that did not train, by bucket.",
+                            ["namespace", "job", "bucket"], registry=self.registry)
+        self.restarts = Gauge("tpu_operator_job_restarts", "Restarts of a job by cause.", ["namespace", "job", "cause"],
+                              registry=self.registry)
+
+    def job(self, key: tuple[str, str], status: TPUTrainingJobStatus) -> None:
+        """Publish a job's figures from its status (nothing until it has some)."""
+        if status.goodput is not None:
+            self.goodput.labels(*key).set(status.goodput)
+        for bucket in BADPUT_BUCKETS if status.badput is not None else ():
+            self.badput.labels(*key, bucket).set(getattr(status.badput, bucket))
+        for cause in ("failure", "preemption", "hang") if status.restarts is not None else ():
+            self.restarts.labels(*key, cause).set(getattr(status.restarts, cause))
+
+    def forget_job(self, key: tuple[str, str]) -> None:
+        for gauge, extra in ((self.goodput, ((),)), (self.badput, [(b,) for b in BADPUT_BUCKETS]),
+                             (self.restarts, [(c,) for c in ("failure", "preemption", "hang")])):
+            for labels in extra:
+                try:
+                    gauge.remove(*key, *labels)
+                except KeyError:
+                    pass
 
     def observe(self, handler: str, result: str, seconds: float) -> None:
         self.reconciles.labels(handler, result).inc()

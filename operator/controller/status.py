@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..api.failures import RestartCounts
+from ..api.lifecycle import Progress
 from ..api.models import TPUTrainingJobStatus
 from .conditions import set_condition
 from .phases import Notice
@@ -60,7 +62,9 @@ def reconciled(status: TPUTrainingJobStatus, jobset_name: str, config_map_name: 
     else:
         conds = set_condition(conds, "SpecChange", "True", "Applied", "the JobSet matches the spec", now, generation)
     new = status.model_copy(update=dict(conditions=conds, job_set_name=jobset_name, observed_generation=generation,
-                                        phase=None if status.phase == "Invalid" else status.phase))
+                                        phase=None if status.phase == "Invalid" else status.phase,
+                                        restarts=status.restarts or RestartCounts(),
+                                        next_restart_time=None if created else status.next_restart_time))
     return new, notices
 
 
@@ -74,10 +78,12 @@ class Sample:
     tokens_per_second: float | None = None
     mfu: float | None = None
     last_checkpoint_step: int | None = None
+    progress: Progress | None = None  # the trainer's clock (goodput, hang detection: accounting.py)
     error: str | None = None
 
     def values(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "error" and v is not None}
+        """The status fields it sets."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("error", "progress") and v is not None}
 
 
 def with_sample(status: TPUTrainingJobStatus, sample: Sample, now: str) -> TPUTrainingJobStatus:
@@ -96,5 +102,13 @@ def with_sample(status: TPUTrainingJobStatus, sample: Sample, now: str) -> TPUTr
 
 
 def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """The top-level JSON merge patch from `old` to `new` (None removes a field)."""
-    return {k: new.get(k) for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+    """The JSON merge patch (RFC 7386) from `old` to `new`: changed fields, None for removed ones, and
+    nested objects patched field by field (a merge patch merges objects: a field left out is kept)."""
+    patch = {}
+    for k in old.keys() | new.keys():
+        before, after = old.get(k), new.get(k)
+        if before == after:
+            continue
+        both = isinstance(before, dict) and isinstance(after, dict)
+        patch[k] = merge_patch(before, after) if both else after
+    return patch

@@ -2,7 +2,9 @@
 
 Used by `tpujob run --local` and by the end-to-end tests' node agent, so both run exactly what the
 manifest says: the container's command and env, `fieldRef`s resolved from the indices JobSet and
-the Job controller put on each pod, volumes as directories, and every pod hostname on loopback.
+the Job controller put on each pod, volumes as directories, every pod hostname on loopback, and the
+container's termination message file (`/dev/termination-log` in a pod) as a file per pod under the
+work directory, named to the trainer by $TPUJOB_TERMINATION_LOG.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class LocalPod:
     host_index: int
     argv: list[str]
     env: dict[str, str]
+    termination_log: Path | None = None  # where the trainer writes its exit record
 
     @property
     def is_coordinator(self) -> bool:
@@ -123,10 +126,12 @@ def local_pods(jobset: Mapping[str, Any], config_maps: Mapping[str, Mapping[str,
                     "TPUJOB_CPU_DEVICES": str(cpu_devices),
                 })
                 env.pop("XLA_FLAGS", None)  # TPU compiler flags abort the CPU backend
+                termination = (workdir / "termination" / hostname).resolve()
+                env["TPUJOB_TERMINATION_LOG"] = str(termination)
                 argv = [_rewrite_paths(a, mounts) for a in [*container.get("command", []), *container.get("args", [])]]
                 if argv and re.fullmatch(r"python(3(\.\d+)?)?", argv[0]):
                     argv[0] = sys.executable  # the image's python is this environment's
-                pods.append(LocalPod(hostname, slice_index, host_index, argv, env))
+                pods.append(LocalPod(hostname, slice_index, host_index, argv, env, termination))
     return pods
 
 

@@ -1,4 +1,5 @@
-"""`tpujob report RUN_DIR`: loss, step time and MFU over steps as one PNG."""
+"""`tpujob report RUN_DIR`: loss, step time and MFU over steps, and where the wall time went (goodput
+and each badput bucket, from the run's status.yaml), as one PNG."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
 
     steps = [r["step"] for r in records]
     panels = [("loss", "loss", 1.0), ("step time (s)", "step_time_s", 1.0), ("MFU (%)", "mfu", 100.0)]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), constrained_layout=True)
+    status = _status(run_dir)
+    fig, axes = plt.subplots(1, 4 if status.get("badput") else 3, figsize=(17, 3.6), constrained_layout=True)
+    if status.get("badput"):
+        _wall_time(axes[3], status)
     for ax, (title, key, scale) in zip(axes, panels):
         ax.plot(steps, [r[key] * scale for r in records], marker=".", linewidth=1.2)
         ax.set_title(title)
@@ -26,10 +30,32 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     # A restart shows as a step that does not exceed the one before it.
     for prev, cur in zip(records, records[1:]):
         if cur["step"] <= prev["step"]:
-            for ax in axes:
+            for ax in axes[:3]:
                 ax.axvline(cur["step"], color="tab:red", alpha=0.4, linestyle="--")
     fig.suptitle(f"{run_dir.name}: {len(records)} reports, last step {steps[-1]}")
     out = out or run_dir / "report.png"
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _status(run_dir: Path) -> dict:
+    path = run_dir / "status.yaml"
+    if not path.exists():
+        return {}
+    import yaml
+
+    return (yaml.safe_load(path.read_text()) or {}).get("status") or {}
+
+
+def _wall_time(ax, status: dict) -> None:
+    """Goodput and the badput buckets as seconds of wall time, one bar each."""
+    from ..api.goodput import BUCKETS
+
+    badput = status["badput"]
+    wall = sum(badput.get(b, 0.0) for b in BUCKETS) / max(1e-9, 1 - status.get("goodput", 0.0))
+    names = ["goodput", *BUCKETS]
+    seconds = [status.get("goodput", 0.0) * wall, *(badput.get(b, 0.0) for b in BUCKETS)]
+    ax.barh(names[::-1], seconds[::-1], color=["tab:gray"] * len(BUCKETS) + ["tab:green"])
+    ax.set_title(f"wall time (s): goodput {100 * status.get('goodput', 0.0):.1f}%")
+    ax.grid(alpha=0.3, axis="x")

@@ -17,11 +17,13 @@ from typing import Any, TextIO
 
 import yaml
 
-from ..api import names
+from ..api import goodput, names
+from ..api.failures import verdict
 from ..api.models import TPUTrainingJob, TPUTrainingJobStatus
 from ..api.plan import Plan
 from ..rendering.manifests import render
 from ..rendering.summary import summary
+from .accounting import LocalLedger
 from .pods import free_port, local_pods
 from .supervisor import Outcome, supervise
 
@@ -35,16 +37,9 @@ class TooLargeForLocal(ValueError):
     pass
 
 
-def parameter_count(job: TPUTrainingJob) -> int:
-    m = job.spec.model_dims
-    attention = m.model_dim * m.head_dim * (2 * m.heads + 2 * m.kv_heads)
-    mlp = 3 * m.model_dim * m.mlp_dim * max(1, m.experts) + (m.model_dim * m.experts)
-    return m.layers * (attention + mlp + 2 * m.model_dim) + 2 * m.vocab * m.model_dim + m.model_dim
-
-
 def check_fits(job: TPUTrainingJob) -> None:
     plan = Plan(job)
-    params = parameter_count(job)
+    params = plan.parameters
     problems = []
     if plan.total_hosts > MAX_LOCAL_HOSTS:
         problems.append(f"{plan.total_hosts} hosts ({job.spec.tpu.topology} x {plan.slices} slice(s)) need "
@@ -116,18 +111,19 @@ class Progress:
         elif kind == "pod_failed":
             self.out.write(f"{chr(10) if tty else ''}{d['pod'].hostname} exited with code {d['code']}\n")
         elif kind == "restarting":
-            self.out.write(f"restarting the slice (restart {d['restarts']}); training resumes from the latest "
-                           "checkpoint\n")
+            self.out.write(f"{d['message']}; training resumes from the latest checkpoint\n")
         elif kind == "succeeded" and tty:
             self.out.write("\n")
         self.out.flush()
 
 
-def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTrainingJob) -> TPUTrainingJobStatus:
+def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTrainingJob,
+              ledger: LocalLedger) -> TPUTrainingJobStatus:
     """The status the operator would have written for this run."""
     last = outcome.last_metrics or {}
     phase = "Failed" if outcome.phase == "Interrupted" else outcome.phase
     stamp = end.strftime("%Y-%m-%dT%H:%M:%SZ")
+    fraction, _, badput = ledger.report()
     return TPUTrainingJobStatus.model_validate({
         "phase": phase,
         "conditions": [{"type": phase, "status": "True", "reason": outcome.phase, "message": outcome.message,
@@ -145,6 +141,8 @@ def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTr
         "startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "completionTime": stamp,
         "message": outcome.message,
+        "goodput": round(fraction, 4),
+        "badput": goodput.rounded(badput, 2),
     })
 
 
@@ -166,11 +164,16 @@ def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout) -> t
                           metrics_port=free_port(), base_env=os.environ)
 
     start = dt.datetime.now(dt.timezone.utc)
-    policy = job.spec.failure_policy
-    outcome = supervise(make_pods, run_dir / "logs", max_restarts=policy.max_restarts,
-                        restart_on_exit_codes=policy.restart_on_exit_codes,
-                        on_event=Progress(job.spec.training.steps, out))
-    status = status_of(outcome, start, dt.datetime.now(dt.timezone.utc), job)
+    policy, ledger, progress = job.spec.failure_policy, LocalLedger(start.timestamp()), Progress(
+        job.spec.training.steps, out)
+
+    def on_event(kind: str, **d) -> None:
+        ledger(kind, **d)
+        progress(kind, **d)
+
+    outcome = supervise(make_pods, run_dir / "logs", decide=lambda counts, failure: verdict(policy, counts, failure),
+                        grace_s=plan.termination_grace_period_seconds, on_event=on_event)
+    status = status_of(outcome, start, dt.datetime.now(dt.timezone.utc), job, ledger)
     with open(run_dir / "metrics.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in outcome.metrics)
     status_doc = {"status": status.model_dump(by_alias=True, exclude_none=True, mode="json")}
@@ -185,6 +188,10 @@ def _summary(outcome: Outcome, status: TPUTrainingJobStatus, run_dir: Path) -> s
     if status.step is not None:
         lines.append(f"step {status.step}, {status.step_time_seconds:.3f} s/step, {status.tokens_per_second:,.0f} "
                      f"tokens/s, MFU {100 * status.mfu:.2f}% (of the documented CPU peak; see README), "
-                     f"restarts {outcome.restarts}")
+                     f"restarts {outcome.restarts.total} (failure {outcome.restarts.failure}, preemption "
+                     f"{outcome.restarts.preemption})")
+    if status.goodput is not None:
+        lines.append(f"goodput {100 * status.goodput:.1f}% of the wall time; badput " +
+                     ", ".join(f"{b} {getattr(status.badput, b):.1f} s" for b in goodput.BUCKETS))
     lines.append(f"logs: {run_dir / 'logs'}   picture: tpujob report {run_dir}")
     return "\n".join(lines) + "\n"

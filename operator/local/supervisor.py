@@ -1,8 +1,19 @@
-"""Run a JobSet's pods as local processes with the JobSet failure policy: a failed pod stops every
-pod, and the whole set restarts (up to maxRestarts) unless its exit code is not restartable.
+"""Run a JobSet's pods as local processes under the job's restart policy: a failed process stops
+every process of the attempt, the attempt's root cause is read from the processes' exit codes and
+termination records (api/failures.py, as the operator reads pods), and `decide` says whether to
+restart (after its backoff) or fail. `decide=None` never restarts, as a JobSet with maxRestarts 0.
+
+Stopping an attempt sends SIGTERM to every process left and SIGKILL to any still there after a grace
+period, as the kubelet does. After a preemption (the first exit was 143: every process is saving the
+step in flight) that is the pod's full grace period; after any other failure it is
+`FAILED_ATTEMPT_GRACE_S`: a JAX process cannot save without all of its peers, so the survivors of a
+dead one have nothing to save and only sit in a collective that never returns (the operator deletes
+such pods with gracePeriodSeconds 0). A process with no termination record leaves the tail of its
+log of this attempt instead (`terminationMessagePolicy: FallbackToLogsOnError`).
 
 The caller sees what happens through `on_event(kind, **details)` calls, so the same supervisor
-drives `tpujob run --local` (a progress line) and the end-to-end tests' node agent (JobSet status).
+drives `tpujob run --local` (a progress line and the goodput ledger) and the end-to-end tests' node
+agent (JobSet and pod status).
 """
 
 from __future__ import annotations
@@ -17,20 +28,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..api.failures import Failure, PodExit, RestartCounts, Verdict, root_cause
+from ..api.lifecycle import ExitCode, TerminationRecord, exit_code
 from .pods import LocalPod
 
 EventHandler = Callable[..., None]
-GRACE_SECONDS = 10.0
+Decide = Callable[[RestartCounts, Failure], Verdict]
+LOG_TAIL_BYTES, LOG_TAIL_LINES = 2048, 80  # what the kubelet keeps of a log as a termination message
+FAILED_ATTEMPT_GRACE_S = 2.0  # for the survivors of a failed process to flush their logs
 
 
 @dataclass
 class Outcome:
     phase: str  # Succeeded | Failed | Interrupted
-    restarts: int
+    restarts: RestartCounts
     message: str
     last_metrics: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    failure: Failure | None = None  # the last attempt's, when one failed
 
 
 class _Running:
@@ -44,10 +60,17 @@ class _Running:
         self.readers: list[threading.Thread] = []
         self.metrics: list[dict[str, Any]] = []
         self.summary: dict[str, Any] | None = None
+        self.logs: list[tuple[Path, int]] = []  # each pod's log and where this attempt starts in it
+        self.finished: dict[int, float] = {}  # pod index -> when it was seen to exit
         for pod in self.pods:
-            log = open(log_dir / f"{pod.hostname}.log", "a", encoding="utf-8")
+            if pod.termination_log is not None:
+                pod.termination_log.parent.mkdir(parents=True, exist_ok=True)
+                pod.termination_log.unlink(missing_ok=True)
+            path = log_dir / f"{pod.hostname}.log"
+            log = open(path, "a", encoding="utf-8")
             log.write(f"--- attempt {attempt}\n")
             log.flush()
+            self.logs.append((path, log.tell()))
             # A session of its own: signals to the group reach the trainer and any children it forks.
             proc = subprocess.Popen(pod.argv, env=pod.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1)
@@ -78,26 +101,50 @@ class _Running:
     def poll(self) -> tuple[LocalPod, int] | None | bool:
         """(pod, code) of the first failed pod, True when all succeeded, None while running."""
         codes = [p.poll() for p in self.procs]
+        now = time.time()
+        for i, code in enumerate(codes):
+            if code is not None:
+                self.finished.setdefault(i, now)
         for pod, code in zip(self.pods, codes):
             if code not in (None, 0):
-                return pod, code
+                return pod, exit_code(code)
         return all(c == 0 for c in codes) or None
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float) -> None:
         for proc in self.procs:
             _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + GRACE_SECONDS
-        for proc in self.procs:
+        deadline = time.monotonic() + grace_s
+        for i, proc in enumerate(self.procs):
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait()
+            self.finished.setdefault(i, time.time())
         self.join()
 
     def join(self) -> None:
         for reader in self.readers:
             reader.join(timeout=5)
+
+    def exits(self) -> list[PodExit]:
+        """Every pod's exit as the kubelet would report it (call once they have all exited)."""
+        found = []
+        for i, (pod, proc) in enumerate(zip(self.pods, self.procs)):
+            code = exit_code(proc.wait())
+            text = pod.termination_log.read_text() if pod.termination_log and pod.termination_log.exists() else ""
+            if not text and code != 0:
+                text = self._log_tail(i)
+            found.append(PodExit(pod=pod.hostname, code=code, record=TerminationRecord.parse(text, code),
+                                 finished_at=self.finished.get(i)))
+        return found
+
+    def _log_tail(self, i: int) -> str:
+        path, start = self.logs[i]
+        with open(path, "rb") as f:
+            f.seek(start)
+            tail = f.read()[-LOG_TAIL_BYTES:].decode(errors="replace")
+        return "\n".join(tail.splitlines()[-LOG_TAIL_LINES:])
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -107,40 +154,47 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def supervise(make_pods: Callable[[int], Sequence[LocalPod]], log_dir: Path, *, max_restarts: int,
-              restart_on_exit_codes: Sequence[int] = (), on_event: EventHandler = lambda kind, **_: None,
-              poll_seconds: float = 0.1) -> Outcome:
-    """Run attempts until success, a non-restartable failure, too many restarts, or Ctrl-C."""
-    restarts, history = 0, []
+def supervise(make_pods: Callable[[int], Sequence[LocalPod]], log_dir: Path, *, decide: Decide | None,
+              grace_s: float, on_event: EventHandler = lambda kind, **_: None, poll_seconds: float = 0.1) -> Outcome:
+    """Run attempts until success, a failure `decide` does not restart, or Ctrl-C."""
+    restarts, history, attempt = RestartCounts(), [], 0
     while True:
-        running = _Running(make_pods(restarts), log_dir, restarts, on_event)
-        on_event("started", attempt=restarts, pods=running.pods, pids=[p.pid for p in running.procs])
+        running = _Running(make_pods(attempt), log_dir, attempt, on_event)
+        on_event("started", attempt=attempt, pods=running.pods, pids=[p.pid for p in running.procs], at=time.time())
         try:
             while (state := running.poll()) is None:
                 time.sleep(poll_seconds)
         except KeyboardInterrupt:
-            running.stop()
+            running.stop(grace_s)
             history += running.metrics
+            on_event("interrupted", at=time.time())
             return Outcome("Interrupted", restarts, "interrupted by the user; every process was stopped",
                            _last(history), None, history)
         if state is True:
             running.join()
             history += running.metrics
-            on_event("succeeded")
+            on_event("succeeded", at=time.time(), exits=running.exits())
             return Outcome("Succeeded", restarts, f"all {len(running.pods)} processes completed",
                            _last(history), running.summary, history)
-        pod, code = state
-        running.stop()
+        failed_at = time.time()
+        running.stop(grace_s if state[1] == ExitCode.STOPPED else min(grace_s, FAILED_ATTEMPT_GRACE_S))
         history += running.metrics
-        on_event("pod_failed", pod=pod, code=code)
-        if restart_on_exit_codes and code not in restart_on_exit_codes:
-            return Outcome("Failed", restarts, f"{pod.hostname} exited with code {code}, which is not in "
-                           f"restartOnExitCodes {list(restart_on_exit_codes)}", _last(history), None, history)
-        if restarts >= max_restarts:
-            return Outcome("Failed", restarts, f"{pod.hostname} exited with code {code} after {restarts} "
-                           f"restart(s) (maxRestarts {max_restarts})", _last(history), None, history)
-        restarts += 1
-        on_event("restarting", restarts=restarts, pod=pod, code=code)
+        exits = running.exits()
+        failure = root_cause(exits)
+        on_event("pod_failed", pod=state[0], code=state[1], failure=failure, exits=exits, at=failed_at)
+        verdict = decide(restarts, failure) if decide else Verdict(False, None, 0, failure.describe())
+        if not verdict.restart:
+            on_event("failed", at=time.time(), message=verdict.message)
+            return Outcome("Failed", restarts, verdict.message, _last(history), None, history, failure)
+        restarts, attempt = restarts.plus(verdict.cause), attempt + 1
+        on_event("restarting", restarts=restarts, cause=verdict.cause, delay_s=verdict.delay_s,
+                 message=verdict.message)
+        try:
+            time.sleep(verdict.delay_s)
+        except KeyboardInterrupt:
+            on_event("interrupted", at=time.time())
+            return Outcome("Interrupted", restarts, "interrupted by the user during a restart's backoff",
+                           _last(history), None, history, failure)
 
 
 def _last(history: list[dict[str, Any]]) -> dict[str, Any] | None:

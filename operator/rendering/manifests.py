@@ -156,6 +156,7 @@ def context(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, 
         "resources": _resources(plan),
         "volumes": volumes,
         "volume_mounts": mounts,
+        "grace_period_s": plan.termination_grace_period_seconds,
     }
 
 

@@ -51,7 +51,10 @@ def summary(plan: Plan) -> list[str]:
         f"offload:    SparseCore {', '.join(offload) if offload else 'off'}",
         f"flags:      LIBTPU_INIT_ARGS={' '.join(flags) or '(none)'}",
         f"checkpoint: {ckpt_line}",
-        f"restarts:   up to {spec.failure_policy.max_restarts}",
+        f"restarts:   up to {spec.failure_policy.max_restarts} after failures and hangs (exit codes "
+        f"{', '.join(map(str, spec.failure_policy.restart_on_exit_codes)) or 'all but 3'}), backoff "
+        f"{spec.failure_policy.backoff_seconds:g}-{spec.failure_policy.max_backoff_seconds:g} s; SIGTERM grace "
+        f"{plan.termination_grace_period_seconds} s",
         f"capacity:   {_capacity(spec.tpu)}; {_queue(spec)}",
         f"pods:       {names.hostname(job.metadata.name, 0, 0)} .. "
         f"{names.longest_hostname(job.metadata.name, plan.slices, sl.hosts)}",

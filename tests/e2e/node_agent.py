@@ -2,11 +2,22 @@
 TPU node pool and one CPU node.
 
 There is no JobSet controller, Job controller or kubelet on this machine. The agent watches JobSets through
-the API, runs each one's pods as local processes with the same code as `tpujob run --local`
-(tpu_operator.local.pods + tpu_operator.local.supervisor), creates the Pod objects the kubelet would
-report (status.podIP 127.0.0.1, so the operator reads metrics from the real trainer), and writes
-the JobSet status the way the JobSet controller does: replicatedJobsStatus counters, `restarts`,
-and a Completed or Failed condition with terminalState.
+the API and runs each one (each uid: a JobSet deleted and created again under the same name is a new
+run) as local processes with the same code as `tpujob run --local` (tpu_operator.local.pods +
+tpu_operator.local.supervisor, with no restarts of its own: the rendered JobSet has maxRestarts 0).
+It writes what the kubelet and the JobSet controller would:
+- Pod objects, labelled as JobSet and the Job controller label them, Running and ready once their
+  processes start (a container without a readiness probe is ready when it runs), status.podIP
+  127.0.0.1 so the operator reads metrics from the real trainer;
+- when a process ends, every pod's container state as the kubelet writes it: `state.terminated`
+  with exitCode, reason, finishedAt and `message`, the trainer's termination record (the file it
+  wrote at $TPUJOB_TERMINATION_LOG, the local /dev/termination-log), or, as with
+  `terminationMessagePolicy: FallbackToLogsOnError`, its log's tail when it wrote none (passed on
+  as a record whose error is the tail's last line, which is what the operator reads of a tail);
+- the JobSet status: replicatedJobsStatus counters and a Completed or Failed condition with
+  terminalState.
+A JobSet deleted while it runs has its processes stopped as the kubelet stops a deleted pod's:
+SIGTERM, then SIGKILL after the pod's terminationGracePeriodSeconds.
 
 It also runs the operator's pre-flight batch Jobs (label training.tpu-operator.dev/role=preflight) as one
 local process each, the real `python -m tpu_workload.plan` with the pod's command, env and ConfigMap, and
@@ -23,18 +34,21 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config, watch
 
-from tpu_operator.local.pods import LocalPod, free_port, job_process, local_pods
 from tpu_operator.api.contract import TrainerConfig
+from tpu_operator.api.failures import PodExit
+from tpu_operator.local.pods import LocalPod, free_port, job_process, local_pods
 from tpu_operator.local.supervisor import Outcome, supervise
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 PREFLIGHT = "training.tpu-operator.dev/role=preflight"
 LOG_TAIL = 2048  # bytes of the log a kubelet keeps as the message with FallbackToLogsOnError
+CONTAINER = {"name": "trainer", "image": "local", "imageID": "", "restartCount": 0}
 
 
 def _now() -> str:
@@ -49,10 +63,12 @@ class NodeAgent:
         self.batch = client.BatchV1Api(self.api_client)
         self.batch_runs: dict[str, threading.Thread] = {}
         self.namespace, self.workdir = namespace, workdir
-        self.runs: dict[str, threading.Thread] = {}
-        self.outcomes: dict[str, Outcome] = {}
-        self.pids: dict[str, list[int]] = {}  # jobset -> pids of the current attempt's processes
+        self.runs: dict[str, threading.Thread] = {}  # JobSet uid -> its run
+        self.deleted: set[str] = set()  # uids of JobSets deleted while running
+        self.outcomes: dict[str, Outcome] = {}  # JobSet name -> its latest run's outcome
+        self.pids: dict[str, list[int]] = {}  # JobSet name -> pids of the current attempt's processes
         self.attempt_pods: dict[str, list[LocalPod]] = {}
+        self.started: dict[str, int] = {}  # JobSet name -> runs started
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="node-agent")
         self._batch_watcher = threading.Thread(target=self._watch_batch, daemon=True, name="node-agent-jobs")
@@ -66,13 +82,17 @@ class NodeAgent:
         """Stop watching and kill every pod process; no attempt starts after this."""
         self._stop.set()
         for pids in self.pids.values():
-            for pid in pids:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self._signal(pids, signal.SIGKILL)
         for thread in [*self.runs.values(), *self.batch_runs.values()]:
             thread.join(timeout=30)
+
+    @staticmethod
+    def _signal(pids: list[int], sig: int) -> None:
+        for pid in pids:
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def _watch(self) -> None:
         while not self._stop.is_set():
@@ -87,38 +107,65 @@ class NodeAgent:
                                       self.namespace, PLURAL, timeout_seconds=5)
         for event in stream:
             js = event["object"]
-            name = js["metadata"]["name"]
-            if event["type"] in ("ADDED", "MODIFIED") and not js["spec"].get("suspend") and name not in self.runs:
-                thread = threading.Thread(target=self._run, args=(js,), daemon=True, name=f"jobset-{name}")
-                self.runs[name] = thread
+            uid = js["metadata"]["uid"]
+            if event["type"] == "DELETED" and uid in self.runs and uid not in self.deleted:
+                self.deleted.add(uid)
+                threading.Thread(target=self._kill_deleted, args=(js,), daemon=True).start()
+            elif event["type"] in ("ADDED", "MODIFIED") and not js["spec"].get("suspend") and uid not in self.runs:
+                thread = threading.Thread(target=self._run, args=(js,), daemon=True, name=f"jobset-{uid}")
+                self.runs[uid] = thread
                 thread.start()
             if self._stop.is_set():
                 return
 
-    def _patch_status(self, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, name,
-                                                          {"status": status})
+    def _kill_deleted(self, js: dict[str, Any]) -> None:
+        pids = list(self.pids.get(js["metadata"]["name"], []))
+        self._signal(pids, signal.SIGTERM)
+        time.sleep(_pod_spec(js).get("terminationGracePeriodSeconds", 30))
+        self._signal(pids, signal.SIGKILL)
+
+    def _patch_status(self, js: dict[str, Any], status: dict[str, Any]) -> None:
+        if js["metadata"]["uid"] in self.deleted:
+            return  # gone: nothing to report on
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL,
+                                                          js["metadata"]["name"], {"status": status})
 
     def _replicated(self, js: dict[str, Any], **counts: int) -> list[dict[str, Any]]:
         rjob = js["spec"]["replicatedJobs"][0]
         base = {"ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0}
         return [{"name": rjob["name"], **base, **{k: v * rjob.get("replicas", 1) for k, v in counts.items()}}]
 
-    def _create_pods(self, js: dict[str, Any], pods: list[LocalPod], attempt: int) -> None:
+    def _pod_name(self, pod: LocalPod, js: dict[str, Any]) -> str:
+        return f"{pod.hostname}-{js['metadata']['uid'][:5]}"
+
+    def _create_pods(self, js: dict[str, Any], pods: list[LocalPod]) -> None:
         """Pod objects as the kubelet reports them, labelled as JobSet and the Job controller label them."""
         name = js["metadata"]["name"]
         for pod in pods:
             body = {
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": f"{pod.hostname}-a{attempt}", "namespace": self.namespace, "labels": {
+                "metadata": {"name": self._pod_name(pod, js), "namespace": self.namespace, "labels": {
                     "jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/job-index": str(pod.slice_index),
-                    "batch.kubernetes.io/job-completion-index": str(pod.host_index),
-                    "jobset.sigs.k8s.io/restart-attempt": str(attempt)}},
+                    "batch.kubernetes.io/job-completion-index": str(pod.host_index)}},
                 "spec": {"containers": [{"name": "trainer", "image": "local"}]},
             }
             self.core.create_namespaced_pod(self.namespace, body)
-            self.core.patch_namespaced_pod_status(f"{pod.hostname}-a{attempt}", self.namespace, {
-                "status": {"phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1"}})
+            self.core.patch_namespaced_pod_status(self._pod_name(pod, js), self.namespace, {"status": {
+                "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{**CONTAINER, "ready": True, "state": {"running": {"startedAt": _now()}}}]}})
+
+    def _terminate_pods(self, js: dict[str, Any], pods: list[LocalPod], exits: list[PodExit]) -> None:
+        """Each pod's container state as the kubelet writes it when the process ends."""
+        for pod, done in zip(pods, exits):
+            finished = dt.datetime.fromtimestamp(done.finished_at or time.time(), dt.timezone.utc)
+            terminated = {"exitCode": done.code, "reason": "Completed" if done.code == 0 else "Error",
+                          "finishedAt": finished.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                          "message": done.record.message() if done.record else ""}
+            self.core.patch_namespaced_pod_status(self._pod_name(pod, js), self.namespace, {"status": {
+                "phase": "Succeeded" if done.code == 0 else "Failed",
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "containerStatuses": [{**CONTAINER, "ready": False, "state": {"terminated": terminated}}]}})
 
     def _delete_pods(self, name: str) -> None:
         self.core.delete_collection_namespaced_pod(self.namespace,
@@ -126,7 +173,7 @@ class NodeAgent:
 
     def _run(self, js: dict[str, Any]) -> None:
         name = js["metadata"]["name"]
-        pod_spec = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        pod_spec = _pod_spec(js)
         config_maps = {}
         for volume in pod_spec.get("volumes", []):
             if "configMap" in volume:
@@ -134,9 +181,7 @@ class NodeAgent:
                 config_maps[cm.metadata.name] = cm.data
         trainer = TrainerConfig.model_validate_json(next(iter(config_maps.values()))["config.json"])
         env = {e["name"]: e.get("value") for e in pod_spec["containers"][0]["env"]}
-        failure = js["spec"].get("failurePolicy", {})
-        rules = js["spec"]["replicatedJobs"][0]["template"]["spec"].get("podFailurePolicy", {}).get("rules", [])
-        restartable = next((r["onExitCodes"]["values"] for r in rules if "onExitCodes" in r), [])
+        self.started[name] = self.started.get(name, 0) + 1
         workdir = self.workdir / name
 
         def make_pods(attempt: int) -> list[LocalPod]:
@@ -146,39 +191,28 @@ class NodeAgent:
                               coordinator_port=free_port(), metrics_port=int(env["TPUJOB_METRICS_PORT"]),
                               base_env={**os.environ, "TPUJOB_LINGER_SECONDS": "5"})
 
-        ready = threading.Event()
-
         def on_event(kind: str, **d: Any) -> None:
             if kind == "started":
                 self.attempt_pods[name], self.pids[name] = d["pods"], d["pids"]
-                self._delete_pods(name)
-                self._create_pods(js, d["pods"], d["attempt"])
-                ready.clear()
-                self._patch_status(name, {"restarts": d["attempt"],
-                                          "replicatedJobsStatus": self._replicated(js, active=1)})
-            elif kind == "metrics" and not ready.is_set():
-                # Pods count as ready once the trainer reports its first step of this attempt.
-                ready.set()
-                self._patch_status(name, {"replicatedJobsStatus": self._replicated(js, active=1, ready=1)})
-            elif kind == "pod_failed":
-                self._patch_status(name, {"replicatedJobsStatus": self._replicated(js, failed=1)})
-            elif kind == "restarting":
-                self._patch_status(name, {"restarts": d["restarts"]})
+                self._delete_pods(name)  # the pods of the JobSet this one replaces
+                self._create_pods(js, d["pods"])
+                self._patch_status(js, {"replicatedJobsStatus": self._replicated(js, active=1, ready=1)})
+            elif kind in ("pod_failed", "succeeded") and js["metadata"]["uid"] not in self.deleted:
+                self._terminate_pods(js, self.attempt_pods[name], d["exits"])
 
         try:
-            outcome = supervise(make_pods, workdir / "logs", max_restarts=failure.get("maxRestarts", 0),
-                                restart_on_exit_codes=restartable, on_event=on_event)
+            outcome = supervise(make_pods, workdir / "logs", decide=None,
+                                grace_s=pod_spec.get("terminationGracePeriodSeconds", 30), on_event=on_event)
         except RuntimeError:
             return  # stopped by the test's teardown
         self.outcomes[name] = outcome
-        self._delete_pods(name)
         condition = "Completed" if outcome.phase == "Succeeded" else "Failed"
-        self._patch_status(name, {
+        self._patch_status(js, {
             "terminalState": condition,
             "replicatedJobsStatus": self._replicated(js, **({"succeeded": 1} if condition == "Completed" else
                                                             {"failed": 1})),
             "conditions": [{"type": condition, "status": "True", "lastTransitionTime": _now(),
-                            "reason": "AllJobsCompleted" if condition == "Completed" else "ReachedMaxRestarts",
+                            "reason": "AllJobsCompleted" if condition == "Completed" else "FailedJobs",
                             "message": outcome.message}],
         })
 
@@ -241,3 +275,7 @@ class NodeAgent:
             "active": 0, "ready": 0, "succeeded" if code == 0 else "failed": 1, "completionTime": _now(),
             "conditions": [{**done, "lastTransitionTime": _now(), "message": f"exit code {code}"}]}})
 
+
+
+def _pod_spec(js: dict[str, Any]) -> dict[str, Any]:
+    return js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]

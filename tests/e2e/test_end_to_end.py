@@ -43,13 +43,16 @@ def cluster(tmp_path):
                 agent.stop()
 
 
-def _apply_quickstart(server, tmp_path, plan=None, **training) -> dict:
+def _apply_quickstart(server, tmp_path, plan=None, env=None, failure_policy=None, spec=None, **training) -> dict:
     doc = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
     if plan is not None:
         doc["spec"]["plan"] = plan
     doc["spec"]["checkpoint"] = {"directory": str(tmp_path / "ckpt"), "interval": 5, "keep": 3}
-    doc["spec"]["runtime"] = {"metricsPort": free_port()}
+    doc["spec"]["runtime"] = {"metricsPort": free_port(),
+                              "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}
+    doc["spec"]["failurePolicy"] = {"maxRestarts": 2, "backoffSeconds": 1, **(failure_policy or {})}
     doc["spec"]["training"].update(training)
+    doc["spec"].update(spec or {})
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     kubectl(server, "apply", "-f", str(path), check=True)
@@ -105,6 +108,12 @@ def test_fake_jobset_controller_job_trains_to_success_with_metrics_in_status(clu
     assert row[:4] == ["quickstart", "Succeeded", "2x2x2", str(total)] and float(row[4]) > 0
 
 
+def _resumed_at(tmp_path) -> int:
+    """The step the latest run of host 0 started from (each run appends to the host's log)."""
+    log = (tmp_path / "nodes" / "quickstart" / "logs" / "quickstart-slice-0-0.log").read_text()
+    return int(re.findall(r"starting at step (\d+)", log)[-1])
+
+
 def test_fake_jobset_controller_killed_pod_restarts_and_resumes(cluster, tmp_path):
     server, operator, agent = cluster
     _apply_quickstart(server, tmp_path, plan={"preflight": "skip"}, steps=20)
@@ -119,9 +128,49 @@ def test_fake_jobset_controller_killed_pod_restarts_and_resumes(cluster, tmp_pat
     status = _watch_phases(server, operator, "Succeeded", phases, steps)
     assert "Restarting" in phases and phases.index("Restarting") < len(phases) - 1
     assert phases[phases.index("Restarting") + 1] == "Running", phases
-    assert status["restarts"] == 1 and status["step"] == 20
+    # The operator restarted it: the failed JobSet was replaced by a new one, counted in the job's status.
+    assert status["restarts"] == {"failure": 1, "preemption": 0, "hang": 0, "total": 1} and status["step"] == 20
+    assert status["lastRestart"]["exitCode"] == 137 and "quickstart-slice-0-1" in status["lastRestart"]["message"]
+    assert agent.started["quickstart"] == 2
     # Training resumed from the checkpoint: the step never went back past it.
     assert steps and min(steps) >= before["lastCheckpointStep"], steps
-    attempt = (tmp_path / "nodes" / "quickstart" / "logs" / "quickstart-slice-0-0.log").read_text()
-    resumed_at = int(re.search(r"starting at step (\d+)", attempt.split("--- attempt 1")[1]).group(1))
-    assert resumed_at >= before["lastCheckpointStep"] > 0
+    assert _resumed_at(tmp_path) >= before["lastCheckpointStep"] > 0
+    # Where the time went: start-up twice, and the restart itself.
+    badput = status["badput"]
+    assert 0 < status["goodput"] < 1 and badput["restarting"] > 0 and badput["startup"] > 0, status
+    header, row = kubectl(server, "get", "tpujobs", "-o", "wide", check=True).stdout.splitlines()[:2]
+    assert header.split()[-3:] == ["RESTARTS", "GOODPUT", "AGE"], header
+    assert row.split()[-3:-1] == ["1", str(status["goodput"])], (header, row)
+
+
+def test_fake_jobset_controller_hung_trainer_is_restarted_and_finishes(cluster, tmp_path):
+    server, operator, agent = cluster
+    # Host 1 stops making progress after step 7 (once: the restarted job trains on). A hung host ignores
+    # SIGTERM, so it is killed after the pod's grace period.
+    _apply_quickstart(server, tmp_path, plan={"preflight": "skip"}, steps=12,
+                      env={"TPUJOB_TEST_HANG_AT_STEP": "7@1"},
+                      failure_policy={"hangTimeoutSeconds": 6}, spec={"terminationGracePeriodSeconds": 2})
+    phases, steps = [], []
+    status = _watch_phases(server, operator, "Succeeded", phases, steps)
+    assert phases[-3:] == ["Restarting", "Running", "Succeeded"], phases
+    assert status["restarts"]["hang"] == 1 and status["restarts"]["total"] == 1, status["restarts"]
+    # Host 1 hangs after reporting step 7; step 8, dispatched already, still completes everywhere.
+    assert "hung: no step completed after step 8 for" in status["lastRestart"]["message"], status["lastRestart"]
+    hung = next(c for c in status["conditions"] if c["type"] == "Hung")
+    assert hung["status"] == "False" and hung["reason"] == "Progressing"  # it made progress again
+    assert _resumed_at(tmp_path) == 5  # the checkpoint before the hang
+    assert status["badput"]["hung"] >= 6 and status["step"] == 12
+    events = kubectl(server, "get", "events", "-o", "json", check=True).stdout
+    assert '"reason": "Hung"' in events
+
+
+def test_fake_jobset_controller_user_error_fails_at_once_quoting_the_trainer(cluster, tmp_path):
+    server, operator, agent = cluster
+    _apply_quickstart(server, tmp_path, plan={"preflight": "skip"}, steps=10,
+                      env={"TPUJOB_TEST_FAIL_AT_STEP": "2:3@1"})
+    status = _watch_phases(server, operator, "Failed", [], [])
+    # The trainer's last error line, from its termination record through the pod's container state.
+    assert "exited with code 3 (user or configuration error): UserError: injected fault (TPUJOB_TEST_FAIL_AT_STEP) " \
+           "at step 2; a user error is never retried" in status["message"], status["message"]
+    assert status["restarts"]["total"] == 0 and agent.started["quickstart"] == 1
+    assert next(c for c in status["conditions"] if c["type"] == "Failed")["reason"] == "RestartPolicy"

@@ -13,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -171,7 +172,8 @@ def test_valid_job_gets_configmap_and_jobset_owned_by_it(server, operator):
         assert child["metadata"]["labels"]["training.tpu-operator.dev/job"] == "shape"
     (rjob,) = js["spec"]["replicatedJobs"]
     assert rjob["replicas"] == 1 and rjob["template"]["spec"]["parallelism"] == 1  # 2x2x1 = 1 host
-    assert js["spec"]["failurePolicy"]["maxRestarts"] == 4 and js["spec"]["suspend"] is False
+    # JobSet never restarts itself: the operator does, within the job's maxRestarts (4) kept in its status.
+    assert js["spec"]["failurePolicy"]["maxRestarts"] == 0 and js["spec"]["suspend"] is False
     assert json.loads(cm["data"]["config.json"])["name"] == "shape"
     assert condition(status, "Ready")["status"] == "True" and status["observedGeneration"] == 1
     assert wait_event(server, "shape", "Created")["type"] == "Normal"
@@ -199,24 +201,64 @@ def test_invalid_job_is_marked_invalid_with_event_and_no_children(server, operat
     assert condition(status, "Ready")["status"] == "True" and jobset(server, "broken") is not None
 
 
+def fake_terminated_pod(server: Server, jobset_name: str, host: int, code: int, line: str, ns: str = "default") -> None:
+    """Stand in for JobSet + kubelet: a pod of the JobSet whose trainer exited with `code`, its termination
+    message the trainer's record (api/lifecycle.py)."""
+    js = jobset(server, jobset_name, ns)
+    name = f"{jobset_name}-slice-0-{host}-{js['metadata']['uid'][:5]}"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {
+        "jobset.sigs.k8s.io/jobset-name": jobset_name, "jobset.sigs.k8s.io/job-index": "0",
+        "batch.kubernetes.io/job-completion-index": str(host)}},
+        "spec": {"containers": [{"name": "trainer", "image": "x"}]}}
+    code_, body = server.request("POST", PODS.format(ns=ns), pod)
+    assert code_ == 201, body
+    terminated = {"exitCode": code, "reason": "Error", "finishedAt": "2026-01-01T00:00:00Z",
+                  "message": json.dumps({"code": code, "error": line})}
+    code_, body = server.request("PATCH", f"{PODS.format(ns=ns)}/{name}/status", {"status": {
+        "phase": "Failed", "containerStatuses": [{"name": "trainer", "image": "x", "imageID": "", "restartCount": 0,
+                                                  "ready": False, "state": {"terminated": terminated}}]}},
+        content_type="application/merge-patch+json")
+    assert code_ == 200, body
+
+
+def fail_jobset(server: Server, name: str, code: int, line: str, ns: str = "default") -> str:
+    """A pod of the JobSet fails, and so the JobSet (maxRestarts 0): its uid."""
+    fake_terminated_pod(server, name, 1, code, line, ns)
+    patch_jobset_status(server, name, {"terminalState": "Failed", "replicatedJobsStatus": replicated(failed=1),
+                                       "conditions": [jobset_condition("Failed", "jobs failed")]}, ns)
+    return jobset(server, name, ns)["metadata"]["uid"]
+
+
+def replaced_jobset(server: Server, name: str, old_uid: str, ns: str = "default") -> dict[str, Any]:
+    return wait_for(lambda: (js := jobset(server, name, ns)) is not None and js["metadata"]["uid"] != old_uid and js,
+                    WAIT_S, 0.1, f"a new JobSet {name}")
+
+
 @pytest.mark.fake_controller
 def test_fake_jobset_controller_running_restarting_succeeded(server, operator):
-    create_job(server, job_doc("lifecycle"))
+    create_job(server, job_doc("lifecycle", failurePolicy={"backoffSeconds": 1}))
     wait_status(server, operator, "lifecycle", lambda s: s.get("phase") == "Pending", "phase Pending")
 
-    patch_jobset_status(server, "lifecycle", {"restarts": 0, "replicatedJobsStatus": replicated(active=1)})
+    patch_jobset_status(server, "lifecycle", {"replicatedJobsStatus": replicated(active=1)})
     status = wait_status(server, operator, "lifecycle", lambda s: s.get("phase") == "Running", "phase Running")
     assert status["startTime"] and condition(status, "Running")["status"] == "True"
     running_since = condition(status, "Running")["lastTransitionTime"]
 
-    patch_jobset_status(server, "lifecycle", {"restarts": 1, "replicatedJobsStatus": replicated(active=1, ready=0)})
+    # A host fails with a retryable code: the operator counts the restart and replaces the JobSet after its backoff.
+    first = fail_jobset(server, "lifecycle", 42, "Retryable: gloo: connection reset by peer")
     status = wait_status(server, operator, "lifecycle", lambda s: s.get("phase") == "Restarting", "phase Restarting")
-    assert status["restarts"] == 1
+    assert status["restarts"] == {"failure": 1, "preemption": 0, "hang": 0, "total": 1}
+    assert status["lastRestart"]["jobSetUid"] == first and status["lastRestart"]["exitCode"] == 42
+    assert "Retryable: gloo: connection reset by peer; restart 1 (failure) in 1 s" in status["message"]
+    assert status["nextRestartTime"]
     assert wait_event(server, "lifecycle", "Restarted")["type"] == "Warning"
+    replaced_jobset(server, "lifecycle", first)
+    status = wait_status(server, operator, "lifecycle", lambda s: not s.get("nextRestartTime"), "the JobSet re-created")
+    assert status["phase"] == "Restarting"
 
     patch_jobset_status(server, "lifecycle", {"replicatedJobsStatus": replicated(active=1, ready=1)})
     status = wait_status(server, operator, "lifecycle", lambda s: s.get("phase") == "Running", "Running again")
-    assert status["restarts"] == 1
+    assert status["restarts"]["total"] == 1
 
     patch_jobset_status(server, "lifecycle", {"terminalState": "Completed", "replicatedJobsStatus": replicated(succeeded=1),
                                               "conditions": [jobset_condition("Completed", "jobset completed")]})
@@ -224,19 +266,40 @@ def test_fake_jobset_controller_running_restarting_succeeded(server, operator):
     assert status["completionTime"] and condition(status, "Succeeded")["status"] == "True"
     assert condition(status, "Running")["status"] == "False"
     assert condition(status, "Running")["lastTransitionTime"] >= running_since
+    assert 0 <= status["goodput"] <= 1 and status["badput"]["restarting"] >= 1  # the backoff at least
     wait_event(server, "lifecycle", "Succeeded")
 
 
 @pytest.mark.fake_controller
-def test_fake_jobset_controller_failed(server, operator):
+def test_fake_jobset_controller_user_error_fails_at_once_quoting_the_trainer(server, operator):
     create_job(server, job_doc("doomed"))
     wait_status(server, operator, "doomed", lambda s: s.get("phase") == "Pending", "phase Pending")
-    patch_jobset_status(server, "doomed", {"restarts": 3, "terminalState": "Failed",
-                                           "conditions": [jobset_condition("Failed", "reached max restarts")]})
+    uid = fail_jobset(server, "doomed", 3, "UserError: data.path gs://bucket/tokens has no .npy files")
     status = wait_status(server, operator, "doomed", lambda s: s.get("phase") == "Failed", "phase Failed")
-    assert status["restarts"] == 3 and "reached max restarts" in status["message"] and status["completionTime"]
+    assert status["message"] == ("doomed-slice-0-1-" + uid[:5] + " exited with code 3 (user or configuration error): "
+                                 "UserError: data.path gs://bucket/tokens has no .npy files; a user error is never retried")
+    assert status["restarts"]["total"] == 0 and status["completionTime"]
     assert condition(status, "Failed")["status"] == "True"
     assert wait_event(server, "doomed", "Failed")["type"] == "Warning"
+    assert jobset(server, "doomed")["metadata"]["uid"] == uid  # kept, for its pods' logs
+
+
+@pytest.mark.fake_controller
+def test_fake_jobset_controller_restart_budget_survives_jobset_recreation(server, operator):
+    create_job(server, job_doc("budgeted", failurePolicy={"maxRestarts": 1, "backoffSeconds": 1}))
+    wait_status(server, operator, "budgeted", lambda s: s.get("phase") == "Pending", "phase Pending")
+    first = fail_jobset(server, "budgeted", 42, "Retryable: TPU runtime error")
+    second = replaced_jobset(server, "budgeted", first)["metadata"]["uid"]
+    # Someone deletes the JobSet: the operator creates it again, and the job's restart count stays as it was.
+    code, _ = server.request("DELETE", f"{JOBSETS.format(ns='default')}/budgeted")
+    assert code == 200
+    third = replaced_jobset(server, "budgeted", second)["metadata"]["uid"]
+    status = wait_status(server, operator, "budgeted", lambda s: not s.get("nextRestartTime"), "the JobSet re-created")
+    assert status["restarts"]["total"] == 1
+    fail_jobset(server, "budgeted", 137, "")
+    status = wait_status(server, operator, "budgeted", lambda s: s.get("phase") == "Failed", "phase Failed")
+    assert "restart budget spent (1 of maxRestarts 1 used)" in status["message"]
+    assert jobset(server, "budgeted")["metadata"]["uid"] == third and status["restarts"]["total"] == 1
 
 
 @pytest.mark.fake_controller
@@ -444,10 +507,11 @@ def fake_pod(server: Server, jobset_name: str, status: dict[str, Any], ns: str =
     return name
 
 
-def pod_lists(server: Server, ns: str = "default") -> int:
-    """The operator's looks at all of a JobSet's pods (not the metrics reader's search for pod 0)."""
+def pod_lists(server: Server, jobset_name: str, ns: str = "default") -> int:
+    """The operator's looks at all of one JobSet's pods (not the metrics reader's search for its pod 0)."""
     return sum(1 for r in server.requests_log() if r["method"] == "GET" and r["path"] == PODS.format(ns=ns)
-               and r["userAgent"].startswith("tpu-operator") and "job-index" not in r["query"].get("labelSelector", ""))
+               and r["userAgent"].startswith("tpu-operator")
+               and r["query"].get("labelSelector") == f"jobset.sigs.k8s.io/jobset-name={jobset_name}")
 
 
 def jobset_gets(server: Server, name: str, ns: str = "default") -> int:
@@ -474,8 +538,8 @@ def test_fake_scheduler_unschedulable_pods_are_explained_within_a_resync(server,
     table = kubectl(server, "get", "tpujobs", "stuck", "-o", "wide", check=True).stdout
     assert "Pending" in table and "Insufficient google.com/tpu" in table, table
     # Two more resyncs list the pod again and find the same: no new Event.
-    lists = pod_lists(server)
-    wait_for(lambda: pod_lists(server) >= lists + 2, WAIT_S, 0.2, "two more resyncs")
+    lists = pod_lists(server, "stuck")
+    wait_for(lambda: pod_lists(server, "stuck") >= lists + 2, WAIT_S, 0.2, "two more resyncs")
     assert [e["reason"] for e in events(server, "stuck")].count("Unschedulable") == 1
 
     # Placed, but its image cannot be pulled: the kubelet's words, with the image.
@@ -494,9 +558,10 @@ def test_fake_scheduler_unschedulable_pods_are_explained_within_a_resync(server,
     status = wait_status(server, operator, "stuck", lambda s: s.get("phase") == "Running" and
                          condition(s, "ContainersReady").get("status") == "True", "phase Running")
     assert "ImagePullBackOff" not in status["message"]
-    lists, gets = pod_lists(server), jobset_gets(server, "stuck")
+    lists, gets, seen = pod_lists(server, "stuck"), jobset_gets(server, "stuck"), len(server.requests_log())
     wait_for(lambda: jobset_gets(server, "stuck") >= gets + 2, WAIT_S, 0.2, "two more resyncs")  # each GETs the JobSet
-    assert pod_lists(server) == lists
+    assert pod_lists(server, "stuck") == lists, [(r["method"], r["path"], r["query"]) for r in server.requests_log()[seen:]
+                                        if r["userAgent"].startswith("tpu-operator")]
 
 
 def test_without_kueue_the_workload_watch_waits_for_its_crd(server, operator):
@@ -506,6 +571,31 @@ def test_without_kueue_the_workload_watch_waits_for_its_crd(server, operator):
     assert "Unresolved resources cannot be served (try creating their CRDs): Selector(group='kueue.x-k8s.io', " \
            "plural='workloads')" in log
     assert not [r for r in server.requests_log() if r["path"].startswith("/apis/kueue.x-k8s.io/")]
+
+
+@pytest.mark.fake_controller
+def test_fake_jobset_controller_a_trainer_that_stops_stepping_is_hung_and_restarted(server, operator, trainer):
+    create_job(server, job_doc("stalled", runtime={"metricsPort": trainer.port},
+                               failurePolicy={"hangTimeoutSeconds": 4, "backoffSeconds": 1}))
+    wait_status(server, operator, "stalled", lambda s: s.get("phase") == "Pending", "phase Pending")
+    fake_pod0(server, "stalled")
+    now = time.time()  # the trainer started, completed step 3, and has made no progress since
+    trainer.sample = {"step": 3, "step_time_s": 0.5, "progress": {
+        "started_at": now, "start_step": 0, "first_step_at": now, "last_step_at": now, "step": 3,
+        "step_seconds": 1.0, "steps_timed": 2, "median_step_seconds": 0.5}}
+    patch_jobset_status(server, "stalled", {"replicatedJobsStatus": replicated(active=1, ready=1)})
+    first = jobset(server, "stalled")["metadata"]["uid"]
+    status = wait_status(server, operator, "stalled", lambda s: (s.get("restarts") or {}).get("hang") == 1,
+                         "a restart for a hang")
+    hung = condition(status, "Hung")
+    assert hung["status"] == "True" and hung["reason"] == "NoProgress"
+    assert "hung: no step completed after step 3 for" in hung["message"] and "(limit 4 s)" in hung["message"]
+    assert wait_event(server, "stalled", "Hung")["type"] == "Warning" and status["lastRestart"]["cause"] == "hang"
+    replaced_jobset(server, "stalled", first)
+    text = operator.metrics()
+    assert 'tpu_operator_job_restarts{cause="hang",job="stalled",namespace="default"} 1.0' in text
+    assert 'tpu_operator_job_goodput{job="stalled",namespace="default"}' in text
+    assert 'tpu_operator_job_badput_seconds{bucket="hung",job="stalled",namespace="default"}' in text
 
 
 # --- restarts of the operator ------------------------------------------------------------------------------
@@ -608,7 +698,8 @@ def _rbac_of(request: dict[str, Any]) -> tuple[str, str, str] | None:
         rest = rest[2:]
     resource, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
     method, watch = request["method"], request["query"].get("watch") in ("true", "1")
-    verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method) or (
+    verb = {"POST": "create", "PATCH": "patch", "PUT": "update"}.get(method) or (
+        ("delete" if name else "deletecollection") if method == "DELETE" else
         "watch" if watch else "get" if name else "list")
     return group, f"{resource}/{sub}" if sub else resource, verb
 

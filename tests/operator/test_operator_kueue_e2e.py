@@ -182,7 +182,7 @@ def test_fake_kueue_an_eviction_queues_the_job_again_and_counts_a_preemption(ser
 
     kueue_evicts(server, "evictee", wl, "Preempted", PREEMPTED, "2026-01-01T01:00:00Z")
     status = wait_status(server, operator, "evictee", lambda s: s.get("phase") == "Queued", "Queued again")
-    assert status["preemptions"] == 1 and status["lastEvictionTime"] == "2026-01-01T01:00:00Z"
+    assert status["restarts"]["preemption"] == 1 and status["lastEvictionTime"] == "2026-01-01T01:00:00Z"
     assert status["message"].startswith(f"evicted by Kueue (Preempted): {PREEMPTED}")
     assert condition(status, "Admitted")["reason"] == "Preempted"
     event = wait_event(server, "evictee", "Evicted")
@@ -190,7 +190,8 @@ def test_fake_kueue_an_eviction_queues_the_job_again_and_counts_a_preemption(ser
 
     kueue_admits(server, "evictee", wl)
     status = wait_status(server, operator, "evictee", lambda s: s.get("phase") == "Running", "Running again")
-    assert status["preemptions"] == 1 and status.get("restarts", 0) == 0  # not a JobSet restart
+    # Counted once, under preemption, and not charged against maxRestarts (no failure or hang).
+    assert status["restarts"] == {"failure": 0, "preemption": 1, "hang": 0, "total": 1}
     assert [e["reason"] for e in events(server, "evictee")].count("Evicted") == 1
     assert not operator_patched_the_jobset(server, "evictee")
 
@@ -204,7 +205,7 @@ def test_fake_kueue_a_user_suspend_deactivates_the_workload_and_is_not_undone(se
     # Kueue evicts a deactivated Workload (reason Deactivated) and suspends the JobSet.
     kueue_evicts(server, "napper", wl, "Deactivated", "The workload is deactivated", "2026-01-01T02:00:00Z")
     status = wait_status(server, operator, "napper", lambda s: s.get("phase") == "Suspended", "phase Suspended")
-    assert not status.get("preemptions") and condition(status, "SpecChange")["status"] == "True"
+    assert not (status.get("restarts") or {}).get("preemption") and condition(status, "SpecChange")["status"] == "True"
     wait_event(server, "napper", "Suspended")
 
     set_job_suspend(server, "napper", False)
@@ -214,7 +215,7 @@ def test_fake_kueue_a_user_suspend_deactivates_the_workload_and_is_not_undone(se
     wait_status(server, operator, "napper", lambda s: s.get("phase") == "Queued", "Queued until Kueue admits it")
     kueue_admits(server, "napper", wl)
     status = wait_status(server, operator, "napper", lambda s: s.get("phase") == "Running", "Running after resume")
-    assert not status.get("preemptions")
+    assert not (status.get("restarts") or {}).get("preemption")
     assert not operator_patched_the_jobset(server, "napper")
 
 
@@ -281,7 +282,7 @@ def test_fake_kueue_queued_jobs_requests_stay_within_budget(server, tmp_path):
         kueue_sets(server, wl, [wl_condition("QuotaReserved", "False", "Pending", PREEMPTED),
                                 wl_condition("Evicted", reason="Preempted", message=PREEMPTED,
                                              since="2026-01-01T03:00:00Z")], ns)
-        until(lambda s: s.get("preemptions") == 1, "a preemption counted")
+        until(lambda s: (s.get("restarts") or {}).get("preemption") == 1, "a preemption counted")
         set_jobset_suspend(server, "thrifty", True, ns)
         until(lambda s: s.get("phase") == "Queued", "Queued again")
         patch_jobset_status(server, "thrifty", {"conditions": [jobset_condition("Suspended")],

@@ -29,32 +29,32 @@ LATER = "2026-01-01T00:05:00Z"
 EMPTY = TPUTrainingJobStatus()
 
 
-def jobset(restarts: int = 0, active: int = 0, ready: int = 0, conditions: tuple[str, ...] = (),
+def jobset(active: int = 0, ready: int = 0, conditions: tuple[str, ...] = (),
            terminal: str | None = None, suspend: bool = False) -> dict[str, Any]:
-    status: dict[str, Any] = {"restarts": restarts,
-                              "replicatedJobsStatus": [{"name": "slice", "active": active, "ready": ready}],
+    status: dict[str, Any] = {"replicatedJobsStatus": [{"name": "slice", "active": active, "ready": ready}],
                               "conditions": [{"type": t, "status": "True", "message": f"{t} msg"} for t in conditions]}
     if terminal:
         status["terminalState"] = terminal
     return {"metadata": {"name": "js"}, "spec": {"suspend": suspend}, "status": status}
 
 
-@pytest.mark.parametrize("previous, seen, js, expected", [
-    (None, 0, jobset(), "Pending"),
-    ("Pending", 0, jobset(active=2), "Running"),
-    ("Running", 0, jobset(restarts=1, active=2), "Restarting"),  # recreated pods are active, not ready
-    ("Restarting", 1, jobset(restarts=1, active=2), "Restarting"),
-    ("Restarting", 1, jobset(restarts=1, active=2, ready=1), "Running"),
-    ("Running", 0, jobset(restarts=1, ready=2), "Running"),  # the restart is over by the time we look
-    ("Running", 0, jobset(conditions=("Completed",)), "Succeeded"),
-    ("Running", 0, jobset(terminal="Failed"), "Failed"),
-    ("Running", 0, jobset(conditions=("Suspended",)), "Suspended"),
-    ("Running", 0, jobset(suspend=True, active=1), "Suspended"),
-    ("Succeeded", 0, jobset(active=1), "Succeeded"),  # terminal phases are sticky
-    ("Failed", 0, jobset(), "Failed"),
+@pytest.mark.parametrize("previous, restart, js, expected", [
+    (None, None, jobset(), "Pending"),
+    ("Pending", None, jobset(active=2), "Running"),
+    ("Running", "replaced", jobset(active=2, ready=2), "Restarting"),  # a hung JobSet, to be replaced
+    ("Running", "replaced", jobset(terminal="Failed"), "Restarting"),  # a failed one, restarted
+    ("Restarting", None, jobset(active=2), "Restarting"),  # recreated pods are active, not ready
+    ("Restarting", None, jobset(active=2, ready=1), "Running"),
+    ("Running", None, jobset(conditions=("Completed",)), "Succeeded"),
+    ("Running", "given-up", jobset(terminal="Failed"), "Failed"),
+    ("Running", None, jobset(terminal="Failed"), "Failed"),  # no decision about it: the JobSet's word
+    ("Running", None, jobset(conditions=("Suspended",)), "Suspended"),
+    ("Running", None, jobset(suspend=True, active=1), "Suspended"),
+    ("Succeeded", None, jobset(active=1), "Succeeded"),  # terminal phases are sticky
+    ("Failed", None, jobset(), "Failed"),
 ])
-def test_phase_rule(previous, seen, js, expected):
-    assert phases.phase_of(previous, seen, phases.JobSetView.of(js)) == expected
+def test_phase_rule(previous, restart, js, expected):
+    assert phases.phase_of(previous, phases.JobSetView.of(js), restart=restart) == expected
 
 
 QUEUED, USER_SUSPENDED = phases.Intent(queued=True), phases.Intent(queued=True, suspend=True)
@@ -70,12 +70,11 @@ QUEUED, USER_SUSPENDED = phases.Intent(queued=True), phases.Intent(queued=True, 
     ("Queued", jobset(suspend=True, conditions=("Completed",)), QUEUED, False, "Succeeded"),
     ("Pending", jobset(active=1), phases.Intent(), True, "Pending"),  # active, but a pod cannot start
     ("Running", jobset(active=2, ready=1), phases.Intent(), True, "Running"),  # one slice runs
-    ("Restarting", jobset(restarts=1, active=1), phases.Intent(), True, "Restarting"),
+    ("Restarting", jobset(active=1), phases.Intent(), True, "Restarting"),
     (None, jobset(suspend=True), phases.Intent(), True, "Suspended"),
 ])
 def test_phase_rule_with_a_queue_and_the_pods_diagnosis(previous, js, intent, trouble, expected):
-    restarts = 1 if previous == "Restarting" else 0
-    assert phases.phase_of(previous, restarts, phases.JobSetView.of(js), intent, trouble) == expected
+    assert phases.phase_of(previous, phases.JobSetView.of(js), intent, trouble=trouble) == expected
 
 
 def test_follow_keeps_transition_times_and_emits_on_transitions_only():
@@ -83,12 +82,12 @@ def test_follow_keeps_transition_times_and_emits_on_transitions_only():
     assert status.phase == "Running" and status.start_time == NOW and notices == []
     again, notices = phases.follow(status, jobset(active=1), LATER)
     assert again == status and notices == []
-    restarted, notices = phases.follow(status, jobset(restarts=1, active=1), LATER)
-    assert restarted.phase == "Restarting" and restarted.restarts == 1
-    assert [n.reason for n in notices] == ["Restarted"]
+    restarted, notices = phases.follow(status.model_copy(update=dict(message="restart 1 (failure) in 10 s")),
+                                       jobset(active=1), LATER, restart="replaced")
+    assert restarted.phase == "Restarting" and restarted.message == "restart 1 (failure) in 10 s" and notices == []
     running = restarted.condition("Running")
     assert running.status == "False" and running.last_transition_time == LATER
-    done, notices = phases.follow(restarted, jobset(restarts=1, conditions=("Completed",)), LATER)
+    done, notices = phases.follow(restarted, jobset(conditions=("Completed",)), LATER)
     assert done.phase == "Succeeded" and done.completion_time == LATER and done.message == "Completed msg"
     assert [n.reason for n in notices] == ["Succeeded"]
     assert done.condition("Running").last_transition_time == LATER
@@ -120,6 +119,9 @@ def test_changed_fields_names_paths():
 def test_merge_patch_has_only_what_changed():
     assert status_lib.merge_patch({"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5, "d": 4}) == {"b": 5, "c": None, "d": 4}
     assert status_lib.merge_patch({"a": [1]}, {"a": [1]}) == {}
+    # Objects are merged by the server: a nested field that goes away must be nulled explicitly.
+    assert status_lib.merge_patch({"o": {"x": 1, "y": {"z": 2}}}, {"o": {"y": {"z": 3}}}) == \
+        {"o": {"x": None, "y": {"z": 3}}}
 
 
 def test_to_sample_keeps_good_values_and_drops_bad_ones():
@@ -181,7 +183,7 @@ class FakeKube:
         if key in self.objects:
             raise ApiError(409, "already exists")
         obj = copy.deepcopy(body)
-        obj["metadata"].setdefault("uid", f"uid-{len(self.objects)}")
+        obj["metadata"].setdefault("uid", f"uid-{self.rv + 1}")  # never reused
         self._bump(obj)
         self.objects[key] = obj
         return copy.deepcopy(obj)
@@ -196,18 +198,8 @@ class FakeKube:
             raise ApiError(409, "conflict")
         if wanted and wanted != obj["metadata"]["resourceVersion"]:
             raise ApiError(409, "conflict")
-        part = obj.setdefault(sub or "spec", {})
-        for k, v in body.get(sub or "spec", {}).items():
-            if v is None:
-                part.pop(k, None)
-            else:
-                part[k] = v
-        annotations = obj["metadata"].setdefault("annotations", {})
-        for k, v in ((body.get("metadata") or {}).get("annotations") or {}).items():
-            if v is None:
-                annotations.pop(k, None)
-            else:
-                annotations[k] = v
+        _merge(obj.setdefault(sub or "spec", {}), body.get(sub or "spec", {}))
+        _merge(obj["metadata"].setdefault("annotations", {}), (body.get("metadata") or {}).get("annotations") or {})
         self._bump(obj)
         return copy.deepcopy(obj)
 
@@ -221,6 +213,23 @@ class FakeKube:
         self.calls.append(("PROXY", f"{pod}:{port}/{path}"))
         return {"step": 9, "mfu": 0.25}
 
+    async def delete(self, resource: Resource, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        path = resource.path(namespace, name)
+        self.calls.append(("DELETE", path))
+        if path not in self.objects:
+            raise ApiError(404, "not found")
+        if (body.get("preconditions") or {}).get("uid") not in (None, self.objects[path]["metadata"]["uid"]):
+            raise ApiError(409, "uid precondition failed")
+        return self.objects.pop(path)
+
+    async def delete_all(self, resource: Resource, namespace: str, selector: str,
+                         body: dict[str, Any]) -> dict[str, Any]:
+        doomed = await self.list(resource, namespace, selector)
+        self.calls[-1] = ("DELETECOLLECTION", resource.path(namespace))  # the list above is part of this call
+        for o in doomed:
+            self.objects.pop(resource.path(namespace, o["metadata"]["name"]), None)
+        return {"kind": "Status", "status": "Success"}
+
     def add_job(self, doc: dict[str, Any], uid: str = "job-uid") -> dict[str, Any]:
         obj = copy.deepcopy(doc)
         obj["metadata"].update(namespace="default", uid=uid, generation=1)
@@ -233,6 +242,17 @@ class FakeKube:
 
     def jobset(self, name: str = "tiny") -> dict[str, Any] | None:
         return copy.deepcopy(self.objects.get(JOBSETS.path("default", name)))
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """RFC 7386: None removes, objects merge field by field, anything else replaces."""
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+            _merge(target[k], v)
+        else:
+            target[k] = copy.deepcopy(v)
 
 
 def run_reconcile(kube: FakeKube, obj: dict[str, Any], jobset_seen: dict[str, Any] | None = None,

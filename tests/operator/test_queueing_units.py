@@ -113,19 +113,19 @@ def test_follow_counts_each_eviction_once_and_says_so_once():
     evicted = view(cond("QuotaReserved", "False", "Pending", QUOTA_MESSAGE),
                    cond("Evicted", reason="Preempted", message=PREEMPTED, since=LATER))
     status, notices = kueue.follow(status, evicted, "team-a", "tiny", LATER)
-    assert (status.preemptions, status.last_eviction_time) == (1, LATER)
+    assert (status.restarts.preemption, status.restarts.total, status.last_eviction_time) == (1, 1, LATER)
     assert [(n.type, n.reason) for n in notices] == [("Warning", "Evicted")] and PREEMPTED in notices[0].message
     again, notices = kueue.follow(status, evicted, "team-a", "tiny", LATER)  # a resync sees the same eviction
-    assert again.preemptions == 1 and notices == []
+    assert again.restarts.preemption == 1 and notices == []
     later = view(cond("Evicted", reason="PodsReadyTimeout", message="Exceeded the PodsReady timeout",
                       since="2026-01-01T01:00:00Z"))
-    assert kueue.follow(again, later, "team-a", "tiny", LATER)[0].preemptions == 2
+    assert kueue.follow(again, later, "team-a", "tiny", LATER)[0].restarts.preemption == 2
 
 
 def test_a_deactivation_is_not_a_preemption():
     deactivated = view(cond("Evicted", reason="Deactivated", message="The workload is deactivated"), active=False)
     status, notices = kueue.follow(EMPTY, deactivated, "team-a", "tiny", NOW)
-    assert status.preemptions is None and notices == [] and status.condition("Admitted").reason == "Deactivated"
+    assert status.restarts is None and notices == [] and status.condition("Admitted").reason == "Deactivated"
 
 
 def test_misconfigured_queues_are_warnings():
@@ -292,7 +292,7 @@ def test_a_user_suspend_of_a_queued_job_deactivates_its_workload_and_resume_reac
     suspended = kube.job() | {"spec": suspended["spec"]}
     kube.calls.clear()
     run(kube, suspended, js, [stored])
-    assert job_status(kube).phase == "Suspended" and job_status(kube).preemptions is None
+    assert job_status(kube).phase == "Suspended" and not job_status(kube).restarts.total
     assert [c[0] for c in kube.calls] == ["PATCH"]  # the status: the Workload already follows
     resumed = kube.job()
     resumed["spec"]["suspend"] = False
@@ -307,7 +307,7 @@ def test_a_job_without_a_queue_ignores_workloads():
     run(kube, kube.add_job(tiny_job()))
     stray = workload(cond("Evicted", reason="Preempted"), jobset_uid=kube.jobset()["metadata"]["uid"])
     run(kube, kube.job(), kube.jobset(), [stray])
-    assert job_status(kube).condition("Admitted") is None and job_status(kube).preemptions is None
+    assert job_status(kube).condition("Admitted") is None and not job_status(kube).restarts.total
 
 
 def add_pod(kube: FakeKube, p: dict[str, Any]) -> None:

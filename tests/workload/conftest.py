@@ -61,9 +61,10 @@ class Trainers:
                 e.update(TPUJOB_COORDINATOR_ADDRESS=coordinator, TPUJOB_NUM_PROCESSES=str(processes),
                          TPUJOB_PROCESS_ID=str(i))
             err = open(self.tmp_path / f"stderr{self.n}.{i}.txt", "w")
+            e.setdefault("TPUJOB_TERMINATION_LOG", str(self.tmp_path / f"termination{self.n}.{i}"))
             p = subprocess.Popen([sys.executable, "-m", "tpu_workload", "--config", str(path)], env=e,
                                  stdout=subprocess.PIPE, stderr=err, text=True)
-            p.stderr_path = err.name
+            p.stderr_path, p.termination_path = err.name, e["TPUJOB_TERMINATION_LOG"]
             p.lines = _pump(p.stdout)
             procs.append(p)
         self.procs += procs

@@ -216,13 +216,15 @@ def test_start_records_explicit_initialize_call(recorded):
     runtime.start(runtime.read_env({**EXPLICIT, "TPUJOB_PROCESS_ID": "5", "TPUJOB_PLATFORM": "cpu",
                                     "TPUJOB_CPU_DEVICES": "4"}, glob=no_nodes))
     assert recorded["initialize"] == [dict(coordinator_address=EXPLICIT["TPUJOB_COORDINATOR_ADDRESS"],
-                                           num_processes=8, process_id=5)]
+                                           num_processes=8, process_id=5, initialization_timeout=330)]
     assert recorded["config"] == [("jax_platforms", "cpu"), ("jax_num_cpu_devices", 4)]
 
 
 def test_start_records_argless_initialize_call_on_tpu(recorded):
-    runtime.start(runtime.read_env({"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_WORKER_ID": "0"}, glob=no_nodes))
-    assert recorded["initialize"] == [{}] and recorded["config"] == []
+    runtime.start(runtime.read_env({"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_WORKER_ID": "0",
+                                    "TPUJOB_INIT_TIMEOUT_SECONDS": "60"}, glob=no_nodes))
+    # JAX's own limit comes after the trainer's watchdog (exits.deadline), which exits 42 with a message.
+    assert recorded["initialize"] == [{"initialization_timeout": 90}] and recorded["config"] == []
 
 
 def test_start_single_process_records_no_initialize_call(recorded):

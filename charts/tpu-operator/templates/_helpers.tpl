@@ -115,7 +115,7 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
   verbs: ["patch"]
 - apiGroups: ["jobset.x-k8s.io"]
   resources: ["jobsets"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create"]
@@ -124,7 +124,7 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
   verbs: ["get", "list", "watch", "create"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "deletecollection"]
 {{- if eq .Values.operator.metricsAccess "proxy" }}
 - apiGroups: [""]
   resources: ["pods/proxy"]

@@ -1,0 +1,111 @@
+"""How a trainer process ends and what it says about its own time: the exit codes, the progress it
+reports, and the record it leaves behind. Shared by the trainer (which imports this module and
+`contract`, pydantic only) and by the operator and the local runner, which read them.
+
+Exit codes (the trainer maps every failure to one of them in one place, `tpu_workload.exits`):
+
+  code  class       meaning                                                          default policy
+  0     finished    every step trained                                               -
+  3     user        the job's config or code is wrong: an invalid config file or     fails the job at
+                    environment contract, a model that does not fit the device       once; never
+                    memory (RESOURCE_EXHAUSTED), an injected user fault              retried
+  42    retryable   infrastructure: the coordinator / jax.distributed start-up or    restarted
+                    the first collective timed out, TPU runtime or device errors,
+                    checkpoint or data I/O that failed after its own retries
+  143   stopped     SIGTERM (preemption, maintenance, an eviction): the step in      restarted (cause
+                    flight finished and was checkpointed first                       preemption)
+  137   killed      SIGKILL from outside: a node lost, the grace period exceeded,    restarted
+                    the kernel's OOM killer (the trainer cannot say which)
+  1     unexpected  an exception nothing classified (a bug)                          fails unless listed
+
+The termination record: on exit each process writes one JSON line (`TerminationRecord`) to
+$TPUJOB_TERMINATION_LOG, default `/dev/termination-log`, the file Kubernetes turns into the
+container's `state.terminated.message` (at most 4096 bytes). The pods run with
+`terminationMessagePolicy: FallbackToLogsOnError`, so a process killed before it could write
+leaves the tail of its log there instead; `TerminationRecord.parse` reads both.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+TERMINATION_LOG = "/dev/termination-log"
+MAX_MESSAGE_BYTES = 4096  # what the kubelet keeps of a termination message
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    UNEXPECTED = 1
+    USER = 3
+    RETRYABLE = 42
+    KILLED = 137  # 128 + SIGKILL
+    STOPPED = 143  # 128 + SIGTERM
+
+
+def exit_code(returncode: int) -> int:
+    """A process's exit status as Kubernetes reports it: death by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Progress(BaseModel):
+    """What a trainer process knows of its own time (epoch seconds of its host's clock; GKE nodes
+    are NTP-synchronised, so the operator compares them with its own as they are). Served under
+    `progress` in /status, carried by every JSON step line and by the termination record."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, alias_generator=to_camel)
+    started_at: float = Field(description="The process started.")
+    start_step: int | None = Field(None, description="The step this attempt started from (restored), once set up.")
+    first_step_at: float | None = Field(None, description="This attempt's first step completed (start-up, "
+                                                          "restore and compilation came before it).")
+    last_step_at: float | None = Field(None, description="The latest step completed.")
+    step: int | None = Field(None, description="Completed steps.")
+    last_checkpoint_step: int | None = Field(None, description="The latest complete checkpoint.")
+    step_seconds: float = Field(0.0, description="Time on this attempt's steps after its first (which counts "
+                                                 "as start-up), less blocking checkpoint time.")
+    steps_timed: int = Field(0, description="The steps `stepSeconds` covers.")
+    median_step_seconds: float | None = Field(None, description="Median step time over the latest 100 steps.")
+    checkpoint_seconds: float = Field(0.0, description="Blocking checkpoint time: saves in the loop, the final "
+                                                       "wait, the SIGTERM save.")
+
+    @classmethod
+    def lenient(cls, value: object) -> "Progress | None":
+        """A Progress from untrusted JSON (a /status answer), or None."""
+        try:
+            return cls.model_validate(value) if isinstance(value, dict) else None
+        except ValidationError:
+            return None
+
+
+class TerminationRecord(BaseModel):
+    """The last thing a trainer process says: its exit code, its last error line, its progress."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    code: int
+    error: str = ""
+    progress: Progress | None = None
+
+    def message(self) -> str:
+        """One JSON line that fits the kubelet's 4096 bytes (the error line is cut to fit)."""
+        text = self.model_dump_json(exclude_none=True)
+        over = len(text.encode()) - MAX_MESSAGE_BYTES
+        if over > 0:
+            error = self.error.encode()[:max(0, len(self.error.encode()) - over - 8)].decode(errors="ignore")
+            text = self.model_copy(update={"error": error + " ..."}).model_dump_json(exclude_none=True)
+        return text
+
+    @classmethod
+    def parse(cls, text: str | None, code: int | None = None) -> "TerminationRecord | None":
+        """The record in a termination message; for a message that is a log tail (the process died
+        before writing one), a record whose error is the tail's last line."""
+        if not text or not text.strip():
+            return None
+        try:
+            return cls.model_validate(json.loads(text.strip().splitlines()[-1]))
+        except (ValueError, ValidationError):
+            pass
+        last = next(line.strip() for line in reversed(text.strip().splitlines()) if line.strip())
+        return cls(code=code if code is not None else int(ExitCode.UNEXPECTED), error=last)

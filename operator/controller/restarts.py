@@ -1,0 +1,137 @@
+"""Restarts and hangs as the operator sees them (the rule itself is api/failures.py). Pure.
+
+- `pod_exits`: the pods of a failed JobSet as the kubelet reports them: container `trainer`'s
+  `state.terminated` (exitCode, finishedAt, and `message`: the trainer's termination record, or
+  the tail of its log when it died before writing one, by `FallbackToLogsOnError`), and the pod
+  condition `DisruptionTarget=True` the cluster sets on a pod it stops (preemption, eviction, a
+  node taint), which makes it a preemption whatever the code.
+- `hang`: why a running attempt is hung, or None. It is judged only on a read of the trainer's
+  /status that succeeded (`answered`): a trainer that answers and says no step completed for
+  `hangTimeoutSeconds` (default the larger of 600 s and 20 x the median step time), or, before its
+  first step, for `startupTimeoutSeconds` since it started. Stored progress alone never restarts a
+  job (an operator back from an outage would find every job's last step old), and a trainer the
+  operator cannot reach is `Metrics=False`, never restarted for it; the trainer's own start-up
+  watchdog covers a process stuck before it serves /status.
+- `decide`: the status after a failed or hung attempt: counts by cause, `lastRestart` (with the uid
+  of the JobSet it replaces, so that a JobSet is counted once however often it is seen), and
+  `nextRestartTime` after the backoff, or the job given up; a `Hung` condition; the Events.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from ..api.failures import Failure, PodExit, RestartCounts, LastRestart, Verdict, root_cause, verdict
+from ..api.lifecycle import TerminationRecord
+from ..api.models import FailurePolicySpec, TPUTrainingJobStatus
+from .conditions import set_condition
+from .phases import Notice
+from .status import Sample
+
+CONTAINER = "trainer"
+MIN_HANG_TIMEOUT_S = 600
+HANG_STEP_FACTOR = 20
+
+
+def pod_exits(pods: list[dict[str, Any]]) -> list[PodExit]:
+    exits = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        container = next((c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER), {})
+        terminated = (container.get("state") or {}).get("terminated") or \
+            (container.get("lastState") or {}).get("terminated")
+        disrupted = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+                        for c in status.get("conditions") or [])
+        if terminated is None and not disrupted and status.get("phase") != "Failed":
+            continue
+        code = terminated.get("exitCode") if terminated else None
+        exits.append(PodExit(pod=pod["metadata"]["name"], code=code, disrupted=disrupted,
+                             record=TerminationRecord.parse((terminated or {}).get("message"), code),
+                             finished_at=(terminated or {}).get("finishedAt")))
+    return exits
+
+
+def failure_of(pods: list[dict[str, Any]], jobset_message: str) -> Failure:
+    """Why the JobSet failed: its root-cause pod, or (its pods gone) the JobSet's own message."""
+    return root_cause(pod_exits(pods)) or Failure(cause="failure", code=None, pod="a pod",
+                                                  error=jobset_message or "the JobSet failed")
+
+
+def _seconds(ts: str) -> float:
+    return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def _stamp(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def answered(sample: Sample | None) -> bool:
+    """A read of the trainer's /status succeeded and brought its clock."""
+    return sample is not None and sample.error is None and sample.progress is not None
+
+
+def hang_timeout_s(policy: FailurePolicySpec, median_step_s: float | None) -> float:
+    if policy.hang_timeout_seconds is not None:
+        return float(policy.hang_timeout_seconds)
+    return max(float(MIN_HANG_TIMEOUT_S), HANG_STEP_FACTOR * (median_step_s or 0.0))
+
+
+def hang(status: TPUTrainingJobStatus, policy: FailurePolicySpec, total_steps: int, now: str) -> str | None:
+    attempt = status.accounting.attempt if status.accounting else None
+    p = attempt.progress if attempt else None
+    if status.phase != "Running" or p is None or (p.step or 0) >= total_steps:
+        return None
+    t = _seconds(now)
+    if p.last_step_at is None:
+        idle, limit = t - p.started_at, float(policy.startup_timeout_seconds)
+        what = "no first step"
+    else:
+        idle, limit = t - p.last_step_at, hang_timeout_s(policy, p.median_step_seconds)
+        what = f"no step completed after step {p.step}"
+    if idle <= limit:
+        return None
+    return f"hung: {what} for {idle:.0f} s (limit {limit:.0f} s)"
+
+
+def decide(status: TPUTrainingJobStatus, jobset_uid: str | None, failure: Failure | None, hung: str | None,
+           policy: FailurePolicySpec, now: str) -> tuple[TPUTrainingJobStatus, Verdict, list[Notice]]:
+    """The status after a failed (`failure`) or hung (`hung`) attempt of the JobSet `jobset_uid`."""
+    counts = status.restarts or RestartCounts()
+    v = verdict(policy, counts, failure, hung)
+    conds, notices = status.conditions, []
+    if hung is not None:
+        conds = set_condition(conds, "Hung", "True", "NoProgress", hung, now)
+        notices.append(Notice("Warning", "Hung", hung))
+    code = failure.code if failure else None
+    if not v.restart:
+        return status.model_copy(update=dict(conditions=conds, message=v.message)), v, notices
+    last = LastRestart(cause=v.cause, exit_code=code, message=v.message, job_set_uid=jobset_uid, time=now)
+    notices.append(Notice("Warning", "Restarted", v.message))
+    return status.model_copy(update=dict(
+        conditions=conds, restarts=counts.plus(v.cause), last_restart=last,
+        next_restart_time=_stamp(_seconds(now) + v.delay_s), message=v.message)), v, notices
+
+
+def replaced(status: TPUTrainingJobStatus, jobset: dict[str, Any]) -> bool:
+    """This JobSet is one a restart replaces (counted already): it is to be deleted, never followed."""
+    uid = (jobset.get("metadata") or {}).get("uid")
+    return bool(uid) and status.last_restart is not None and status.last_restart.job_set_uid == uid
+
+
+def wait_s(status: TPUTrainingJobStatus, now: str) -> float:
+    """Seconds until the pending restart may create the JobSet again (0: now)."""
+    if not status.next_restart_time:
+        return 0.0
+    return max(0.0, _seconds(status.next_restart_time) - _seconds(now))
+
+
+def recovered(status: TPUTrainingJobStatus, now: str) -> TPUTrainingJobStatus:
+    """Hung=False once a later attempt completes a step."""
+    hung = status.condition("Hung")
+    attempt = status.accounting.attempt if status.accounting else None
+    if hung is None or hung.status != "True" or attempt is None or attempt.progress is None \
+            or attempt.progress.last_step_at is None:
+        return status
+    conds = set_condition(status.conditions, "Hung", "False", "Progressing", "steps complete again", now)
+    return status.model_copy(update=dict(conditions=conds))

@@ -1,0 +1,165 @@
+"""The operator's restarts, hangs and goodput over the in-memory API (FakeKube): the JobSet that
+failed or hung is counted once, deleted, and created again after its backoff; the budget lives in
+the job's status. No processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from prometheus_client import generate_latest
+
+from tests.conftest import tiny_job
+from tests.operator.test_operator_units import FakeKube, job_status
+from tpu_operator.api.failures import RestartCounts
+from tpu_operator.api.lifecycle import Progress, TerminationRecord
+from tpu_operator.api.models import FailurePolicySpec, TPUTrainingJobStatus
+from tpu_operator.controller import reconcile, restarts
+from tpu_operator.controller.kube import JOBSETS, PODS
+from tpu_operator.controller.reconcile import OperatorConfig
+from tpu_operator.controller.stats import Stats
+from tpu_operator.controller.status import Sample
+
+T0 = "2026-01-01T00:00:00Z"
+
+
+def at(seconds: int) -> str:
+    return f"2026-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}Z"
+
+
+def run(kube: FakeKube, when: str, jobset_seen: Any = "index", sample: Sample | None = None):
+    notices = []
+    seen = kube.jobset() if jobset_seen == "index" else jobset_seen
+    outcome = asyncio.run(reconcile.reconcile(kube, kube.job(), seen, sample, OperatorConfig(),
+                                              lambda o, n: notices.append(n), now=lambda: when))
+    return outcome, [n.reason for n in notices]
+
+
+def new_job(kube: FakeKube, **policy: Any) -> None:
+    kube.add_job(tiny_job(failurePolicy={"backoffSeconds": 10, **policy}))
+    kube.objects[next(iter(kube.objects))]["metadata"]["creationTimestamp"] = T0
+    run(kube, at(0), None)
+
+
+def fail_jobset(kube: FakeKube, *codes_and_lines: tuple[int, str]) -> None:
+    """Stand in for JobSet and the kubelet: pods that terminated with these codes and messages."""
+    js = kube.objects[JOBSETS.path("default", "tiny")]
+    js["status"] = {"terminalState": "Failed", "conditions": [{"type": "Failed", "status": "True",
+                                                               "message": "jobset failed"}]}
+    for i, (code, line) in enumerate(codes_and_lines):
+        message = TerminationRecord(code=code, error=line).message()
+        name = f"tiny-slice-0-{i}-{js['metadata']['uid']}"
+        kube.objects[PODS.path("default", name)] = {
+            "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny"}},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+                "exitCode": code, "message": message, "finishedAt": at(10 + i)}}}]}}
+
+
+def running(kube: FakeKube) -> None:
+    kube.objects[JOBSETS.path("default", "tiny")]["status"] = {
+        "replicatedJobsStatus": [{"name": "slice", "active": 1, "ready": 1}]}
+
+
+def test_a_failed_jobset_is_restarted_once_after_its_backoff_and_the_budget_is_the_jobs():
+    kube = FakeKube()
+    new_job(kube, maxRestarts=1)
+    running(kube)
+    run(kube, at(5))
+    first = kube.jobset()["metadata"]["uid"]
+    fail_jobset(kube, (42, "Retryable: gloo connection reset"), (143, "stopped by SIGTERM"))
+    kube.calls.clear()
+    outcome, events = run(kube, at(20))
+    status = job_status(kube)
+    assert status.phase == "Restarting" and status.restarts == RestartCounts(failure=1, total=1)
+    assert status.last_restart.job_set_uid == first and status.last_restart.exit_code == 42
+    assert f"tiny-slice-0-0-{first} exited with code 42" in status.message and "Retryable: gloo" in status.message
+    assert status.next_restart_time == at(30) and events == ["Restarted"]
+    # One LIST of the pods, one status write, then the pods go at once and the JobSet (only that uid).
+    assert [c[0] for c in kube.calls] == ["LIST", "PATCH", "DELETECOLLECTION", "DELETE"] and kube.jobset() is None
+    assert not [p for p in kube.objects if "/pods/" in p]
+    # Seen again (a stale cache, or after an operator restart): counted once, not deleted twice.
+    stale = {**fail_jobset_copy(kube, first)}
+    kube.calls.clear()
+    run(kube, at(21), stale)
+    assert job_status(kube).restarts.total == 1
+    # Gone: the JobSet is created again only once the backoff is over.
+    outcome, _ = run(kube, at(25), None)
+    assert (outcome.result, outcome.requeue_after_s) == ("waiting", 5.0) and kube.jobset() is None
+    outcome, events = run(kube, at(30), None)
+    assert outcome.result == "created" and kube.jobset()["metadata"]["uid"] != first
+    assert job_status(kube).next_restart_time is None and job_status(kube).phase == "Restarting"
+    # The re-created JobSet fails too: the job's budget (1) is spent, whatever the JobSet's count says.
+    fail_jobset(kube, (137, ""))
+    run(kube, at(40))
+    status = job_status(kube)
+    assert status.phase == "Failed" and "restart budget spent (1 of maxRestarts 1 used)" in status.message
+    assert status.condition("Failed").reason == "RestartPolicy" and kube.jobset() is not None  # kept to debug
+
+
+def fail_jobset_copy(kube: FakeKube, uid: str) -> dict[str, Any]:
+    return {"metadata": {"name": "tiny", "uid": uid, "namespace": "default", "labels": {
+        "training.tpu-operator.dev/job": "tiny"}, "ownerReferences": [
+        {"kind": "TPUTrainingJob", "name": "tiny", "uid": "job-uid", "controller": True}]},
+        "spec": {}, "status": {"terminalState": "Failed"}}
+
+
+def test_a_user_error_fails_at_once_quoting_the_trainers_line():
+    kube = FakeKube()
+    new_job(kube)
+    fail_jobset(kube, (143, "stopped by SIGTERM"), (3, "UserError: data.path gs://b/x has no files"))
+    _, events = run(kube, at(20))
+    status = job_status(kube)
+    assert status.phase == "Failed" and status.restarts.total == 0 and events == ["Failed"]
+    uid = kube.jobset()["metadata"]["uid"]
+    assert status.message == (f"tiny-slice-0-1-{uid} exited with code 3 (user or configuration error): "
+                              "UserError: data.path gs://b/x has no files; a user error is never retried")
+    assert not [c for c in kube.calls if c[0] == "DELETE"]
+
+
+def test_hang_detection_needs_a_trainer_that_reported_and_uses_its_own_clock():
+    policy = FailurePolicySpec(startupTimeoutSeconds=100)
+    base = TPUTrainingJobStatus(phase="Running")
+    assert restarts.hang(base, policy, 10, at(59 * 60)) is None  # never heard from: not hung
+
+    def with_progress(**p: Any) -> TPUTrainingJobStatus:
+        from tpu_operator.api.goodput import Attempt, Ledger
+        progress = Progress(started_at=restarts._seconds(T0), **p)
+        return base.model_copy(update=dict(accounting=Ledger(attempt=Attempt(running_since=0.0, progress=progress))))
+
+    starting = with_progress(start_step=0)
+    assert restarts.hang(starting, policy, 10, at(100)) is None
+    assert restarts.hang(starting, policy, 10, at(101)) == "hung: no first step for 101 s (limit 100 s)"
+    stepped = with_progress(start_step=0, step=4, last_step_at=restarts._seconds(at(60)), median_step_seconds=40.0)
+    assert restarts.hang(stepped, policy, 10, at(60 + 800)) is None  # 20 x 40 s
+    assert "no step completed after step 4 for 801 s (limit 800 s)" in restarts.hang(stepped, policy, 10, at(861))
+    assert restarts.hang(stepped, FailurePolicySpec(hangTimeoutSeconds=5), 10, at(66)) is not None
+    assert restarts.hang(stepped, FailurePolicySpec(hangTimeoutSeconds=5), 4, at(66)) is None  # the last step
+
+
+def test_a_hung_job_is_marked_restarted_and_goodput_lands_in_status_and_metrics():
+    kube = FakeKube()
+    new_job(kube, hangTimeoutSeconds=30)
+    running(kube)
+    run(kube, at(2))
+    t = restarts._seconds
+    p = Progress(started_at=t(at(1)), start_step=0, first_step_at=t(at(5)), last_step_at=t(at(10)), step=6,
+                 last_checkpoint_step=5, step_seconds=5.0, steps_timed=5, median_step_seconds=1.0)
+    run(kube, at(11), sample=Sample(step=6, progress=p))
+    status = job_status(kube)
+    assert status.goodput == round(5.0 / 11, 4) and status.badput.queued == 1.0 and status.badput.startup == 4.0
+    # Long past the timeout, a reconcile with no fresh read (a resync, an operator back from an outage)
+    # or with a failed one restarts nothing: only a trainer that answers and says it is stuck is hung.
+    assert run(kube, at(41))[1] == [] and run(kube, at(41), sample=Sample(error="refused"))[1] == []
+    assert job_status(kube).restarts.total == 0
+    _, events = run(kube, at(41), sample=Sample(step=6, progress=p))
+    status = job_status(kube)
+    assert events == ["Hung", "Restarted"] and status.phase == "Restarting"
+    assert status.restarts == RestartCounts(hang=1, total=1) and status.condition("Hung").status == "True"
+    assert status.badput.hung == 31.0 and kube.jobset() is None  # replaced
+    stats = Stats()
+    stats.job(("default", "tiny"), status)
+    text = generate_latest(stats.registry).decode()
+    assert 'tpu_operator_job_badput_seconds{bucket="hung",job="tiny",namespace="default"} 31.0' in text
+    assert 'tpu_operator_job_restarts{cause="hang",job="tiny",namespace="default"} 1.0' in text
+    assert json.dumps(status.to_wire()["badput"])  # serialisable as the API stores it
