@@ -138,9 +138,17 @@ def test_fake_jobset_controller_killed_pod_restarts_and_resumes(cluster, tmp_pat
     # Where the time went: start-up twice, and the restart itself.
     badput = status["badput"]
     assert 0 < status["goodput"] < 1 and badput["restarting"] > 0 and badput["startup"] > 0, status
-    header, row = kubectl(server, "get", "tpujobs", "-o", "wide", check=True).stdout.splitlines()[:2]
-    assert header.split()[-3:] == ["RESTARTS", "GOODPUT", "AGE"], header
-    assert row.split()[-3:-1] == ["1", str(status["goodput"])], (header, row)
+    table = _printed_columns(kubectl(server, "get", "tpujobs", "-o", "wide", check=True).stdout)
+    assert (table["RESTARTS"], table["PREEMPTIONS"], table["GOODPUT"]) == ("1", "0", str(status["goodput"])), table
+
+
+def _printed_columns(table: str) -> dict[str, str]:
+    """The first row of kubectl's table by column name (cells are cut at the header's offsets, as kubectl
+    aligns them, so a message with spaces stays one cell)."""
+    header, row = table.splitlines()[:2]
+    starts = [(m.start(), m.group()) for m in re.finditer(r"\S+", header)]
+    ends = [start for start, _ in starts[1:]] + [None]
+    return {name: row[start:end].strip() for (start, name), end in zip(starts, ends)}
 
 
 def test_fake_jobset_controller_hung_trainer_is_restarted_and_finishes(cluster, tmp_path):
