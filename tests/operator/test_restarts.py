@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from tests.conftest import tiny_job
+from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
 from tests.operator.test_operator_units import FakeKube, job_status
 from tpu_operator.api.failures import RestartCounts
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
