@@ -88,6 +88,14 @@ def operator_requests(server: Server) -> list[dict]:
             and r["query"].get("watch") not in ("true", "1")]
 
 
+def by_kind(requests: list[dict]) -> dict[str, int]:
+    """Requests counted by method and resource ('PATCH status', 'POST jobsets', ...), most first."""
+    kinds = collections.Counter(
+        f"{r['method']} {r['path'].split('/')[-1] if r['path'].endswith(('status', 'proxy')) else r['path'].rsplit('/', 2)[-2]}"
+        for r in requests)
+    return dict(kinds.most_common(8))
+
+
 @contextlib.contextmanager
 def operator(kind: str, server: Server, workdir: Path, *args: str) -> Iterator[subprocess.Popen]:
     if kind == "floor":
@@ -158,6 +166,7 @@ def burst(kind: str, n: int, example: dict) -> dict:
                     patch_status(server, f"{JOBSETS}/{name}", running_jobset_status())
                 wait_for(lambda: all(m in running.first for m in created), 900, 0.2, f"{n} jobs Running")
                 result["requests_per_job_to_running"] = len(operator_requests(server)) / n
+                result["by_kind"] = by_kind(operator_requests(server))
                 result["rss_mib"] = vm_hwm_mib(process.pid)
             return result
 
@@ -198,10 +207,8 @@ def steady(access: str, jobs: int, window_s: float, settle_s: float) -> dict:
             server.clear_requests_log()
             time.sleep(window_s)
             requests = operator_requests(server)
-            kinds = collections.Counter(f"{r['method']} {r['path'].split('/')[-1] if r['path'].endswith(('status', 'proxy')) else r['path'].rsplit('/', 2)[-2]}"
-                                        for r in requests)
             return {"access": access, "jobs": jobs, "per_job_per_min": len(requests) / jobs / (window_s / 60),
-                    "rss_mib": vm_hwm_mib(process.pid), "by_kind": dict(kinds.most_common(6))}
+                    "rss_mib": vm_hwm_mib(process.pid), "by_kind": by_kind(requests)}
     finally:
         trainer.shutdown()
 
@@ -228,7 +235,8 @@ def main() -> None:
             print(f"{r['kind']:7s} {n:4d} jobs: create->JobSet {fmt(r['to_jobset'])} | create->status "
                   f"{fmt(r['to_status'])} | {r['requests_per_job']:.1f} req/job"
                   + (f" ({r['requests_per_job_to_running']:.1f} to Running)" if "requests_per_job_to_running" in r
-                     else "") + f" | whole {r['whole_s']:.1f} s | peak RSS {r['rss_mib']:.0f} MiB", flush=True)
+                     else "") + f" | whole {r['whole_s']:.1f} s | peak RSS {r['rss_mib']:.0f} MiB"
+                  + (f"\n        to Running: {r['by_kind']}" if "by_kind" in r else ""), flush=True)
         ratio = {q: ours["to_jobset"][q] / floor["to_jobset"][q] for q in ("p50", "p99")}
         print(f"ours/floor at {n} jobs: create->JobSet p50 x{ratio['p50']:.2f}, p99 x{ratio['p99']:.2f}; "
               f"requests to Running {ours['requests_per_job_to_running']:.1f} vs floor "

@@ -71,11 +71,10 @@ def _logging(options: OperatorOptions) -> logging.Logger:
 async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
     import kopf
     import prometheus_client
-    from kubernetes_asyncio import client as k8s
 
     from . import handlers
     from .events import EventPoster
-    from .kube import AsyncKube, configuration
+    from .kube import AsyncKube, api_client, configuration
     from .manager import Manager
     from .metrics_reader import MetricsReader
     from .preflight import Timing
@@ -91,7 +90,7 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
                             metrics_interval_s=options.metrics_interval_s, resync_interval_s=options.resync_interval_s,
                             preflight=Timing(start_s=options.preflight_start_s,
                                              deadline_s=options.preflight_deadline_s))
-    kube = AsyncKube(k8s.ApiClient(credentials))
+    kube = AsyncKube(api_client(credentials))
     stats, events = Stats(), EventPoster(kube)
     manager = Manager(kube, MetricsReader(kube, config.metrics_access, config.metrics_timeout_s), config, events,
                       stats)

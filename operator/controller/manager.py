@@ -15,7 +15,10 @@
   `metrics_interval_s`, outside the workers (a slow trainer never holds up a reconcile); the sample is
   applied, and written if something changed, by the next reconcile of that job.
 - The status a reconcile wrote is kept until the watch delivers it (`written`), so the next reconcile
-  computes from it and not from the version before, which would only conflict.
+  computes from it and not from the version before, which would only conflict. Likewise a JobSet a
+  reconcile created or adopted is kept until the watch delivers it (`made`): the job's own status
+  write often comes back first, and its reconcile would otherwise POST the JobSet again (a 409 and a
+  GET to adopt it).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class Manager:
         self.workloads: Index = {}
         self.preflights: Index = {}
         self.written: dict[Key, Obj] = {}
+        self.made: dict[Key, Obj] = {}  # JobSets created or adopted here that the watch has not delivered yet
         self.samples: dict[Key, Sample] = {}
         self.due_resync: dict[Key, float] = {}
         self.due_metrics: dict[Key, float] = {}
@@ -124,7 +128,12 @@ class Manager:
         return mine
 
     def jobset(self, key: Key) -> Obj | None:
-        return _first(self.jobsets.get((key[0], names.jobset_name(key[1]))))
+        """The job's JobSet as watched, or as this operator created it while the watch has yet to say."""
+        seen = _first(self.jobsets.get((key[0], names.jobset_name(key[1]))))
+        if seen is not None:
+            self.made.pop(key, None)
+            return seen
+        return self.made.get(key)
 
     def workloads_of(self, key: Key) -> list[Obj]:
         """The Workloads seen under the job's JobSet name (the reconcile picks the one its JobSet owns)."""
@@ -171,6 +180,8 @@ class Manager:
                                   preflights=list(self.preflights.get(key) or ()))
         if outcome.job is not None:
             self.written[key] = outcome.job
+        if outcome.jobset is not None:
+            self.made[key] = outcome.jobset
         if outcome.requeue_after_s is not None:
             self.queue.add_after(key, outcome.requeue_after_s, "retry")
         self._schedule(key, outcome.job or self.job(key))
@@ -196,7 +207,7 @@ class Manager:
             self.reader.forget(key[0], names.jobset_name(key[1]))  # not running: its pods will be new ones
 
     def _drop(self, key: Key, forget_stats: bool = True) -> None:
-        for table in (self.written, self.samples, self.due_resync, self.due_metrics):
+        for table in (self.written, self.made, self.samples, self.due_resync, self.due_metrics):
             table.pop(key, None)
         if forget_stats:
             self.stats.forget_job(key)

@@ -69,6 +69,7 @@ class Outcome:
     result: str  # created | adopted | followed | invalid | conflict | finished | deleting | gone
     job: Obj | None = None
     requeue_after_s: float | None = None
+    jobset: Obj | None = None  # the JobSet this reconcile created or adopted (the watch may not have it yet)
 
 
 class NameConflict(Exception):
@@ -327,4 +328,5 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
     written = TPUTrainingJobStatus.model_validate((done or {}).get("status") or {})
     if done is not None and restarts.replaced(written, jobset):
         await replace_jobset(kube, namespace, jobset, written.last_restart.cause)
-    return Outcome("created" if created else "adopted" if ensured else "followed", done)
+    return Outcome("created" if created else "adopted" if ensured else "followed", done,
+                   jobset=jobset if ensured else None)

@@ -444,6 +444,27 @@ def test_manager_recreates_a_missing_jobset_exactly_once():
     asyncio.run(scenario())
 
 
+def test_manager_remembers_the_jobset_it_created_until_the_watch_delivers_it():
+    async def scenario() -> None:
+        kube = FakeKube()
+        manager, _, _ = manager_for(kube)
+        index = {("default", "tiny"): [kube.add_job(tiny_job())]}
+        manager.add(("default", "tiny"), "job")
+        assert await drain(manager, index, {}) == ["created"]
+        # The job's own status write comes back before the JobSet's ADDED event: no second POST (a 409)
+        # and no GET to adopt what this operator just made.
+        index[("default", "tiny")] = [kube.job()]
+        kube.calls.clear()
+        manager.add(("default", "tiny"), "job")
+        assert await drain(manager, index, {}) == ["followed"]
+        assert [c[0] for c in kube.calls] == []
+        manager.add(("default", "tiny"), "jobset")  # the watch catches up: the index is what counts again
+        assert await drain(manager, index, {("default", "tiny"): [kube.jobset()]}) == ["followed"]
+        assert not manager.made and not [c for c in kube.calls if c[0] == "POST"]
+
+    asyncio.run(scenario())
+
+
 def test_manager_computes_from_its_own_last_write_until_the_watch_catches_up():
     async def scenario() -> None:
         kube = FakeKube()
