@@ -1,8 +1,9 @@
 """Every kopf handler of the operator, each a line or two that hands over to the manager.
 
 - Indices of TPUTrainingJobs, of the JobSets labelled `training.tpu-operator.dev/job`, of the
-  pre-flight batch Jobs (preflight.py), and of the Kueue Workloads a JobSet owns: the manager's caches, filled from kopf's watches (kopf runs the
-  other handlers only once all are filled from their initial listing). The Workload selector names
+  pre-flight batch Jobs (preflight.py), and of the Kueue Workloads a JobSet owns: the manager's
+  caches, filled from kopf's watches (kopf runs the other handlers only once all are filled from
+  their initial listing). The Workload selector names
   no version: kopf watches the one the cluster prefers (v1beta2 from Kueue v0.16, v1beta1 before;
   the fields read are the same). Where Kueue is not installed, kopf finds no such resource, logs
   that once, and runs everything else without waiting for it; it starts watching if Kueue's CRDs

@@ -132,9 +132,9 @@ def api_client(credentials: k8s.Configuration) -> k8s.ApiClient:
     environment has nothing to give. Its aiohttp session trusts the environment, so for each request
     aiohttp reads the proxy variables and looks for a ~/.netrc on a thread of the default executor:
     in a burst of 500 jobs that was a thread hop per request and create -> JobSet p50 1.4 s instead
-    of 1.0 s (benchmarks/operator_load.py). Where a proxy variable or $NETRC is set the session is left
-    as it is (it honours them), and where a ~/.netrc exists; otherwise it is swapped for one over the same connector (TLS settings
-    and pool) that does not look."""
+    of 1.0 s (benchmarks/operator_load.py). Where a proxy variable or $NETRC is set, or a ~/.netrc
+    exists, the session is left as it is (it honours them); otherwise it is swapped for one over the
+    same connector (TLS settings and pool) that does not look."""
     api = k8s.ApiClient(credentials)
     if any(os.environ.get(name) for name in PROXY_VARIABLES) or os.path.exists(os.path.expanduser("~/.netrc")):
         return api
