@@ -6,7 +6,7 @@ import argparse
 import math
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from .api import crd
 from .api.models import TPUTrainingJob
@@ -145,16 +145,30 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from .controller.main import OperatorOptions, run  # kopf is imported only to run the operator
+    from .controller.main import run  # kopf is imported only to run the operator
 
-    return run(OperatorOptions(
+    return run(operator_options(args))
+
+
+def operator_options(args: argparse.Namespace):  # noqa: ANN201 -- OperatorOptions, imported lazily
+    """`tpujob operator`'s flags as the operator's options."""
+    from .controller.main import OperatorOptions
+    from .controller.preflight import Timing
+    from .controller.reconcile import OperatorConfig
+
+    def given(**flags: Any) -> dict[str, Any]:  # flags left out keep OperatorConfig's defaults
+        return {name: value for name, value in flags.items() if value is not None}
+
+    deadline = args.preflight_deadline
+    controller = OperatorConfig(
+        **given(default_image=args.default_image, metrics_access=args.metrics_access,
+                metrics_interval_s=args.metrics_interval, resync_interval_s=args.resync_interval),
+        preflight=Timing(**given(start_s=args.preflight_start_timeout,
+                                 deadline_s=int(deadline) if deadline is not None else None)))
+    return OperatorOptions(
         namespaces=() if args.all_namespaces else tuple(args.namespace), standalone=args.standalone,
         health_host=args.health_host, health_port=args.health_port, metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port, default_image=args.default_image, metrics_access=args.metrics_access,
-        metrics_interval_s=args.metrics_interval, resync_interval_s=args.resync_interval,
-        preflight_start_s=args.preflight_start_timeout, preflight_deadline_s=int(args.preflight_deadline),
-        verbose=args.verbose,
-        print_rbac=args.print_rbac))
+        metrics_port=args.metrics_port, controller=controller, verbose=args.verbose, print_rbac=args.print_rbac)
 
 
 def seconds(text: str) -> float:
@@ -206,14 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics at :PORT/metrics")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint")
     p.add_argument("--default-image", help="trainer image for jobs that name none")
-    p.add_argument("--metrics-access", choices=("proxy", "direct"), default="proxy",
-                   help="reach the trainer's /status through the API server's pod proxy, or directly by pod IP")
-    p.add_argument("--metrics-interval", type=seconds, default=10.0, help="seconds between trainer metric reads")
-    p.add_argument("--resync-interval", type=seconds, default=60.0,
+    p.add_argument("--metrics-access", choices=("proxy", "direct"),
+                   help="reach the trainer's /status through the API server's pod proxy (the default), or directly "
+                        "by pod IP")
+    p.add_argument("--metrics-interval", type=seconds, help="seconds between trainer metric reads")
+    p.add_argument("--resync-interval", type=seconds,
                    help="seconds between two re-reads of an unfinished job's JobSet, to catch up on a lost event")
-    p.add_argument("--preflight-start-timeout", type=seconds, default=300.0,
+    p.add_argument("--preflight-start-timeout", type=seconds,
                    help="seconds a pre-flight pod may take to start before the job goes on without the check")
-    p.add_argument("--preflight-deadline", type=seconds, default=900.0,
+    p.add_argument("--preflight-deadline", type=seconds,
                    help="the pre-flight Job's activeDeadlineSeconds (a full-size compile takes minutes)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logs")
     p.add_argument("--print-rbac", action="store_true", help="print the RBAC rules the operator needs, and exit")

@@ -57,6 +57,10 @@ def reference_attention(q_BTNH, k_BSKH, v_BSKH, q_pos_BT, kv_pos_BS):
 
 
 def _splash_lib():
+    # tokamax exports Splash only behind dot_product_attention(implementation="mosaic"), which takes no
+    # block sizes, no SplashConfig and no context-sharded (load-balanced) mask; the kernel module is in
+    # _src. tokamax is pinned (pyproject); the Mosaic compile tests (tests/workload/test_tpu_kernels.py)
+    # and the interpret-mode reference tests hold its behaviour.
     from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as kernel
     from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as mask
     return kernel, mask

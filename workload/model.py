@@ -58,6 +58,9 @@ def _einsum(cfg: ModelConfig, eq: str, x, w):
 
 @functools.cache
 def _fp8_dot_general():
+    # qwix's public API quantises a whole model (quantize_model with a QtProvider) and its public
+    # dot_general has no custom VJP; the trainable fp8 matmul with e5m2 gradients is only in _src.
+    # qwix is pinned (pyproject) and the fp8 tests hold its behaviour.
     from qwix._src.core import dot_general_qt
 
     qt = dot_general_qt.DotGeneralQtConfig(

@@ -72,6 +72,7 @@ def _fp8_ragged_dot(lhs_RD, rhs_XDF, group_sizes_X):
     Its VJP returns gradients in the output type, so the operands go in as f32 (the casts' VJPs
     bring the gradients back to the callers' dtypes); they are quantised to fp8 inside.
     """
+    # Private, as in model._fp8_dot_general: the trainable fp8 ragged_dot is not exported (pinned qwix).
     from qwix._src.core import ragged_dot_qt
 
     qt = ragged_dot_qt.RaggedDotQtConfig(lhs_qtype=jnp.float8_e4m3fn, rhs_qtype=jnp.float8_e4m3fn,

@@ -15,16 +15,17 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Literal
 
 from .rbac import RBAC_RULES, rbac_yaml
+from .reconcile import OperatorConfig
 
 NO_CREDENTIALS = "no Kubernetes credentials: set KUBECONFIG, or run in a pod with a service account"
 
 
 @dataclasses.dataclass(frozen=True)
 class OperatorOptions:
-    """What `tpujob operator`'s flags say (cli.py); defaults are the flags' defaults."""
+    """What `tpujob operator`'s flags say (cli.py); a flag not given keeps the default here, or the
+    controller's in OperatorConfig."""
 
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     standalone: bool = False
@@ -32,12 +33,7 @@ class OperatorOptions:
     health_port: int = 0  # 0: no liveness endpoint
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 0  # 0: no metrics endpoint
-    default_image: str | None = None
-    metrics_access: Literal["proxy", "direct"] = "proxy"
-    metrics_interval_s: float = 10.0
-    resync_interval_s: float = 60.0
-    preflight_start_s: float = 300.0
-    preflight_deadline_s: int = 900
+    controller: OperatorConfig = OperatorConfig()  # image, metrics access, intervals, pre-flight timing
     verbose: bool = False
     print_rbac: bool = False
 
@@ -77,8 +73,6 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
     from .kube import AsyncKube, api_client, configuration
     from .manager import Manager
     from .metrics_reader import MetricsReader
-    from .preflight import Timing
-    from .reconcile import OperatorConfig
     from .stats import Stats
 
     try:
@@ -86,10 +80,7 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
     except Exception as exc:  # noqa: BLE001 -- any loader failure means the same thing
         log.error(f"{NO_CREDENTIALS} ({type(exc).__name__}: {exc})")
         return 1
-    config = OperatorConfig(default_image=options.default_image, metrics_access=options.metrics_access,
-                            metrics_interval_s=options.metrics_interval_s, resync_interval_s=options.resync_interval_s,
-                            preflight=Timing(start_s=options.preflight_start_s,
-                                             deadline_s=options.preflight_deadline_s))
+    config = options.controller
     kube = AsyncKube(api_client(credentials))
     stats, events = Stats(), EventPoster(kube)
     manager = Manager(kube, MetricsReader(kube, config.metrics_access, config.metrics_timeout_s), config, events,

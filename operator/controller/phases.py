@@ -34,6 +34,7 @@ Conditions follow Kubernetes: `lastTransitionTime` changes only when a condition
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Literal
 
 from ..api.models import TERMINAL_PHASES as TERMINAL
@@ -142,6 +143,11 @@ class Notice:
     type: str  # Normal | Warning
     reason: str
     message: str
+
+
+# A status computation: (the job's status as last known, its metadata.generation) -> the new status and
+# the Events its transitions deserve. The reconcile writes what one returns (reconcile.write_status).
+Compute = Callable[[TPUTrainingJobStatus, "int | None"], "tuple[TPUTrainingJobStatus, list[Notice]]"]
 
 
 def follow(status: TPUTrainingJobStatus, jobset: dict[str, Any], now: str, intent: Intent = Intent(),

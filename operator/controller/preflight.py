@@ -45,10 +45,9 @@ from ..rendering.preflight import (DEADLINE_S, LABEL_GENERATION, LABEL_ROLE, ROL
 from . import diagnosis
 from .conditions import set_condition
 from .kube import BATCH_JOBS, PODS, Kube, Obj
-from .phases import Notice
+from .phases import Compute, Notice
 
 COMPILING = "Compiling"
-Compute = Callable[[TPUTrainingJobStatus, "int | None"], "tuple[TPUTrainingJobStatus, list[Notice]]"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,11 +43,10 @@ from ..rendering.manifests import applied_spec, render
 from . import accounting, diagnosis, kueue, phases, preflight, restarts, status as status_lib
 from .kube import CONFIGMAPS, JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 from .metrics_reader import LABEL_JOBSET, MetricsReader
-from .phases import Notice
+from .phases import Compute, Notice
 
 log = logging.getLogger("tpu_operator")
 Emit = Callable[[Obj, Notice], None]  # post an Event about an object
-Compute = Callable[[TPUTrainingJobStatus, "int | None"], "tuple[TPUTrainingJobStatus, list[Notice]]"]
 
 
 @dataclasses.dataclass(frozen=True)

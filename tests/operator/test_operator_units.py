@@ -578,11 +578,12 @@ def test_stats_exposition_is_prometheus_text():
 
 
 def test_operator_intervals_are_positive_seconds():
-    from tpu_operator.cli import build_parser
+    from tpu_operator.cli import build_parser, operator_options
 
-    args = build_parser().parse_args(["operator"])
-    assert (args.metrics_interval, args.resync_interval) == (10.0, 60.0)
-    assert build_parser().parse_args(["operator", "--resync-interval", "2.5"]).resync_interval == 2.5
+    config = operator_options(build_parser().parse_args(["operator"])).controller
+    assert (config.metrics_interval_s, config.resync_interval_s) == (10.0, 60.0)
+    assert operator_options(build_parser().parse_args(["operator", "--resync-interval", "2.5"])
+                            ).controller.resync_interval_s == 2.5
     for flag in ("--resync-interval", "--metrics-interval"):
         for bad in ("0", "-1", "nan", "inf", "often"):
             with pytest.raises(SystemExit):
