@@ -1,6 +1,7 @@
-"""Per-device HBM and compile time of every example's train step, compiled by libtpu for its slice.
+"""Per-device HBM (and host memory of offloaded activations) and compile time of every example's
+train step, compiled by libtpu for its slice.
 
-    python benchmarks/plan.py [--loss-chunks N] [--json] [examples/*.yaml ...]
+    python benchmarks/plan.py [--loss-chunks N] [--largest N] [--json] [examples/*.yaml ...]
 
 Each example is planned as `tpujob plan` plans it (a `python -m tpu_workload.plan` child per job, the
 job's flags, the catalogue's HBM). `--loss-chunks 1` forces the unchunked cross entropy (the step as it
@@ -54,13 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("examples", nargs="*", type=Path, help="job YAMLs (default: examples/*.yaml)")
     parser.add_argument("--loss-chunks", type=int, help="force this many cross-entropy chunks (1: unchunked)")
     parser.add_argument("--json", action="store_true", help="one JSON line per example")
+    parser.add_argument("--largest", type=int, default=0, help="also print the N largest HBM allocations")
     args = parser.parse_args(argv)
     paths = args.examples or sorted((ROOT / "examples").glob("*.yaml"))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; loss chunks "
           f"{args.loss_chunks or 'as the trainer picks'}", flush=True)
     if not args.json:
         print(f"{'example':24} {'slice':14} {'devices':>7} {'state':>7} {'temps':>7} {'total':>7} {'HBM':>5} "
-              f"{'fits':>5} {'compile':>8} {'wall':>6}", flush=True)
+              f"{'host':>6} {'of':>5} {'fits':>5} {'compile':>8} {'wall':>6}", flush=True)
     for path in paths:
         r, wall, job = plan_one(path, args.loss_chunks)
         if args.json:
@@ -71,8 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         gib = lambda v: f"{v:7.2f}" if v is not None else "      -"  # noqa: E731
         print(f"{path.name:24} {tpu.generation + ' ' + tpu.topology + ' x' + str(tpu.slices):14} {r.devices or 0:7} "
               f"{gib(r.state_gib)} {gib(r.temporaries_gib)} {gib(r.hbm_per_device_gib)} "
-              f"{r.hbm_capacity_gib or 0:5.0f} {str(r.fits):>5} {r.compile_seconds or 0:7.1f}s {wall:5.0f}s"
+              f"{r.hbm_capacity_gib or 0:5.0f} {r.host_per_device_gib or 0:6.2f} {r.host_capacity_gib or 0:5.0f} "
+              f"{str(r.fits):>5} {r.compile_seconds or 0:7.1f}s {wall:5.0f}s"
               + ("" if r.verdict == "Fits" else f"  {r.verdict}: {r.message[:200]}"), flush=True)
+        for allocation in r.largest[:args.largest]:
+            print(f"    {allocation}", flush=True)
     return 0
 
 

@@ -63,7 +63,8 @@ def test_plan_of_a_two_slice_job():
 
 def test_fp8_peak_and_moe_mesh():
     job = parse_job(tiny_job(model={"preset": "tiny-moe"}, parallelism={"expert": 4, "fsdp": "auto"},
-                             training={"steps": 1, "globalBatch": 8, "sequenceLength": 128, "precision": "fp8"}))
+                             training={"steps": 1, "globalBatch": 8, "sequenceLength": 128, "precision": "fp8"},
+                             kernels={"attention": "xla", "moeMatmul": "ragged_dot"}))
     assert job.spec.mesh.shape == {"data": 1, "fsdp": 2, "context": 1, "expert": 4, "tensor": 1}
     assert Plan(job).peak_flops_per_device == pytest.approx(4614e12 / 2)
 

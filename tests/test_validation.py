@@ -58,6 +58,7 @@ BAD = [
     ("spec.kernels.splash", {"blockKv": 512, "blockKvCompute": 384}, "spec.kernels.splash.blockKvCompute",
      "does not divide blockKv"),
     ("spec.kernels.moeMatmul", "cutlass", "spec.kernels.moeMatmul", "is not allowed"),
+    ("spec.model", {"preset": "tiny-moe"}, "spec.kernels.moeMatmul", "model.modelDim (64) is less; use ragged_dot"),
     ("spec.runtime.scopedVmemLimitKiB", 98304, "spec.runtime.scopedVmemLimitKiB", "at most 65536"),
     ("spec.runtime.libtpuInitArgs", ["--ok=1", "rm -rf /"], "spec.runtime.libtpuInitArgs[1]", "pattern"),
     ("spec.runtime.env", [{"name": "TPUJOB_PROCESS_ID", "value": "0"}], "spec.runtime.env[0].name",
@@ -101,6 +102,9 @@ def test_bad_input_names_the_field(where, value, path, reason):
     if where == "spec.parallelism" and value == {"fsdp": 2, "context": 4}:
         doc["spec"]["kernels"] = {"attention": "splash"}  # 128 tokens / context 4 = 32 per shard
         reason = "multiple of 128"
+    if value == {"preset": "tiny-moe"}:  # the tiny MoE on the Mosaic grouped matmul: every width below 128
+        doc["spec"]["kernels"] = {"attention": "xla", "moeMatmul": "gmm"}
+        doc["spec"]["parallelism"] = {"fsdp": "auto", "tensor": 1}
     with pytest.raises(InvalidJob) as exc:
         parse_job(doc)
     matching = [p for p in exc.value.problems if p.startswith(f"{path}: ")]

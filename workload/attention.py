@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from . import sharding
 
@@ -54,9 +55,27 @@ def reference_attention(q_BTNH, k_BSKH, v_BSKH, q_pos_BT, kv_pos_BS):
 
 # ---------------------------------------------------------------------------------------------
 # Splash
+#
+# Two builds of the same kernel. By default JAX's public Pallas Splash
+# (`jax.experimental.pallas.ops.tpu.splash_attention`, MaxText's default too): its backward runs a
+# dK/dV kernel and a separate dQ kernel that accumulates dQ in VMEM, so the backward's only HBM
+# outputs are dQ, dK, dV in the input dtype. tokamax's Splash has `max_logit_const` (a fixed softmax
+# max: no running max, about 4 % faster on v7x) but only a fused backward that writes dQ once per
+# key/value block, in f32: [S / block_kv_dkv, N, T, H] per sequence (64 GiB a device at 128k
+# tokens). So tokamax's build is used only when a job sets `maxLogitConst`, and `tpujob plan` shows
+# what it costs.
+
+RESIDUALS = "attention_out"  # the name of the kernel's saved residuals (output, logsumexp) for remat
 
 
-def _splash_lib():
+def _jax_splash():
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask
+
+    return splash, mask
+
+
+def _tokamax_splash():
     # tokamax exports Splash only behind dot_product_attention(implementation="mosaic"), which takes no
     # block sizes, no SplashConfig and no context-sharded (load-balanced) mask; the kernel module is in
     # _src. tokamax is pinned (pyproject); the Mosaic compile tests (tests/workload/test_tpu_kernels.py)
@@ -67,12 +86,12 @@ def _splash_lib():
 
 
 @functools.cache
-def _load_balanced_mask_cls():
-    _, mask_lib = _splash_lib()
+def _load_balanced_mask_cls(computable_mask):
+    """A causal mask over tokens stored in load-balanced order (module docstring), as a subclass of
+    the Splash build's `_ComputableMask` (each build has its own; a computed mask never materialises
+    the [T, T] array, which at 128k tokens would be 16 G entries)."""
 
-    class LoadBalancedCausalMask(mask_lib._ComputableMask):
-        """Causal mask over tokens stored in load-balanced order (see module docstring)."""
-
+    class LoadBalancedCausalMask(computable_mask):
         def __init__(self, shape, shards: int, shard_count: int = 1):
             self.shards = shards
             seq = shape[0]
@@ -91,6 +110,12 @@ def _load_balanced_mask_cls():
     return LoadBalancedCausalMask
 
 
+def _causal_mask(mask_lib, seq_len: int, context: int):
+    if context > 1:
+        return _load_balanced_mask_cls(mask_lib._ComputableMask)((seq_len, seq_len), context)
+    return mask_lib.CausalMask((seq_len, seq_len))
+
+
 def _fit_block(block: int, n: int) -> int:
     """Largest multiple of 128 not above `block` that divides n (n itself if n < 128)."""
     for b in range(min(block, n) // 128 * 128, 0, -128):
@@ -99,26 +124,60 @@ def _fit_block(block: int, n: int) -> int:
     return n
 
 
-def make_splash_kernel(seq_len: int, context: int, spec, interpret: bool):
-    """Splash kernel for a causal (load-balanced when context > 1) mask, q sharded `context` ways."""
-    kernel_lib, mask_lib = _splash_lib()
-    if context > 1:
-        mask = _load_balanced_mask_cls()((seq_len, seq_len), context)
-    else:
-        mask = mask_lib.CausalMask((seq_len, seq_len))
+def fitted_blocks(spec, seq_len: int, context: int) -> dict[str, int]:
+    """The spec's block sizes fitted to the kernel's shapes: query blocks to the per-shard length,
+    key/value blocks to the whole sequence, compute blocks to their blocks."""
     q_len = seq_len // context
     fq = lambda b: _fit_block(b, q_len)  # noqa: E731
     fk = lambda b: _fit_block(b, seq_len)  # noqa: E731
-    block_kv = fk(spec.block_kv)
-    block_kv_dkv = fk(spec.block_kv_dkv)
-    config = kernel_lib.SplashConfig(
-        block_q=fq(spec.block_q), block_kv=block_kv,
-        block_kv_compute=_fit_block(spec.block_kv_compute, block_kv),
-        block_q_dkv=fq(spec.block_q_dkv), block_kv_dkv=block_kv_dkv,
-        block_kv_dkv_compute=_fit_block(spec.block_kv_dkv_compute, block_kv_dkv),
-        block_q_dq=fq(spec.block_q_dq), block_kv_dq=fk(spec.block_kv_dq),
-        max_logit_const=spec.max_logit_const, interpret=interpret)
-    return kernel_lib.make_splash_mha(mask, config=config, q_seq_shards=context)
+    block_kv, block_kv_dkv = fk(spec.block_kv), fk(spec.block_kv_dkv)
+    return dict(block_q=fq(spec.block_q), block_kv=block_kv,
+                block_kv_compute=_fit_block(spec.block_kv_compute, block_kv),
+                block_q_dkv=fq(spec.block_q_dkv), block_kv_dkv=block_kv_dkv,
+                block_kv_dkv_compute=_fit_block(spec.block_kv_dkv_compute, block_kv_dkv),
+                block_q_dq=fq(spec.block_q_dq), block_kv_dq=fk(spec.block_kv_dq))
+
+
+@functools.cache
+def make_splash_kernel(seq_len: int, context: int, heads: int, spec, interpret: bool):
+    """Splash kernel over `heads` (the heads of one shard) for a causal mask (load-balanced when
+    context > 1) with q sharded `context` ways; saves its residuals under RESIDUALS."""
+    blocks = fitted_blocks(spec, seq_len, context)
+    if spec.max_logit_const is None:
+        splash, mask_lib = _jax_splash()
+        mask = mask_lib.MultiHeadMask([_causal_mask(mask_lib, seq_len, context)] * heads)
+        return splash.make_splash_mha(mask, block_sizes=splash.BlockSizes(**blocks), head_shards=1,
+                                      q_seq_shards=context, residual_checkpoint_name=RESIDUALS,
+                                      interpret=interpret)
+    kernel_lib, mask_lib = _tokamax_splash()
+    del blocks["block_q_dq"], blocks["block_kv_dq"]  # tokamax's backward is fused: no dQ pass
+    config = kernel_lib.SplashConfig(**blocks, max_logit_const=spec.max_logit_const,
+                                     residual_checkpoint_name=RESIDUALS, interpret=interpret)
+    return kernel_lib.make_splash_mha(_causal_mask(mask_lib, seq_len, context), config=config,
+                                      q_seq_shards=context)
+
+
+def _kernel_sharding(mesh, q_axes, spec) -> jax.sharding.NamedSharding:
+    """How the kernel's mask data is split: along the query sequence over `q_axes` (JAX's build also
+    names a head axis, which stays whole: every shard builds its kernel for its own heads)."""
+    return jax.sharding.NamedSharding(mesh, P(None, q_axes) if spec.max_logit_const is None else P(q_axes))
+
+
+def one_shard(kernel, spec, context: int):
+    """The kernel as the first of `context` query shards runs it under shard_map, its mask data cut
+    the same way: one device's work, to time outside shard_map (tuning)."""
+    if context == 1:
+        return kernel
+    mesh = jax.sharding.AbstractMesh((context,), ("context",), axis_types=(jax.sharding.AxisType.Auto,))
+    specs = kernel.manual_sharding_spec(_kernel_sharding(mesh, "context", spec))
+
+    def first(part, leaf):
+        for axis, entry in enumerate(part or ()):
+            if entry is not None:
+                leaf = jax.lax.slice_in_dim(leaf, 0, leaf.shape[axis] // context, axis=axis)
+        return leaf
+
+    return jax.tree.map(first, specs, kernel, is_leaf=lambda x: x is None or isinstance(x, P))
 
 
 def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool):
@@ -137,10 +196,10 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool):
     if tensor > 1 and K % tensor:
         k_BSKH = jnp.repeat(k_BSKH, N // K, axis=2)
         v_BSKH = jnp.repeat(v_BSKH, N // K, axis=2)
-    kernel = make_splash_kernel(T, context, spec, interpret)
-    kernel_spec = kernel.manual_sharding_spec(sh.named(("length",)))
     q_spec = sh.spec(("batch", "length", "act_heads", None), q_BTNH.shape)
     kv_spec = sh.spec(("batch", None, "act_kv_heads", None), k_BSKH.shape)  # the whole sequence
+    kernel = make_splash_kernel(T, context, N // sh.size(q_spec[2]), spec, interpret)
+    kernel_spec = kernel.manual_sharding_spec(_kernel_sharding(sh.mesh, sh.spec(("length",))[0], spec))
 
     @functools.partial(jax.shard_map, mesh=sh.mesh, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec),
                        out_specs=q_spec, check_vma=False)
@@ -150,3 +209,4 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool):
         return jnp.swapaxes(out_BNTH, 1, 2).astype(q_BTNH.dtype)
 
     return run(kernel, q_BTNH, k_BSKH, v_BSKH)
+

@@ -39,7 +39,8 @@ class ModelConfig:
     remat: RematSpec = RematSpec(policy="none")
     interpret: bool = True  # Pallas kernels in interpret mode (off-TPU)
     # The unembedding and cross entropy run over this many sequence chunks, each recomputed in the
-    # backward pass, so [B, T / loss_chunks, V] f32 logits exist at a time instead of [B, T, V].
+    # backward pass, so [B, T / loss_chunks, V] f32 logits exist at a time instead of [B, T, V]
+    # (model.chunked_cross_entropy; 1: one chunk).
     loss_chunks: int = 1
 
 
@@ -114,11 +115,13 @@ class Attention(nnx.Module):
         k_BTKH = constrain(rope(k_BTKH, pos_BT), ("batch", "length", "act_kv_heads", None))
         v_BTKH = constrain(v_BTKH, ("batch", "length", "act_kv_heads", None))
         if cfg.kernels.attention == "splash":
+            # The kernel names its own residuals (output and logsumexp) "attention_out", inside its
+            # shard_map: a policy that keeps them never reruns the kernel's forward pass.
             out_BTNH = attention.splash_attention(q_BTNH, k_BTKH, v_BTKH, spec=cfg.kernels.splash,
                                                   interpret=cfg.interpret)
         else:
-            out_BTNH = attention.reference_attention(q_BTNH, k_BTKH, v_BTKH, pos_BT, pos_BT)
-        out_BTNH = checkpoint_name(out_BTNH, "attention_out")
+            out_BTNH = checkpoint_name(attention.reference_attention(q_BTNH, k_BTKH, v_BTKH, pos_BT, pos_BT),
+                                       "attention_out")
         out_BTD = _einsum(cfg, "btnh,nhd->btd", out_BTNH, self.wo[...])
         return checkpoint_name(out_BTD, "out_proj")
 
@@ -140,7 +143,7 @@ class MLP(nnx.Module):
 
 
 class MoE(nnx.Module):
-    """Under fp8 the experts' matmuls run qwix's quantised ragged_dot (see moe.py); the router stays bf16."""
+    """Under fp8 the experts' grouped matmuls quantise to fp8 (see moe.py); the router stays bf16."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         d = cfg.dims
@@ -154,8 +157,9 @@ class MoE(nnx.Module):
         cfg = self.cfg
         weights_BTk, experts_BTk, aux = moe.route(x_BTD, self.router[...], cfg.dims.experts_per_token)
         x_BTD = checkpoint_name(x_BTD, "mlp_in")
-        y_BTD = moe.experts(x_BTD, weights_BTk, experts_BTk, self.gate[...], self.up[...], self.down[...],
-                            impl=cfg.kernels.moe_matmul, interpret=cfg.interpret, fp8=cfg.precision == "fp8")
+        mm = moe.Matmul(impl=cfg.kernels.moe_matmul, tiles=cfg.kernels.gmm, interpret=cfg.interpret,
+                        fp8=cfg.precision == "fp8")
+        y_BTD = moe.experts(x_BTD, weights_BTk, experts_BTk, self.gate[...], self.up[...], self.down[...], mm=mm)
         return checkpoint_name(y_BTD, "mlp_out"), aux
 
 
@@ -171,6 +175,20 @@ class Block(nnx.Module):
         x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), pos_BT)
         y_BTD, aux = self.mlp(self.mlp_norm(x_BTD))
         return x_BTD + y_BTD, aux
+
+
+def embed_tokens(table_VD, tokens_BT):
+    """The tokens' rows of the embedding table (bf16), gathered where the table lives.
+
+    The table's D is split over the weights' axes (fsdp, context, expert). Left to itself, XLA
+    all-gathers the whole table for the lookup (1 GiB in bf16 for Llama 3's vocabulary, more copies
+    for the gradient's scatter). Instead the token ids (4 bytes a token) are replicated over those
+    axes, every device takes its D columns of every token's row, and one all-to-all hands each
+    device its own tokens' whole rows; the gradient is scattered into the table's local columns.
+    """
+    ids_BT = constrain(tokens_BT, ("batch_replica", None))
+    x_BTD = constrain(jnp.take(table_VD.astype(COMPUTE), ids_BT, axis=0), ("batch_replica", None, "embed"))
+    return constrain(x_BTD, ("batch", "length", "act_embed"))
 
 
 def remat_policy(spec: RematSpec, offload_ok: bool):
@@ -212,15 +230,13 @@ class Decoder(nnx.Module):
         return self.logits(x_BTD), aux
 
     def logits(self, x_BTD):
-        """f32 logits of final hidden states."""
-        logits_BTV = _einsum(self.cfg, "btd,dv->btv", x_BTD, self.unembed[...]).astype(jnp.float32)
-        return constrain(logits_BTV, ("batch", "length", "act_vocab"))
+        """f32 logits of final hidden states. The LM head stays bf16 under fp8 (as MaxText's does)."""
+        return _chunk_logits(x_BTD, _gathered(self.unembed[...]))
 
     def hidden(self, tokens_BT, pos_BT):
         """Final-normed hidden states (bf16) and the mean MoE auxiliary loss."""
         cfg = self.cfg
-        x_BTD = jnp.take(self.embed[...].astype(COMPUTE), tokens_BT, axis=0)
-        x_BTD = constrain(x_BTD, ("batch", "length", "act_embed"))
+        x_BTD = embed_tokens(self.embed[...], tokens_BT)
         graphdef, layers = nnx.split(self.layers)
 
         def body(carry, layer):
@@ -245,12 +261,11 @@ def token_losses(logits_BTV, targets_BT):
 def chunked_cross_entropy(model: Decoder, x_BTD, targets_BT, chunks: int):
     """Mean cross entropy of `model.logits(x_BTD)`, `chunks` sequence chunks at a time.
 
-    A scan over the chunks whose body is recomputed in the backward pass: the forward keeps only the
-    running sum, the backward recomputes one chunk's logits at a time. Each chunk's per-token losses
-    are exactly the unchunked ones; only the order of the f32 sum changes, and the unembedding's
-    gradient is summed over chunks in f32. With context parallelism the sequence is sharded in C
-    contiguous blocks: chunk k takes the k-th sub-block of every block ([B, C, chunks, L], L = T / (C
-    chunks)), so each chunk stays sharded over `context` as the sequence is.
+    Each chunk's per-token losses are exactly the unchunked ones; only the order of the f32 sum
+    changes, and the unembedding's gradient is summed over chunks in f32. With context parallelism
+    the sequence is sharded in C contiguous blocks: chunk k takes the k-th sub-block of every block
+    ([B, C, chunks, L], L = T / (C chunks)), so each chunk stays sharded over `context` as the
+    sequence is. The gradient is written by hand (`_chunked_ce`), see there.
     """
     sh = current()
     B, T, D = x_BTD.shape
@@ -263,22 +278,73 @@ def chunked_cross_entropy(model: Decoder, x_BTD, targets_BT, chunks: int):
         a = jnp.moveaxis(a_BT.reshape(B, C, chunks, L, *rest), 2, 0).reshape(chunks, B, C * L, *rest)
         return constrain(a, (None, "batch", "length") + (("act_embed",) if rest else ()))
 
+    return _chunked_ce(split(x_BTD, D), split(targets_BT), model.unembed[...]) / (B * T)
+
+
+def _gathered(w_DV):
+    """The unembedding in bf16, whole along D (all-gathered over the weights' axes) for one matmul."""
+    return constrain(w_DV.astype(COMPUTE), (None, "vocab"))
+
+
+def _chunk_logits(x_BtD, w_DV):
+    return constrain(jnp.einsum("btd,dv->btv", x_BtD, w_DV, preferred_element_type=jnp.float32),
+                     ("batch", "length", "act_vocab"))
+
+
+@jax.custom_vjp
+def _chunked_ce(x_NBtD, targets_NBt, w_DV):
+    """Summed cross entropy over chunks of hidden states; the unembedding `w_DV` is the f32 parameter.
+
+    Written by hand so the backward pass holds one gathered copy of the unembedding (1 GiB in bf16 for
+    Llama 3's vocabulary) and one chunk's logits at a time, and scatters each chunk's weight gradient
+    back to the parameter's shards at once: left to autodiff, XLA kept several vocabulary-sized copies
+    alive (the gathered weight for the forward and the backward, a transposed one, the gradient).
+    """
+    return _ce_forward(x_NBtD, targets_NBt, w_DV)[0]
+
+
+def _ce_forward(x_NBtD, targets_NBt, w_DV):
+    w = _gathered(w_DV)
+
     def body(total, xs):
         x_BtD, targets_Bt = xs
-        x_BtD = constrain(x_BtD, ("batch", "length", "act_embed"))
-        return total + jnp.sum(token_losses(model.logits(x_BtD), targets_Bt)), None
+        logits_BtV = _chunk_logits(x_BtD, w)
+        logz_Bt = jax.nn.logsumexp(logits_BtV, axis=-1)
+        return total + jnp.sum(logz_Bt - jnp.take_along_axis(logits_BtV, targets_Bt[..., None], -1)[..., 0]), logz_Bt
 
-    body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable, prevent_cse=False)
-    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (split(x_BTD, D), split(targets_BT)))
-    return total / (B * T)
+    total, logz_NBt = jax.lax.scan(body, jnp.zeros((), jnp.float32), (x_NBtD, targets_NBt))
+    return total, (x_NBtD, targets_NBt, w_DV, logz_NBt)
+
+
+def _ce_backward(residuals, g):
+    x_NBtD, targets_NBt, w_DV, logz_NBt = residuals
+    w = _gathered(w_DV)
+    sh = current()
+    as_param = ((lambda a: jax.lax.with_sharding_constraint(a, sh.named(("embed", "vocab"), w_DV.shape)))
+                if sh is not None else (lambda a: a))
+
+    def body(dw_DV, xs):
+        x_BtD, targets_Bt, logz_Bt = xs
+        logits_BtV = _chunk_logits(x_BtD, w)
+        vocab_V = jnp.arange(logits_BtV.shape[-1])
+        p_BtV = jnp.exp(logits_BtV - logz_Bt[..., None])
+        dlogits_BtV = (g * jnp.where(vocab_V == targets_Bt[..., None], p_BtV - 1, p_BtV)).astype(COMPUTE)
+        dx_BtD = jnp.einsum("btv,dv->btd", dlogits_BtV, w)
+        # Summed over the devices' tokens straight into the parameter's shards (a reduce-scatter), in
+        # bf16 as autodiff does for a bf16 weight: a whole [D, V] f32 partial would be 2 GiB at Llama 3's.
+        dw = as_param(jnp.einsum("btd,btv->dv", x_BtD, dlogits_BtV))
+        return dw_DV + dw.astype(jnp.float32), dx_BtD
+
+    zeros = as_param(jnp.zeros(w_DV.shape, jnp.float32))
+    dw_DV, dx_NBtD = jax.lax.scan(body, zeros, (x_NBtD, targets_NBt, logz_NBt))
+    return dx_NBtD, None, dw_DV
+
+
+_chunked_ce.defvjp(_ce_forward, _ce_backward)
 
 
 def loss_fn(model: Decoder, tokens_BT, targets_BT, pos_BT):
     """Mean next-token cross entropy plus the weighted MoE load-balancing loss."""
-    if model.cfg.loss_chunks > 1:
-        x_BTD, aux = model.hidden(tokens_BT, pos_BT)
-        ce = chunked_cross_entropy(model, x_BTD, targets_BT, model.cfg.loss_chunks)
-    else:
-        logits_BTV, aux = model(tokens_BT, pos_BT)
-        ce = jnp.mean(token_losses(logits_BTV, targets_BT))
+    x_BTD, aux = model.hidden(tokens_BT, pos_BT)
+    ce = chunked_cross_entropy(model, x_BTD, targets_BT, model.cfg.loss_chunks)
     return ce + AUX_LOSS_WEIGHT * aux, {"ce": ce, "aux": aux}

@@ -1,23 +1,39 @@
 """Mixture-of-experts feed-forward: top-k router, dropless grouped matmuls, expert parallelism.
 
 Dimension letters: B batch, T length, D model dim, F expert MLP dim, E experts, X local experts
-(E / expert-parallel degree), k experts per token, M tokens, R = M*k routed rows.
+(E / P), P expert-parallel peers (the `expert` degree), k experts per token, M tokens of one
+device, R = M*k routed rows, C rows one device can receive.
 
 Dropless routing: every (token, choice) row is sorted by expert, the experts run as one grouped
 matmul over contiguous groups, and the rows are unsorted and combined with the router weights.
-With expert parallelism, each `expert` shard gathers the tokens of its expert group, runs its
-X local experts on the rows routed to them, and a reduce-scatter returns each shard its tokens.
 
-fp8: the expert matmuls run qwix's quantised XLA ragged_dot (e4m3 forward, e5m2 gradients)
-whatever the matmul implementation, because the Megablox kernel takes only bf16/f32 operands.
+Expert parallelism (the batch is split over `expert` too, so each device holds its own tokens):
+each device sends every routed row to the peer holding its expert with one ragged all-to-all, in
+the compute dtype, runs its X experts on what it received, and a second ragged all-to-all brings
+the results back. No token is gathered to every peer. A device can receive at most
+C = P * M * min(k, X) rows (every token of its P peers routed to it, each at most min(k, X) times:
+its experts are distinct), the receive buffer's size (MaxText's worst case too, never more than
+M * E rows); the grouped matmuls run only over the rows that arrived. XLA:CPU has no ragged
+all-to-all, so off TPU the same exchange runs as a dense all-to-all of per-peer blocks padded to
+M * min(k, X) rows, then placed where the ragged one puts them: the same values, forward and
+backward, which the tests hold against the every-expert reference.
+
+Grouped matmul `gmm`: tokamax's Mosaic kernel (Megablox) through tokamax's public `ragged_dot`, with
+the job's tiles per pass (forward, tokens' gradient, weights' gradient), bf16 out with f32
+accumulation; with fp8 the same kernel quantises its operands to e4m3 (per row, and per expert and
+column: every expert has its own scales), in the backward too. `ragged_dot` is XLA's, the reference
+(fp8 there: qwix's quantised ragged_dot).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
+
+from tpu_operator.api.contract import GmmSpec, GmmTiles
 
 from . import sharding
 
@@ -36,38 +52,93 @@ def route(x_BTD, router_DE, k: int):
     return weights_BTk, experts_BTk, aux
 
 
-def grouped_matmul(lhs_RD, rhs_XDF, group_sizes_X, impl: str, interpret: bool, fp8: bool = False):
-    """Rows of group g times rhs[g]; rows past sum(group_sizes) come back as zeros.
+# ---------------------------------------------------------------------------------------------
+# The grouped matmul
 
-    Megablox leaves rows outside every group (forward and in its lhs gradient) unwritten, so the
-    input and output are both masked: `where`'s gradient zeroes those rows' cotangents. With fp8
-    the XLA ragged_dot runs on fp8 operands instead of `impl` (Megablox takes no fp8).
+
+@dataclasses.dataclass(frozen=True)
+class Matmul:
+    """How the experts' grouped matmuls run: static under jit."""
+
+    impl: str = "ragged_dot"  # "gmm" (tokamax Mosaic) or "ragged_dot" (XLA, the reference)
+    tiles: GmmSpec = GmmSpec()
+    interpret: bool = True  # the Mosaic kernel in Pallas interpret mode (off TPU)
+    fp8: bool = False
+
+
+def _fit(tile: int, dim: int) -> int:
+    """Largest multiple of 128 not above `tile` dividing `dim`; the whole dim when none does."""
+    for t in range(min(tile, dim) // 128 * 128, 0, -128):
+        if dim % t == 0:
+            return t
+    return dim
+
+
+@functools.cache
+def _mosaic_ops(tiles: GmmSpec, m: int, k: int, n: int, interpret: bool, fp8: bool):
+    """tokamax's Mosaic ragged dot for lhs [m, k] x rhs [G, k, n], each pass with its own fitted
+    tiles (tokamax's own VJP builds its backward ops with default tiles)."""
+    # tokamax exports ragged_dot and takes an op instance as its implementation; the op classes are
+    # in _src. Pinned (pyproject); the interpret-mode reference tests and the Mosaic compile tests hold
+    # them. supported_on is widened: tokamax asks the process's default device, which is a CPU both
+    # in interpret mode and when compiling ahead of time for a TPU (tpu_workload.plan).
+    from tokamax._src.ops.ragged_dot import base, pallas_mosaic_tpu as mosaic
+
+    class Op(mosaic.PallasMosaicTpuRaggedDot):
+        def supported_on(self, device) -> bool:
+            return True
+
+    if interpret:
+        _tpu_info_for_cpu()
+
+    def op(t: GmmTiles, rows: int, inner: int, cols: int, **kw):
+        config = mosaic.Config(tile_m=_fit(t.m, rows), tile_k=_fit(t.k, inner), tile_n=_fit(t.n, cols))
+        return Op(config=config, qdtype=jnp.float8_e4m3fn if fp8 else None, interpret=interpret, **kw)
+
+    # dlhs: dY [m, n] x rhs^T -> [m, k] (contracting n); drhs: lhs^T [k, m] x dY [m, n] -> [G, k, n].
+    dlhs = op(tiles.lhs_gradient, m, n, k)
+    drhs = op(tiles.rhs_gradient, m, k, n)
+    return op(tiles.forward, m, k, n, vjp=functools.partial(base.vjp, dlhs_ragged_dot=dlhs, drhs_ragged_dot=drhs))
+
+
+@functools.cache
+def _tpu_info_for_cpu() -> None:
+    """Let the Mosaic kernel run in Pallas interpret mode on a CPU: tokamax's kernel pipelines its
+    blocks with `emit_pipeline`, which asks Pallas for the chip's memory tiling, and off TPU Pallas
+    asks the CPU. Its registry of device kinds (private, pinned jax) then answers with TPU7x."""
+    from jax._src.pallas.mosaic import tpu_info
+
+    tpu_info.registry.setdefault("cpu", lambda: tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion.TPU_7X, 1))
+
+
+def grouped_matmul(lhs_RD, rhs_XDF, group_sizes_X, mm: Matmul):
+    """Rows of group g times rhs[g], in lhs's dtype (f32 accumulation); rows past sum(group_sizes)
+    come back as zeros.
+
+    Megablox leaves rows outside every group unwritten (forward and in its lhs gradient), so the
+    input and output are both masked: `where`'s gradient zeroes those rows' cotangents.
     """
-    valid_R = jnp.arange(lhs_RD.shape[0]) < jnp.sum(group_sizes_X)
+    R, D = lhs_RD.shape
+    valid_R = jnp.arange(R) < jnp.sum(group_sizes_X)
     lhs_RD = jnp.where(valid_R[:, None], lhs_RD, 0)
-    if fp8:
-        out = _fp8_ragged_dot(lhs_RD, rhs_XDF, group_sizes_X)
-    elif impl == "ragged_dot":
-        out = jax.lax.ragged_dot(lhs_RD, rhs_XDF, group_sizes_X, preferred_element_type=jnp.float32)
-    elif impl == "gmm":
-        from jax.experimental.pallas.ops.tpu.megablox import gmm
+    group_sizes_X = group_sizes_X.astype(jnp.int32)
+    if mm.impl == "gmm":
+        import tokamax
 
-        R, D = lhs_RD.shape
-        F = rhs_XDF.shape[2]
-        tm = 128 if R >= 128 else max(8, -(-R // 8) * 8)
-        pad = -R % tm
-        lhs = jnp.pad(lhs_RD, ((0, pad), (0, 0)))
-        tiling = (tm, min(128, D) if D % min(128, D) == 0 else D, min(128, F) if F % min(128, F) == 0 else F)
-        out = gmm(lhs, rhs_XDF, group_sizes_X.astype(jnp.int32), preferred_element_type=jnp.float32,
-                  tiling=tiling, interpret=interpret)[:R]
+        op = _mosaic_ops(mm.tiles, R, D, rhs_XDF.shape[2], mm.interpret, mm.fp8)
+        out = tokamax.ragged_dot(lhs_RD, rhs_XDF, group_sizes_X, preferred_element_type=lhs_RD.dtype,
+                                 implementation=(op,))
+    elif mm.impl != "ragged_dot":
+        raise ValueError(f"unknown moe matmul {mm.impl!r}")
+    elif mm.fp8:
+        out = _fp8_ragged_dot(lhs_RD, rhs_XDF, group_sizes_X)
     else:
-        raise ValueError(f"unknown moe matmul {impl!r}")
-    return jnp.where(valid_R[:, None], out, 0.0)
+        out = jax.lax.ragged_dot(lhs_RD, rhs_XDF, group_sizes_X, preferred_element_type=jnp.float32)
+    return jnp.where(valid_R[:, None], out, 0).astype(lhs_RD.dtype)
 
 
 def _fp8_ragged_dot(lhs_RD, rhs_XDF, group_sizes_X):
-    """qwix's ragged_dot with a custom VJP: e4m3 operands scaled per lhs row and per rhs column
-    (shared by the X experts), e5m2 output gradients; f32 out.
+    """The reference's fp8: qwix's ragged_dot with a custom VJP, e4m3 operands, e5m2 output gradients.
 
     Its VJP returns gradients in the output type, so the operands go in as f32 (the casts' VJPs
     bring the gradients back to the callers' dtypes); they are quantised to fp8 inside.
@@ -81,30 +152,135 @@ def _fp8_ragged_dot(lhs_RD, rhs_XDF, group_sizes_X):
     return ragged_dot_qt.ragged_dot_qt(lhs_RD.astype(f32), rhs_XDF.astype(f32), group_sizes_X, qt, None, f32)
 
 
-def _local_experts(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, first_expert, num_experts,
-                   impl, interpret, fp8):
-    """Run local experts [first_expert, first_expert + X) on the rows routed to them; others give 0."""
-    M, D = x_MD.shape
+def _swiglu(x_RD, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm: Matmul):
+    """The experts' SwiGLU over rows grouped by (local) expert."""
+    dt = x_RD.dtype
+    gate, up, down = (w.astype(dt) for w in (gate_XDF, up_XDF, down_XFD))
+    h_RF = jax.nn.silu(grouped_matmul(x_RD, gate, group_sizes_X, mm)) * grouped_matmul(x_RD, up, group_sizes_X, mm)
+    return grouped_matmul(h_RF, down, group_sizes_X, mm)
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing rows to experts
+
+
+def _sort_rows(x_MD, experts_Mk, num_experts: int):
+    """Every (token, choice) row, sorted by expert: rows [R, D], the order, rows per expert [E]."""
     k = experts_Mk.shape[1]
-    X = gate_XDF.shape[0]
     flat_R = experts_Mk.reshape(-1)
     order_R = jnp.argsort(flat_R, stable=True)
-    x_RD = x_MD[order_R // k]
-    sizes_E = jnp.bincount(flat_R, length=num_experts)
+    return x_MD[order_R // k], order_R, jnp.bincount(flat_R, length=num_experts)
+
+
+def _combine(y_RD, order_R, weights_Mk):
+    """Sorted rows back to their tokens, summed with the router weights (f32)."""
+    M, k = weights_Mk.shape
+    y_MkD = jnp.zeros_like(y_RD).at[order_R].set(y_RD).reshape(M, k, -1)
+    return jnp.einsum("mkd,mk->md", y_MkD.astype(jnp.float32), weights_Mk.astype(jnp.float32))
+
+
+def _local_experts(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, first_expert, num_experts,
+                   mm: Matmul):
+    """Run local experts [first_expert, first_expert + X) on the rows routed to them; others give 0."""
+    X = gate_XDF.shape[0]
+    x_RD, order_R, sizes_E = _sort_rows(x_MD, experts_Mk, num_experts)
     local_X = jax.lax.dynamic_slice_in_dim(sizes_E, first_expert, X)
     shift = jnp.sum(jnp.where(jnp.arange(num_experts) < first_expert, sizes_E, 0))
     x_RD = jnp.roll(x_RD, -shift, axis=0)  # local experts' rows first
-    mm = functools.partial(grouped_matmul, group_sizes_X=local_X, impl=impl, interpret=interpret, fp8=fp8)
-    dt = x_MD.dtype
-    h_RF = jax.nn.silu(mm(x_RD, gate_XDF.astype(dt))) * mm(x_RD, up_XDF.astype(dt))
-    y_RD = mm(h_RF.astype(dt), down_XFD.astype(dt))
-    y_RD = jnp.roll(y_RD, shift, axis=0)
-    y_MkD = jnp.zeros_like(y_RD).at[order_R].set(y_RD).reshape(M, k, D)
-    return jnp.einsum("mkd,mk->md", y_MkD, weights_Mk.astype(jnp.float32))
+    y_RD = jnp.roll(_swiglu(x_RD, local_X, gate_XDF, up_XDF, down_XFD, mm), shift, axis=0)
+    return _combine(y_RD, order_R, weights_Mk)
 
 
-def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, impl: str, interpret: bool,
-            fp8: bool = False):
+# ---------------------------------------------------------------------------------------------
+# Expert parallelism: two ragged all-to-alls
+
+
+@dataclasses.dataclass(frozen=True)
+class Exchange:
+    """Offsets and sizes of the exchange over the `expert` axis, from every peer's rows per expert."""
+
+    send_P: jax.Array  # rows this device sends to each peer (its sorted rows, peer-major)
+    send_offset_P: jax.Array  # where they start in this device's sorted rows
+    recv_P: jax.Array  # rows it receives from each peer
+    recv_offset_P: jax.Array  # where they land in its receive buffer (peer-major)
+    remote_offset_P: jax.Array  # where this device's rows land in each peer's receive buffer
+    home_offset_P: jax.Array  # where each peer's rows sit in that peer's sorted rows (for the way back)
+    local_PX: jax.Array  # rows each peer sends for each local expert
+
+
+def _exchange(sizes_E, peers: int, axis) -> Exchange:
+    me = jax.lax.axis_index(axis)
+    X = sizes_E.shape[0] // peers
+    sizes_PE = jax.lax.all_gather(sizes_E, axis)  # row p: peer p's rows per expert
+    rows_PP = sizes_PE.reshape(peers, peers, X).sum(-1)  # [source, destination]
+
+    def before(a, axis):  # exclusive prefix sum
+        return jnp.cumsum(a, axis=axis) - a
+
+    return Exchange(send_P=rows_PP[me], send_offset_P=before(rows_PP[me], 0), recv_P=rows_PP[:, me],
+                    recv_offset_P=before(rows_PP[:, me], 0), remote_offset_P=before(rows_PP, 0)[me],
+                    home_offset_P=before(rows_PP, 1)[:, me],
+                    local_PX=jax.lax.dynamic_slice_in_dim(sizes_PE, me * X, X, axis=1))
+
+
+def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis,
+                       max_rows: int, ragged: bool):
+    """jax.lax.ragged_all_to_all; or (`ragged` False: XLA:CPU has none) the same exchange as a dense
+    all-to-all of per-peer blocks of `max_rows` rows (at least any send size), placed as it places them."""
+    if ragged:
+        return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                                         axis_name=axis)
+    i = jnp.arange(max_rows)
+    take_PI = jnp.clip(input_offsets[:, None] + i, 0, operand.shape[0] - 1)
+    blocks = jnp.where((i < send_sizes[:, None])[..., None], operand[take_PI], 0)
+    got = jax.lax.all_to_all(blocks, axis, 0, 0, tiled=True)  # got[p]: peer p's block for this device
+    where_P = jax.lax.all_to_all(output_offsets, axis, 0, 0, tiled=True)  # where peer p puts it here
+    put_PI = jnp.where(i < recv_sizes[:, None], where_P[:, None] + i, output.shape[0])  # past the end: dropped
+    return output.at[put_PI.reshape(-1)].set(got.reshape(-1, got.shape[-1]), mode="drop")
+
+
+def _by_local_expert(buffer_CD, local_PX):
+    """The receive buffer (peer-major, then expert) regrouped by local expert: rows, their order, and
+    rows per local expert."""
+    P, X = local_PX.shape
+    C = buffer_CD.shape[0]
+    if X == 1:  # one local expert: already one group
+        return buffer_CD, None, local_PX.sum(0)
+    expert_C = jnp.repeat(jnp.tile(jnp.arange(X), P), local_PX.reshape(-1), total_repeat_length=C)
+    expert_C = jnp.where(jnp.arange(C) < local_PX.sum(), expert_C, X)  # empty rows last
+    order_C = jnp.argsort(expert_C, stable=True)
+    return buffer_CD[order_C], order_C, local_PX.sum(0)
+
+
+def receive_rows(tokens: int, k: int, local_experts: int, peers: int) -> int:
+    """Rows a device's grouped matmuls run over: its own tokens' M*k routed rows, or, exchanging with
+    P > 1 peers, the receive buffer P * M * min(k, X)."""
+    return peers * tokens * min(k, local_experts) if peers > 1 else tokens * k
+
+
+def _expert_parallel(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, num_experts, ex, mlp,
+                     peers: int, mm: Matmul, ragged: bool):
+    """This device's tokens through the experts spread over the `ex` axes (see module docstring)."""
+    M, D = x_MD.shape
+    k, X = experts_Mk.shape[1], gate_XDF.shape[0]
+    x_RD, order_R, sizes_E = _sort_rows(x_MD, experts_Mk, num_experts)
+    plan = _exchange(sizes_E, peers, ex)
+    block = M * min(k, X)  # the most rows one device sends one peer
+    a2a = functools.partial(_ragged_all_to_all, axis=ex, max_rows=block, ragged=ragged)
+    C = receive_rows(M, k, X, peers)
+    buffer_CD = a2a(x_RD, jnp.zeros((C, D), x_RD.dtype), plan.send_offset_P, plan.send_P,
+                    plan.remote_offset_P, plan.recv_P)
+    rows_CD, order_C, sizes_X = _by_local_expert(buffer_CD, plan.local_PX)
+    y_CD = _swiglu(rows_CD, sizes_X, gate_XDF, up_XDF, down_XFD, mm)
+    if mlp:  # F split over `tensor`: partial sums
+        y_CD = jax.lax.psum(y_CD, mlp)
+    if order_C is not None:
+        y_CD = jnp.zeros_like(y_CD).at[order_C].set(y_CD)
+    y_RD = a2a(y_CD, jnp.zeros_like(x_RD), plan.recv_offset_P, plan.recv_P, plan.home_offset_P, plan.send_P)
+    return _combine(y_RD, order_R, weights_Mk)
+
+
+def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, mm: Matmul):
     """Dropless experts, sharded: tokens over batch/length, experts over `expert`, F over `tensor`."""
     E = gate_EDF.shape[0]
     sh = sharding.current()
@@ -112,43 +288,35 @@ def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, impl
         B, T, D = x_BTD.shape
         y = _local_experts(x_BTD.reshape(B * T, D), weights_BTk.reshape(B * T, -1),
                            experts_BTk.reshape(B * T, -1), gate_EDF, up_EDF, down_EFD, first_expert=0,
-                           num_experts=E, impl=impl, interpret=interpret, fp8=fp8)
+                           num_experts=E, mm=mm)
         return y.reshape(B, T, D).astype(x_BTD.dtype)
     tok = sh.spec(("batch", "length", None), x_BTD.shape)
-    # Weights enter whole along embed (gathered over fsdp): experts over `exp`, F over `mlp` axes.
+    # Weights enter whole along embed (gathered over fsdp/context): experts over `exp`, F over `mlp` axes.
     w_in, w_out = sh.spec(("exp", None, "mlp"), gate_EDF.shape), sh.spec(("exp", "mlp", None), down_EFD.shape)
-    ex = _spec_axes(w_in[0])  # mesh axes the experts are split over
-    mlp = _spec_axes(w_in[2])  # and their MLP dimension
-    # With experts split over axes the batch is split over too, each shard gathers its expert
-    # group's tokens (and scatters the results back); otherwise every shard holds all the tokens.
-    ep_gathers = bool(ex) and set(ex) <= set(_spec_axes(tok[0]))
+    ex = sharding.spec_axes(w_in[0])  # mesh axes the experts are split over
+    mlp = sharding.spec_axes(w_in[2])  # and their MLP dimension
+    # Experts split over axes the batch is split over too: each device exchanges its own tokens'
+    # rows. Otherwise (a batch too small to split over `expert`) every device holds the same tokens
+    # and adds up its own experts' share.
+    exchanges = bool(ex) and set(ex) <= set(sharding.spec_axes(tok[0]))
+    ragged = sh.mesh.devices.flat[0].platform == "tpu"
 
     @functools.partial(jax.shard_map, mesh=sh.mesh, in_specs=(tok, tok, tok, w_in, w_in, w_out),
                        out_specs=tok, check_vma=False)
     def run(x_btD, w_btk, e_btk, gate, up, down):
-        if ep_gathers:  # the expert group's tokens
-            x_btD, w_btk, e_btk = (jax.lax.all_gather(a, ex, axis=0, tiled=True) for a in (x_btD, w_btk, e_btk))
         b, t, D = x_btD.shape
-        X = gate.shape[0]
-        first = jax.lax.axis_index(ex) * X if ex else 0
-        y = _local_experts(x_btD.reshape(b * t, D), w_btk.reshape(b * t, -1), e_btk.reshape(b * t, -1),
-                           gate, up, down, first_expert=first, num_experts=E, impl=impl, interpret=interpret,
-                           fp8=fp8)
-        if mlp:
-            y = jax.lax.psum(y, mlp)
-        y = y.reshape(b, t, D)
-        if ep_gathers:
-            y = jax.lax.psum_scatter(y, ex, scatter_dimension=0, tiled=True)
-        elif ex:
-            y = jax.lax.psum(y, ex)
-        return y.astype(x_btD.dtype)
+        x_MD, w_Mk, e_Mk = x_btD.reshape(b * t, D), w_btk.reshape(b * t, -1), e_btk.reshape(b * t, -1)
+        if exchanges:
+            y = _expert_parallel(x_MD, w_Mk, e_Mk, gate, up, down, num_experts=E, ex=ex, mlp=mlp,
+                                 peers=sh.size(ex), mm=mm, ragged=ragged)
+        else:
+            first = jax.lax.axis_index(ex) * gate.shape[0] if ex else 0
+            y = _local_experts(x_MD, w_Mk, e_Mk, gate, up, down, first_expert=first, num_experts=E, mm=mm)
+            if mlp or ex:
+                y = jax.lax.psum(y, mlp + ex)
+        return y.reshape(b, t, D).astype(x_btD.dtype)
 
     return run(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD)
-
-
-def _spec_axes(entry) -> tuple[str, ...]:
-    """The mesh axes of one PartitionSpec entry (None, a name, or a tuple of names)."""
-    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def reference_experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD):

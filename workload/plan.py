@@ -70,12 +70,25 @@ def topology_devices(generation: str, topology: str, slices: int) -> list:
 
 @dataclasses.dataclass(frozen=True)
 class Memory:
-    """Per-device bytes of a compiled step (`compiled.memory_analysis()`)."""
+    """Per-device bytes of a compiled step (`compiled.memory_analysis()`): HBM, and the host memory
+    of activations a remat policy offloads to `pinned_host`."""
 
     argument: int
     output: int
     alias: int
     temp: int
+    host_argument: int = 0
+    host_output: int = 0
+    host_alias: int = 0
+    host_temp: int = 0
+
+    @classmethod
+    def of(cls, stats) -> "Memory":
+        return cls(*(getattr(stats, f"{f.name}_size_in_bytes") for f in dataclasses.fields(cls)))
+
+    @property
+    def host(self) -> int:
+        return self.host_argument + self.host_temp + self.host_output - self.host_alias
 
     @property
     def state(self) -> int:
@@ -188,10 +201,13 @@ def _gib(n: float) -> float:
     return round(n / GIB, 3)
 
 
-def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dump_dir: str | None = None) -> PlanResult:
-    """Compile `cfg`'s step for its slice and judge it against `capacity_gib` per device less
-    `headroom`. In this process: LIBTPU_INIT_ARGS must be set, and accepted (`libtpu_flags`), before."""
-    base = dict(hbm_capacity_gib=capacity_gib, headroom=headroom, libtpu_version=libtpu_version())
+def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dump_dir: str | None = None,
+         host_capacity_gib: float | None = None) -> PlanResult:
+    """Compile `cfg`'s step for its slice and judge it against `capacity_gib` of HBM per device (and
+    `host_capacity_gib` of host memory, for offloaded activations) less `headroom`. In this process:
+    LIBTPU_INIT_ARGS must be set, and accepted (`libtpu_flags`), before."""
+    base = dict(hbm_capacity_gib=capacity_gib, host_capacity_gib=host_capacity_gib, headroom=headroom,
+                libtpu_version=libtpu_version())
     where = f"{cfg.generation} {cfg.topology} x {cfg.slices} slice(s)"
     try:
         devices = topology_devices(cfg.generation, cfg.topology, cfg.slices)
@@ -225,12 +241,16 @@ def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dum
         return PlanResult(verdict="CompileError", compile_seconds=seconds, **base,
                           message=f"the TPU compiler failed: {first}")
     seconds = round(time.perf_counter() - start, 1)
-    m = compiled.memory_analysis()
-    memory = Memory(m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes, m.temp_size_in_bytes)
+    memory = Memory.of(compiled.memory_analysis())
     numbers = dict(hbm_per_device_gib=_gib(memory.total), state_gib=_gib(memory.state),
-                   temporaries_gib=_gib(memory.temporaries), compile_seconds=seconds)
+                   temporaries_gib=_gib(memory.temporaries), host_per_device_gib=_gib(memory.host),
+                   compile_seconds=seconds, largest=largest_allocations(dump_dir))
     said = (f"{_gib(memory.total)} GiB per device ({_gib(memory.state)} state + {_gib(memory.temporaries)} "
-            f"temporaries) on a {where}")
+            f"temporaries) on a {where}") + (f", {_gib(memory.host)} GiB offloaded to host" if memory.host else "")
+    if host_capacity_gib is not None and memory.host / GIB > host_capacity_gib * (1 - headroom):
+        return PlanResult(verdict="DoesNotFit", change=["training.remat.tensors", "training.globalBatch"], **numbers,
+                          **base, message=f"does not fit host memory: {said}, more than {host_capacity_gib:g} GiB "
+                                          f"of host memory per device less {headroom:.0%} headroom")
     if capacity_gib is None:
         return PlanResult(verdict="Fits", message=f"compiles: {said}; no HBM capacity given to check against",
                           **numbers, **base)
@@ -239,13 +259,13 @@ def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dum
         return PlanResult(verdict="Fits", **numbers, **base,
                           message=f"fits: {said}, of {capacity_gib:g} GiB ({usable:.1f} GiB with "
                                   f"{headroom:.0%} headroom)")
-    return PlanResult(verdict="DoesNotFit", change=hbm_advice(cfg, memory.state, usable * GIB),
-                      largest=largest_allocations(dump_dir), **numbers, **base,
+    return PlanResult(verdict="DoesNotFit", change=hbm_advice(cfg, memory.state, usable * GIB), **numbers, **base,
                       message=f"does not fit: {said}, more than {usable:.1f} GiB ({capacity_gib:g} GiB less "
                               f"{headroom:.0%} headroom)")
 
 
-def check(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float) -> PlanResult:
+def check(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float,
+          host_capacity_gib: float | None = None) -> PlanResult:
     """The whole check, as the CLI runs it: libtpu present, the flags of $LIBTPU_INIT_ARGS accepted (in
     a child), then `plan` in this process with XLA's memory report dumped to a scratch directory."""
     base = dict(hbm_capacity_gib=capacity_gib, headroom=headroom)
@@ -265,7 +285,8 @@ def check(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float) ->
         # The TPU compiler reads XLA_FLAGS too: its memory report names the largest allocations.
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
                                    " --xla_dump_hlo_module_re=.*train_step.*").strip()
-        return plan(cfg, capacity_gib=capacity_gib, headroom=headroom, dump_dir=dump)
+        return plan(cfg, capacity_gib=capacity_gib, headroom=headroom, dump_dir=dump,
+                    host_capacity_gib=host_capacity_gib)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="TrainerConfig JSON file (the one the pods mount)")
     parser.add_argument("--hbm-capacity-gib", type=float, help="HBM of one device (v7x: 96); unset: only the "
                                                                 "compiler's own limit is checked")
-    parser.add_argument("--headroom", type=float, default=0.10, help="fraction of HBM to keep free (default 0.10)")
+    parser.add_argument("--host-capacity-gib", type=float, help="host memory per device (v7x: 111.8); unset: "
+                                                                  "offloaded bytes are reported, not checked")
+    parser.add_argument("--headroom", type=float, default=0.10, help="fraction of HBM (and host memory) to keep "
+                                                                     "free (default 0.10)")
     parser.add_argument("--termination-log", help="also write the result here (e.g. /dev/termination-log)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -289,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags on first use
     except ImportError:
         pass
-    result = check(cfg, capacity_gib=args.hbm_capacity_gib, headroom=args.headroom)
+    result = check(cfg, capacity_gib=args.hbm_capacity_gib, headroom=args.headroom,
+                   host_capacity_gib=args.host_capacity_gib)
     print(result.model_dump_json(by_alias=True, exclude_defaults=True), flush=True)
     if args.termination_log:
         with open(args.termination_log, "w") as f:

@@ -26,11 +26,15 @@ log = logging.getLogger(__name__)
 
 BATCH_AXES = ("data", "fsdp", "expert")
 
-# One strategy: FSDP over `fsdp` (weights' embed dim), batch over data x fsdp x expert,
-# sequence over context, experts over expert, heads / MLP / vocab over tensor.
+# One strategy, MaxText's: batch over data x fsdp x expert, sequence over context, experts over
+# expert, heads / MLP / vocab over tensor. Weights' embed dim (and so their Adam moments) is split
+# over fsdp x context x expert: every slice axis that does not split the weight's use, so no
+# parameter byte is replicated inside a slice (an axis a weight already uses, e.g. `expert` for the
+# experts' `exp` dim, is skipped for its embed dim). The weights are all-gathered where used (FSDP).
 RULES: dict[str, str | tuple[str, ...] | None] = {
     # activations
     "batch": BATCH_AXES,
+    "batch_replica": "data",  # the batch as the data replicas split it (the embedding lookup's tokens)
     "length": "context",
     "act_embed": None,
     "act_heads": "tensor",
@@ -39,7 +43,7 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
     "act_vocab": "tensor",
     # parameters
     "layers": None,
-    "embed": "fsdp",
+    "embed": ("fsdp", "context", "expert"),
     "mlp": "tensor",
     "heads": "tensor",
     "kv_heads": "tensor",
@@ -68,7 +72,11 @@ class Sharder:
 
     def degree(self, logical: str) -> int:
         """How many ways the logical axis `logical` is split."""
-        return int(np.prod([self.mesh.shape[a] for a in self.mesh_axes(logical)]))
+        return self.size(self.mesh_axes(logical))
+
+    def size(self, axes) -> int:
+        """Devices along mesh axes `axes` (a PartitionSpec entry: None, a name or names)."""
+        return int(np.prod([self.mesh.shape[a] for a in spec_axes(axes)]))
 
     def spec(self, logical: Logical, shape: Sequence[int] | None = None) -> P:
         """PartitionSpec for `logical`; with `shape`, mesh axes that do not divide a dim are dropped."""
@@ -88,6 +96,11 @@ class Sharder:
 
     def named(self, logical: Logical, shape: Sequence[int] | None = None) -> NamedSharding:
         return NamedSharding(self.mesh, self.spec(logical, shape))
+
+
+def spec_axes(entry) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (None, a name, or a tuple of names)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 _CURRENT: list[Sharder] = []
@@ -186,3 +199,59 @@ def check_shardings(tree, planned) -> None:
             bad.append(f"{jax.tree_util.keystr(path)}: {arr.sharding.spec} != planned {want.spec}")
     if bad:
         raise RuntimeError("parameters are not sharded as planned:\n  " + "\n  ".join(bad))
+
+
+@dataclasses.dataclass(frozen=True)
+class StateBytes:
+    """How much of a state tree one device holds, against an even split over the slice's devices."""
+
+    per_device: int  # bytes held by the first addressable device
+    total: int  # bytes of the whole (unsharded) tree
+    split: int  # devices of one slice: fsdp x context x expert x tensor (data replicates across slices)
+
+    @property
+    def ratio(self) -> float:
+        """per_device over total / split: 1.0 when every byte is split over the whole slice."""
+        return self.per_device * self.split / max(self.total, 1)
+
+    def __str__(self) -> str:
+        return (f"{self.per_device / 2**20:.2f} MiB per device of {self.total / 2**20:.2f} MiB "
+                f"({self.ratio:.2f}x an even split over {self.split} devices)")
+
+
+def _shard_bytes(a) -> int:
+    shards = getattr(a, "addressable_shards", None)
+    if shards:  # a real array: what its first device actually holds
+        return shards[0].data.nbytes
+    return int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize
+
+
+def state_bytes(tree, mesh: jax.sharding.Mesh) -> StateBytes:
+    """Per-device and total bytes of `tree` (arrays, or ShapeDtypeStructs with shardings)."""
+    leaves = jax.tree.leaves(tree)
+    split = int(np.prod([mesh.shape[a] for a in MESH_AXES if a != "data"]))
+    return StateBytes(per_device=sum(_shard_bytes(a) for a in leaves),
+                      total=sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in leaves), split=split)
+
+
+# Above this many times an even split, the start-up check names the parameters that are not split.
+STATE_SPLIT_WARN = 1.1
+
+
+def check_state_bytes(tree, planned: StateBytes, mesh: jax.sharding.Mesh) -> StateBytes:
+    """The start-up check of the state's memory: raise if one device holds other than the bytes the
+    shardings planned; log the ratio to an even split, and warn, naming the parameters split the
+    least, when it passes STATE_SPLIT_WARN (a dimension the mesh does not divide is replicated)."""
+    got = state_bytes(tree, mesh)
+    if got.per_device != planned.per_device:
+        raise RuntimeError(f"the state is not sharded as planned: {got.per_device} bytes on one device, "
+                           f"planned {planned.per_device}")
+    if got.ratio > STATE_SPLIT_WARN:
+        flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+        excess = lambda a: _shard_bytes(a) - a.nbytes / got.split  # noqa: E731
+        worst = sorted(flat, key=lambda pa: -excess(pa[1]))[:3]
+        log.warning("state: %s; least split: %s", got, ", ".join(
+            f"{jax.tree_util.keystr(p)} {a.sharding.spec}" for p, a in worst))
+    else:
+        log.info("state: %s", got)
+    return got

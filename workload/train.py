@@ -58,12 +58,14 @@ def loss_chunks(cfg: TrainerConfig) -> int:
 
 
 def model_config(cfg: TrainerConfig, interpret: bool, device_kind: str | None = None) -> model_lib.ModelConfig:
-    """The model as `cfg` describes it; `device_kind` (the mesh's chip) picks tuned Splash blocks."""
+    """The model as `cfg` describes it; `device_kind` (the mesh's chip) picks tuned kernel tiles."""
     kernels = cfg.kernels
-    if kernels.attention == "splash" and kernels.tuning_cache:
-        splash = tuning.resolve_splash(kernels.splash, cfg.training.sequence_length, cfg.model.heads,
-                                       cfg.model.head_dim, kernels.tuning_cache, device_kind)
+    if kernels.tuning_cache and kernels.attention == "splash":
+        splash = tuning.resolve_splash(kernels.splash, tuning.SplashShape.of(cfg), kernels.tuning_cache, device_kind)
         kernels = kernels.model_copy(update={"splash": splash})
+    if kernels.tuning_cache and cfg.model.is_moe and kernels.moe_matmul == "gmm":
+        gmm = tuning.resolve_gmm(kernels.gmm, tuning.GmmShape.of(cfg), kernels.tuning_cache, device_kind)
+        kernels = kernels.model_copy(update={"gmm": gmm})
     return model_lib.ModelConfig(dims=cfg.model, kernels=kernels, precision=cfg.training.precision,
                                  remat=cfg.training.remat, interpret=interpret, loss_chunks=loss_chunks(cfg))
 
@@ -261,6 +263,7 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | No
     else:
         state = trainer.init()
     sharding.check_shardings(state["params"], trainer.param_shardings)
+    sharding.check_state_bytes(state, sharding.state_bytes(trainer.abstract_state, mesh), mesh)
     start = int(jax.device_get(state["step"]))
     log.info("starting at step %d of %d", start, t.steps)
     clock = clock or Clock()

@@ -22,6 +22,7 @@ class Generation:
     peak_bf16_flops: float  # per chip
     peak_fp8_flops: float  # per chip (v5p has no native fp8: same as bf16)
     hbm_gib: int  # per chip
+    host_ram_gb: int  # per 4-chip host VM (Cloud TPU docs: v5p 448, v6e 720, TPU7x 960 GB)
     vmem_kib: int | None  # per TensorCore; bounds --xla_tpu_scoped_vmem_limit_kib
     sparse_core: bool  # SparseCore collective offload available
     dims: int  # 3 for the twisted-torus generations, 2 for v6e
@@ -66,17 +67,17 @@ def parse_topology(topology: str) -> tuple[int, ...]:
 GENERATIONS: dict[str, Generation] = {
     "v7x": Generation(
         name="v7x", gke_accelerator="tpu7x", machine_type="tpu7x-standard-4t", chips_per_host=4,
-        devices_per_chip=2, peak_bf16_flops=2307 * TERA, peak_fp8_flops=4614 * TERA, hbm_gib=192,
+        devices_per_chip=2, peak_bf16_flops=2307 * TERA, peak_fp8_flops=4614 * TERA, hbm_gib=192, host_ram_gb=960,
         vmem_kib=65536, sparse_core=True, dims=3,
         fixed_topologies=("1x1x1", "2x2x1", "2x2x2", "2x2x4", "2x4x4"), max_chips=9216),
     "v6e": Generation(
         name="v6e", gke_accelerator="tpu-v6e-slice", machine_type="ct6e-standard-4t", chips_per_host=4,
-        devices_per_chip=1, peak_bf16_flops=918 * TERA, peak_fp8_flops=918 * TERA, hbm_gib=32,
+        devices_per_chip=1, peak_bf16_flops=918 * TERA, peak_fp8_flops=918 * TERA, hbm_gib=32, host_ram_gb=720,
         vmem_kib=131072, sparse_core=False, dims=2,
         fixed_topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"), max_chips=256),
     "v5p": Generation(
         name="v5p", gke_accelerator="tpu-v5p-slice", machine_type="ct5p-hightpu-4t", chips_per_host=4,
-        devices_per_chip=1, peak_bf16_flops=459 * TERA, peak_fp8_flops=459 * TERA, hbm_gib=95,
+        devices_per_chip=1, peak_bf16_flops=459 * TERA, peak_fp8_flops=459 * TERA, hbm_gib=95, host_ram_gb=448,
         vmem_kib=None, sparse_core=False, dims=3,
         fixed_topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4"), max_chips=8960),
 }

@@ -141,6 +141,9 @@ class Mesh(Base):
 
 
 class SplashSpec(Base):
+    """Splash attention's block sizes (tokens). Each is fitted down to a multiple of 128 that divides
+    the sequence (query blocks: the sequence of one context shard) when it does not divide it."""
+
     block_q: int = _desc("Query block of the forward pass.", default=512, ge=128, multiple_of=128)
     block_kv: int = _desc("Key/value block of the forward pass.", default=512, ge=128, multiple_of=128)
     block_kv_compute: int = _desc("Key/value compute block of the forward pass.", default=512, ge=128,
@@ -149,10 +152,15 @@ class SplashSpec(Base):
     block_kv_dkv: int = _desc("Key/value block of the dK/dV backward pass.", default=512, ge=128, multiple_of=128)
     block_kv_dkv_compute: int = _desc("Key/value compute block of the dK/dV pass.", default=512, ge=128,
                                       multiple_of=128)
-    block_q_dq: int = _desc("Query block of the dQ backward pass.", default=512, ge=128, multiple_of=128)
-    block_kv_dq: int = _desc("Key/value block of the dQ backward pass.", default=512, ge=128, multiple_of=128)
-    max_logit_const: float | None = _desc("Fixed softmax max (skips the running max; tokamax only).",
-                                          default=None, gt=0)
+    block_q_dq: int = _desc("Query block of the dQ backward pass (unused with maxLogitConst, whose backward "
+                            "computes dQ with dK/dV).", default=512, ge=128, multiple_of=128)
+    block_kv_dq: int = _desc("Key/value block of the dQ backward pass (unused with maxLogitConst).", default=512,
+                             ge=128, multiple_of=128)
+    max_logit_const: float | None = _desc(
+        "Fixed softmax max: skips the running max (a few % faster). Only tokamax's Splash has it, and its "
+        "backward writes dQ once per key/value block in f32 (sequence / blockKvDkv copies of dQ per device: "
+        "`tpujob plan` shows the cost); unset, JAX's Splash runs, whose dQ pass accumulates on chip.",
+        default=None, gt=0)
 
     @model_validator(mode="after")
     def _compute_fits(self) -> "SplashSpec":
@@ -163,15 +171,34 @@ class SplashSpec(Base):
         return self
 
 
+class GmmTiles(Base):
+    """Tiles of one grouped matmul [m, k] x [groups, k, n]; each is fitted down to a multiple of 128
+    that divides its dimension when it does not divide it."""
+
+    m: int = _desc("Rows (routed tokens) per tile.", default=512, ge=128, multiple_of=128)
+    k: int = _desc("Contracted dimension per tile.", default=1024, ge=128, multiple_of=128)
+    n: int = _desc("Output columns per tile.", default=1024, ge=128, multiple_of=128)
+
+
+class GmmSpec(Base):
+    """The grouped matmul's tiles, per pass; MaxText's defaults (512 x 1024 x 1024)."""
+
+    forward: GmmTiles = _desc("Tiles of the forward pass.", default_factory=GmmTiles)
+    lhs_gradient: GmmTiles = _desc("Tiles of the tokens' gradient (dY x W^T).", default_factory=GmmTiles)
+    rhs_gradient: GmmTiles = _desc("Tiles of the experts' weight gradient (X^T x dY).", default_factory=GmmTiles)
+
+
 class KernelsSpec(Base):
     attention: Literal["splash", "xla"] = _desc(
         "splash: the Pallas Splash kernel (interpret mode off-TPU); xla: the reference path.", default="splash")
     splash: SplashSpec = _desc("Splash block sizes.", default_factory=SplashSpec)
     moe_matmul: Literal["gmm", "ragged_dot"] = _desc(
-        "gmm: Megablox grouped matmul (interpret mode off-TPU); ragged_dot: the reference.", default="gmm")
+        "gmm: tokamax's Mosaic grouped matmul (Megablox; interpret mode off-TPU); ragged_dot: XLA's, the "
+        "reference.", default="gmm")
+    gmm: GmmSpec = _desc("Grouped-matmul tiles.", default_factory=GmmSpec)
     tuning_cache: str | None = _desc(
-        "Directory (mounted path or gs://) of Splash block sizes tuned per chip and shape by "
-        "`python -m tpu_workload.tuning`; used when every splash block size is left at its default.",
+        "Directory (mounted path or gs://) of Splash block sizes and grouped-matmul tiles tuned per chip "
+        "and shape by `python -m tpu_workload.tuning`; each is used when the job leaves it at its defaults.",
         default=None, min_length=1)
 
 
@@ -251,7 +278,11 @@ class PlanResult(Base):
     temporaries_gib: float | None = Field(default=None, alias="temporariesGiB",
                                           description="Activations and temporaries (and outputs not donated).")
     hbm_capacity_gib: float | None = Field(default=None, alias="hbmCapacityGiB", description="HBM of one device.")
-    headroom: float = _desc("Fraction of HBM to keep free.", default=0.0, ge=0, lt=1)
+    host_per_device_gib: float | None = Field(default=None, alias="hostPerDeviceGiB",
+                                              description="Host memory per device: activations offloaded by remat.")
+    host_capacity_gib: float | None = Field(default=None, alias="hostCapacityGiB",
+                                            description="The host VM's memory per device.")
+    headroom: float = _desc("Fraction of HBM (and host memory) to keep free.", default=0.0, ge=0, lt=1)
     compile_seconds: float | None = _desc("Time in the TPU compiler.", default=None)
     libtpu_version: str | None = _desc("The libtpu that compiled.", default=None)
     device_kind: str | None = _desc("The compiled-for device kind, e.g. TPU7x.", default=None)

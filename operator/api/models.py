@@ -451,6 +451,8 @@ class PlanStatus(Base):
     hbm_per_device_gib: float | None = Field(default=None, alias="hbmPerDeviceGiB",
                                              description="HBM the compiled train step needs per device.")
     hbm_capacity_gib: float | None = Field(default=None, alias="hbmCapacityGiB", description="HBM of one device.")
+    host_per_device_gib: float | None = Field(default=None, alias="hostPerDeviceGiB",
+                                              description="Host memory per device of activations remat offloads.")
     fits: bool | None = _desc("Fits with the headroom asked for; unset when it could not be checked.", default=None)
     compile_seconds: float | None = _desc("Time in the TPU compiler.", default=None)
     libtpu_version: str | None = _desc("The libtpu that compiled it.", default=None)

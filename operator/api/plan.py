@@ -54,6 +54,11 @@ class Plan:
         return self.gen.hbm_gib / self.gen.devices_per_chip
 
     @property
+    def host_gib_per_device(self) -> float:
+        """The host VM's memory shared by its devices (activations offloaded to `pinned_host` land there)."""
+        return self.gen.host_ram_gb * 1e9 / 2**30 / (self.gen.chips_per_host * self.gen.devices_per_chip)
+
+    @property
     def peak_flops_per_device(self) -> float:
         return self.gen.peak_flops(self.job.spec.training.precision) / self.gen.devices_per_chip
 

@@ -115,6 +115,8 @@ def spec_problems(s: Sections) -> list[Problem]:
         if per_shard % 128:
             problems.append(("kernels.attention", f"splash needs sequenceLength / context to be a multiple of 128, "
                                                   f"got {per_shard}; use attention xla for short sequences"))
+    if dims is not None and dims.is_moe and s.kernels is not None and s.kernels.moe_matmul == "gmm":
+        problems += _gmm_problems(dims, t, mesh)
     if gen is not None and s.runtime is not None:
         problems += _runtime_problems(gen, s.runtime)
     if gen is not None and t is not None and t.precision == "fp8" and gen.name == "v5p":
@@ -125,6 +127,26 @@ def spec_problems(s: Sections) -> list[Problem]:
         problems.append(("workloadPriorityClassName", "only Kueue reads it; set queueName too, or use "
                                                       "priorityClassName for the pods' priority"))
     return problems
+
+
+GMM_MIN = 128  # the Mosaic grouped matmul takes no dimension below 128 (tokamax)
+
+
+def _gmm_problems(dims: ModelDims, t: TrainingSpec | None, mesh: dict[str, int | None]) -> list[Problem]:
+    """The Mosaic grouped matmul's shapes: model dim, expert MLP dim of one tensor shard, and the routed
+    rows of one device, each at least GMM_MIN."""
+    widths = {"model.modelDim": dims.model_dim}
+    if mesh["tensor"] is not None:
+        widths["model.mlpDim"] = dims.mlp_dim // mesh["tensor"]
+    short = [f"{path} ({value})" for path, value in widths.items() if value < GMM_MIN]
+    if t is not None and None not in (mesh["data"], mesh["fsdp"], mesh["expert"], mesh["context"]):
+        tokens = t.global_batch // (mesh["data"] * mesh["fsdp"] * mesh["expert"]) * (t.sequence_length // mesh["context"])
+        if tokens * dims.experts_per_token < GMM_MIN:
+            short.append(f"routed rows per device ({tokens * dims.experts_per_token})")
+    if not short:
+        return []
+    return [("kernels.moeMatmul", f"gmm (the Mosaic grouped matmul) needs at least {GMM_MIN} in every dimension; "
+                                  f"{', '.join(short)} is less; use ragged_dot")]
 
 
 def _capacity_problems(tpu: TPUCapacity, queueing: Queueing | None) -> list[Problem]:

@@ -69,7 +69,8 @@ def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         "tpu": {**spec["tpu"], "topology": small, "slices": slices},
         "model": {"preset": "tiny-moe" if moe else "tiny"},
         "parallelism": {"fsdp": "auto", "context": context, "expert": expert, "tensor": 1},
-        "kernels": {**spec.get("kernels", {}), "attention": "xla"},
+        # The reference kernels: Splash takes 128-token blocks, the Mosaic grouped matmul 128-wide dimensions.
+        "kernels": {**spec.get("kernels", {}), "attention": "xla", "moeMatmul": "ragged_dot"},
     }
     spec.update(changes)
     devices = Plan(TPUTrainingJob.model_validate(doc)).total_devices
@@ -77,7 +78,8 @@ def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     spec["training"].pop("data", None)
     said = [f"topology {job.spec.tpu.topology} x {job.spec.tpu.slices} -> {small} x {slices}",
             f"model -> preset {'tiny-moe' if moe else 'tiny'}", f"parallelism -> context {context}, expert {expert}",
-            f"batch -> {devices} x {spec['training']['sequenceLength']} tokens, synthetic data, attention xla"]
+            f"batch -> {devices} x {spec['training']['sequenceLength']} tokens, synthetic data, attention xla"
+            + (", moe matmul ragged_dot" if moe else "")]
     return doc, said
 
 

@@ -37,6 +37,10 @@ def lines(result: PlanResult, job: TPUTrainingJob) -> list[str]:
         spare = usable - result.hbm_per_device_gib
         out.append(f"HBM:         {capacity:g} GiB per device, {usable:.1f} GiB with {result.headroom:.0%} headroom: "
                    + (f"fits, {spare:.1f} GiB to spare" if spare >= 0 else f"{-spare:.1f} GiB short"))
+    if result.host_per_device_gib:
+        host = result.host_capacity_gib or plan.host_gib_per_device
+        out.append(f"host:        {result.host_per_device_gib:.2f} GiB of offloaded activations per device, of "
+                   f"{host:.1f} GiB host memory per device")
     verdict = {"Fits": "fits", "DoesNotFit": "DOES NOT FIT", "VmemOverflow": "DOES NOT COMPILE (VMEM)",
                "RejectedFlags": "REFUSED FLAGS"}.get(result.verdict, "NOT CHECKED")
     out.append(f"verdict:     {verdict}")

@@ -30,8 +30,9 @@ RESOURCES = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "12
 
 def plan_args(job: TPUTrainingJob, config_path: str) -> list[str]:
     """The plan's arguments for `job`, whose TrainerConfig is at `config_path`."""
-    return ["--config", config_path, "--hbm-capacity-gib", f"{Plan(job).hbm_gib_per_device:g}",
-            "--headroom", f"{job.spec.plan.hbm_headroom:g}"]
+    plan = Plan(job)
+    return ["--config", config_path, "--hbm-capacity-gib", f"{plan.hbm_gib_per_device:g}",
+            "--host-capacity-gib", f"{plan.host_gib_per_device:.1f}", "--headroom", f"{job.spec.plan.hbm_headroom:g}"]
 
 
 def plan_env(job: TPUTrainingJob) -> dict[str, str]:

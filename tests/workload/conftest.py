@@ -19,6 +19,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+import absl.flags  # noqa: E402
+
+absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags on first use; pytest's own are not its
 
 from tpu_operator.api.contract import TrainerConfig  # noqa: E402
 from tpu_operator.api.presets import PRESETS  # noqa: E402

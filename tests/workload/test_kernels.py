@@ -63,10 +63,11 @@ def test_splash_matches_reference(context, tensor):
     _assert_close(_value_and_grads(splash, q, k, v, ct=ct), want, atol=1e-5)
 
 
-def _experts_vs_reference(axes, **kwargs):
-    """moe.experts(**kwargs) and the every-expert reference on one routed problem over a mesh with
-    `axes` (none: unsharded): (output, gradients) of each."""
-    B, T, D, F, E, top = 8, 32, 64, 128, 4, 2
+def _experts_vs_reference(axes, **matmul):
+    """moe.experts (with moe.Matmul(**matmul)) and the every-expert reference on one routed problem
+    over a mesh with `axes` (none: unsharded): (output, gradients) of each. D and F are 128 and 256:
+    the Mosaic grouped matmul takes no dimension below 128."""
+    B, T, D, F, E, top = 8, 64, 128, 256, 4, 2
     ks = jax.random.split(jax.random.key(1), 6)
     x = jax.random.normal(ks[0], (B, T, D))
     router = jax.random.normal(ks[1], (D, E))
@@ -74,6 +75,7 @@ def _experts_vs_reference(axes, **kwargs):
     down = 0.1 * jax.random.normal(ks[4], (E, F, D))
     ct = jax.random.normal(ks[5], (B, T, D))
     sh = _mesh(**axes) if axes else None
+    mm = moe.Matmul(interpret=True, **matmul)
 
     def routed(fn):
         def f(x, gate, up, down):
@@ -82,12 +84,15 @@ def _experts_vs_reference(axes, **kwargs):
                 return fn(x, weights, experts, gate, up, down)
         return f
 
-    got = _value_and_grads(routed(lambda *a: moe.experts(*a, interpret=True, **kwargs)), x, gate, up, down, ct=ct)
+    got = _value_and_grads(routed(lambda *a: moe.experts(*a, mm=mm)), x, gate, up, down, ct=ct)
     return got, _value_and_grads(routed(moe.reference_experts), x, gate, up, down, ct=ct)
 
 
+# Expert parallelism exchanges rows (expert 2 and 4); context 2 x expert 2 exchanges per context
+# shard; tensor 2 splits F (partial sums); none: one device runs every expert.
 @pytest.mark.parametrize("impl,axes", [("gmm", {}), ("gmm", dict(context=2, expert=2)),
-                                       ("gmm", dict(expert=4, tensor=2)), ("ragged_dot", dict(expert=2))])
+                                       ("gmm", dict(expert=4, tensor=2)), ("ragged_dot", dict(expert=2)),
+                                       ("ragged_dot", dict(expert=4))])
 def test_grouped_matmul_matches_reference(impl, axes):
     _assert_close(*_experts_vs_reference(axes, impl=impl), atol=1e-4)
 

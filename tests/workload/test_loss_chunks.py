@@ -1,6 +1,11 @@
-"""The chunked cross entropy equals the whole-vocabulary one: the loss to f32 rounding, the gradients of
-everything but the unembedding bit for bit, the unembedding's within bf16 rounding (its gradient is
-summed over chunks in f32 instead of rounded to bf16 once)."""
+"""The cross entropy's hand-written gradient equals autodiff's, and chunks change nothing but sums.
+
+The loss runs over sequence chunks with a backward written by hand (model._chunked_ce: the softmax
+from the saved logsumexp, rounded to bf16 once before both matmuls, as the bf16 logits' cast rounds
+it under autodiff): it equals autodiff of the plain whole-vocabulary cross entropy within bf16
+rounding, and 4 chunks equal 1: the loss to f32 rounding, the gradients of everything but the
+unembedding bit for bit, the unembedding's within bf16 rounding (each chunk's share is rounded to bf16
+before it is summed across devices, as autodiff rounds a bf16 weight's gradient)."""
 
 from __future__ import annotations
 
@@ -46,6 +51,29 @@ def test_chunked_cross_entropy_matches_the_whole_vocabulary(context):
         g1, g4 = np.asarray(g1), np.asarray(g4)
         tol = 2**-7 * np.abs(g1).max() if "unembed" in jax.tree_util.keystr(path) else 0
         np.testing.assert_allclose(g4, g1, rtol=0, atol=tol, err_msg=jax.tree_util.keystr(path))
+
+
+def test_the_hand_written_gradient_equals_autodiff_of_the_plain_cross_entropy():
+    """[2, 4, 128] hidden states in 2 chunks, a 512-word vocabulary: loss and both gradients against
+    jax.grad of logits -> log-softmax with bf16 logits cast to f32 (autodiff's own bf16 rounding)."""
+    ks = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(ks[0], (2, 4, 128), jnp.float32).astype(jnp.bfloat16)
+    w = 0.1 * jax.random.normal(ks[1], (128, 512), jnp.float32)
+    targets = jax.random.randint(ks[2], (2, 4), 0, 512)
+
+    def plain(x, w):
+        x_NBtD = x.reshape(2, 1, 4, 128)
+        logits = jnp.einsum("nbtd,dv->nbtv", x_NBtD, w.astype(jnp.bfloat16)).astype(jnp.float32)
+        return jnp.sum(model_lib.token_losses(logits, targets.reshape(2, 1, 4)))
+
+    def mine(x, w):
+        return model_lib._chunked_ce(x.reshape(2, 1, 4, 128), targets.reshape(2, 1, 4), w)
+
+    (l0, g0), (l1, g1) = (jax.value_and_grad(f, argnums=(0, 1))(x, w) for f in (plain, mine))
+    np.testing.assert_allclose(float(l1), float(l0), rtol=2**-7)  # the plain logits are rounded to bf16
+    for a, b in zip(g1, g0):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.linalg.norm(a - b) <= 2**-7 * np.linalg.norm(b)
 
 
 def test_loss_chunks_bound_the_logits_per_device():

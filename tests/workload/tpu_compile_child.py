@@ -27,66 +27,93 @@ from tpu_operator.rendering.libtpu import libtpu_init_args
 from tpu_workload import attention, moe, plan, sharding
 
 
-def _sharder() -> sharding.Sharder:
-    """FSDP over the 8 devices of a TPU7x 2x2x1 slice, made by libtpu with the pods' v7x flags."""
+def _sharder(**axes) -> sharding.Sharder:
+    """A mesh over the 8 devices of a TPU7x 2x2x1 slice (FSDP over what `axes` leave), made by libtpu
+    with the pods' v7x flags."""
     os.environ.setdefault("LIBTPU_INIT_ARGS", " ".join(libtpu_init_args(generation("v7x"), RuntimeSpec())))
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags
     devices = plan.topology_devices("v7x", "2x2x1", 1)
-    return sharding.Sharder(sharding.make_mesh(dict(data=1, fsdp=8, context=1, expert=1, tensor=1), 1, devices))
+    shape = dict(data=1, fsdp=1, context=1, expert=1, tensor=1) | axes
+    shape["fsdp"] = 8 // (shape["context"] * shape["expert"] * shape["tensor"])
+    return sharding.Sharder(sharding.make_mesh(shape, 1, devices))
 
 
 def _compiled(lowered) -> dict:
-    return {"custom_call": "tpu_custom_call" in lowered.as_text(),  # the Mosaic kernels, not an XLA fallback
-            "temp_bytes": lowered.compile().memory_analysis().temp_size_in_bytes}
+    text = lowered.as_text()  # (the compiled module's text is not asked for: libtpu 0.0.52 fails a RET_CHECK)
+    return {"custom_call": "tpu_custom_call" in text,  # the Mosaic kernels, not an XLA fallback
+            "temp_bytes": lowered.compile().memory_analysis().temp_size_in_bytes,
+            "ragged_all_to_all": "ragged_all_to_all" in text}
 
 
-def splash(sharder: sharding.Sharder, _: TrainerConfig) -> dict:
-    B, T, N, K, H = 8, 1024, 8, 2, 128  # GQA, 1024 tokens: two of the default 512-token blocks
+def _splash(spec: SplashSpec, T: int) -> dict:
+    sharder = _sharder()
+    B, N, K, H = 8, 8, 2, 128  # GQA
     q = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16, sharding=sharder.named(("batch", None, None, None)))
     kv = jax.ShapeDtypeStruct((B, T, K, H), jnp.bfloat16, sharding=sharder.named(("batch", None, None, None)))
 
     def loss(q, k, v):
         with sharding.use(sharder):
-            return attention.splash_attention(q, k, v, spec=SplashSpec(), interpret=False).astype(jnp.float32).sum()
+            return attention.splash_attention(q, k, v, spec=spec, interpret=False).astype(jnp.float32).sum()
 
     return _compiled(jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv))
 
 
-def megablox(sharder: sharding.Sharder, _: TrainerConfig) -> dict:
+def splash(_: TrainerConfig) -> dict:
+    """JAX's Splash with the default blocks over 1024 tokens: two 512-token blocks."""
+    return _splash(SplashSpec(), 1024)
+
+
+def splash_long(_: TrainerConfig) -> dict:
+    """4096 tokens, 8 key/value blocks: JAX's Splash, and tokamax's (maxLogitConst), whose fused
+    backward writes one f32 dQ per key/value block."""
+    return {"jax": _splash(SplashSpec(), 4096), "tokamax": _splash(SplashSpec(max_logit_const=30.0), 4096)}
+
+
+def _experts(expert: int) -> dict:
+    sharder = _sharder(expert=expert)
     B, T, D, F, E, k = 8, 256, 256, 512, 4, 2
-    mesh = sharder.mesh
     x = jax.ShapeDtypeStruct((B, T, D), jnp.bfloat16, sharding=sharder.named(("batch", None, None)))
-    w = jax.ShapeDtypeStruct((E, D, F), jnp.float32, sharding=NamedSharding(mesh, P()))
-    w_down = jax.ShapeDtypeStruct((E, F, D), jnp.float32, sharding=NamedSharding(mesh, P()))
-    router = jax.ShapeDtypeStruct((D, E), jnp.float32, sharding=NamedSharding(mesh, P()))
+    w = jax.ShapeDtypeStruct((E, D, F), jnp.float32, sharding=sharder.named(("exp", "embed", "mlp")))
+    w_down = jax.ShapeDtypeStruct((E, F, D), jnp.float32, sharding=sharder.named(("exp", "mlp", "embed")))
+    router = jax.ShapeDtypeStruct((D, E), jnp.float32, sharding=NamedSharding(sharder.mesh, P()))
+    mm = moe.Matmul(impl="gmm", interpret=False)
 
     def loss(x, router, gate, up, down):
         with sharding.use(sharder):
             weights, experts, aux = moe.route(x, router, k)
-            y = moe.experts(x, weights, experts, gate, up, down, impl="gmm", interpret=False)
+            y = moe.experts(x, weights, experts, gate, up, down, mm=mm)
             return y.astype(jnp.float32).sum() + aux
 
     return _compiled(jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))).lower(x, router, w, w, w_down))
 
 
-def unknown_generation(_: sharding.Sharder, cfg: TrainerConfig) -> dict:
+def megablox(_: TrainerConfig) -> dict:
+    """The experts on tokamax's Mosaic grouped matmul, FSDP only (every expert on every device)."""
+    return _experts(1)
+
+
+def expert_parallel(_: TrainerConfig) -> dict:
+    """Expert parallelism 2 and 4 (fsdp 4 and 2): rows exchanged by ragged all-to-all."""
+    return {"expert2": _experts(2), "expert4": _experts(4)}
+
+
+def unknown_generation(cfg: TrainerConfig) -> dict:
     result = plan.plan(cfg.model_copy(update={"generation": "v2x"}), capacity_gib=96, headroom=0.1)
     return {"verdict": result.verdict, "fits": result.fits, "exit_code": result.exit_code, "message": result.message}
 
 
-CASES = (splash, megablox, unknown_generation)
+CASES = (splash, splash_long, megablox, expert_parallel, unknown_generation)
 
 
 def main(config_path: str) -> None:
     cfg = TrainerConfig.model_validate_json(open(config_path).read())
-    sharder = _sharder()
-    found: dict[str, dict] = {"devices": {"kinds": [d.device_kind for d in sharder.mesh.devices.flat]}}
+    found: dict[str, dict] = {"devices": {"kinds": [d.device_kind for d in _sharder().mesh.devices.flat]}}
     for case in CASES:
         try:
-            found[case.__name__] = case(sharder, cfg)
+            found[case.__name__] = case(cfg)
         except Exception:
             found[case.__name__] = {"error": traceback.format_exc(limit=3)}
     print(json.dumps(found))
