@@ -21,7 +21,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from tpu_operator.api.contract import REMAT_TENSORS, KernelsSpec, ModelDims, RematSpec
 
-from . import attention, moe
+from . import attention, chunked, loss, moe, sharding
 from .sharding import constrain, current
 
 COMPUTE = jnp.bfloat16
@@ -38,10 +38,13 @@ class ModelConfig:
     precision: str = "bf16"
     remat: RematSpec = RematSpec(policy="none")
     interpret: bool = True  # Pallas kernels in interpret mode (off-TPU)
-    # The unembedding and cross entropy run over this many sequence chunks, each recomputed in the
-    # backward pass, so [B, T / loss_chunks, V] f32 logits exist at a time instead of [B, T, V]
-    # (model.chunked_cross_entropy; 1: one chunk).
+    # The LM head and cross entropy run over this many sequence chunks by vocabulary tiles, each
+    # recomputed in the backward pass (loss.py; 1 and 1: the whole head at once).
     loss_chunks: int = 1
+    vocab_tiles: int = 1
+    # The dense MLP runs over this many sequence chunks, each recomputed in the backward pass
+    # (chunked.py), where the layer is recomputed and keeps none of the MLP's activations.
+    mlp_chunks: int = 1
 
 
 def _param(rngs: nnx.Rngs, shape, axes, std: float | None = None, ones: bool = False) -> nnx.Param:
@@ -135,11 +138,25 @@ class MLP(nnx.Module):
         self.down = _param(rngs, (d.mlp_dim, d.model_dim), ("mlp", "embed"), d.mlp_dim**-0.5)
 
     def __call__(self, x_BTD):
+        weights = (self.gate[...], self.up[...], self.down[...])
+        if self.cfg.mlp_chunks == 1:
+            return checkpoint_name(self.swiglu(x_BTD, *weights), "mlp_out"), 0.0
+        # The layer is recomputed and keeps none of the MLP's activations: run it over sequence chunks
+        # that the backward pass recomputes one at a time, so one chunk's [tokens, F] activations
+        # exist at a time (chunked.py: no extra compute).
+        sh = current()
+        like = ((lambda i, a: constrain(a, (("embed", "mlp"), ("embed", "mlp"), ("mlp", "embed"))[i])) if sh
+                else (lambda i, a: a))
+        y_NBtD = chunked.map_recompute(self.swiglu, (chunked.split_sequence(x_BTD, self.cfg.mlp_chunks),),
+                                       weights, like)
+        return checkpoint_name(chunked.join_sequence(y_NBtD), "mlp_out"), 0.0
+
+    def swiglu(self, x_BTD, gate_DF, up_DF, down_FD):
         cfg = self.cfg
-        g_BTF = checkpoint_name(_einsum(cfg, "btd,df->btf", x_BTD, self.gate[...]), "mlp_in")
-        u_BTF = checkpoint_name(_einsum(cfg, "btd,df->btf", x_BTD, self.up[...]), "mlp_in")
+        g_BTF = checkpoint_name(_einsum(cfg, "btd,df->btf", x_BTD, gate_DF), "mlp_in")
+        u_BTF = checkpoint_name(_einsum(cfg, "btd,df->btf", x_BTD, up_DF), "mlp_in")
         h_BTF = constrain(jax.nn.silu(g_BTF) * u_BTF, ("batch", "length", "act_mlp"))
-        return checkpoint_name(_einsum(cfg, "btf,fd->btd", h_BTF, self.down[...]), "mlp_out"), 0.0
+        return _einsum(cfg, "btf,fd->btd", h_BTF, down_FD)
 
 
 class MoE(nnx.Module):
@@ -158,7 +175,7 @@ class MoE(nnx.Module):
         weights_BTk, experts_BTk, aux = moe.route(x_BTD, self.router[...], cfg.dims.experts_per_token)
         x_BTD = checkpoint_name(x_BTD, "mlp_in")
         mm = moe.Matmul(impl=cfg.kernels.moe_matmul, tiles=cfg.kernels.gmm, interpret=cfg.interpret,
-                        fp8=cfg.precision == "fp8")
+                        fp8=cfg.precision == "fp8", recompute=cfg.remat.policy != "none")
         y_BTD = moe.experts(x_BTD, weights_BTk, experts_BTk, self.gate[...], self.up[...], self.down[...], mm=mm)
         return checkpoint_name(y_BTD, "mlp_out"), aux
 
@@ -178,17 +195,45 @@ class Block(nnx.Module):
 
 
 def embed_tokens(table_VD, tokens_BT):
-    """The tokens' rows of the embedding table (bf16), gathered where the table lives.
+    """The tokens' rows of the embedding table (bf16), looked up where the table lives.
 
-    The table's D is split over the weights' axes (fsdp, context, expert). Left to itself, XLA
-    all-gathers the whole table for the lookup (1 GiB in bf16 for Llama 3's vocabulary, more copies
-    for the gradient's scatter). Instead the token ids (4 bytes a token) are replicated over those
-    axes, every device takes its D columns of every token's row, and one all-to-all hands each
-    device its own tokens' whole rows; the gradient is scattered into the table's local columns.
+    The table's D is split over the weights' axes (fsdp, context, expert), which also split the
+    tokens (batch over fsdp and expert, sequence over context). Left to itself, XLA all-gathers the
+    whole table for the lookup (1 GiB in bf16 for Llama 3's vocabulary, more copies for the gradient's
+    scatter). Instead, under shard_map, each device gathers the token ids of its group (4 bytes a
+    token), takes its D columns of every one of their rows, and one all-to-all hands each device its
+    own tokens' whole rows; a vocabulary split over `tensor` is looked up per shard and summed. The
+    gradient runs the same way back and is scattered into the table's local columns.
     """
-    ids_BT = constrain(tokens_BT, ("batch_replica", None))
-    x_BTD = constrain(jnp.take(table_VD.astype(COMPUTE), ids_BT, axis=0), ("batch_replica", None, "embed"))
-    return constrain(x_BTD, ("batch", "length", "act_embed"))
+    sh = current()
+    table_VD = table_VD.astype(COMPUTE)
+    if sh is None:
+        return jnp.take(table_VD, tokens_BT, axis=0)
+    table_spec = sh.spec(("vocab", "embed"), table_VD.shape)
+    group = sharding.spec_axes(table_spec[1])  # the axes D is split over
+    vocab = sharding.spec_axes(table_spec[0])
+    tok_spec = sh.spec(("batch", "length"), tokens_BT.shape)
+    if not set(group) <= set(sharding.spec_axes(tok_spec[0]) + sharding.spec_axes(tok_spec[1])):
+        return constrain(jnp.take(table_VD, tokens_BT, axis=0), ("batch", "length", "act_embed"))
+
+    @functools.partial(jax.shard_map, mesh=sh.mesh, in_specs=(table_spec, tok_spec),
+                       out_specs=sh.spec(("batch", "length", None), (*tokens_BT.shape, 0)), check_vma=False)
+    def lookup(table_vd, tokens_bt):
+        ids_nbt = jax.lax.all_gather(tokens_bt, group) if group else tokens_bt[None]
+        if vocab:  # this shard's words only; the others come from the other tensor shards
+            ids_nbt = ids_nbt - jax.lax.axis_index(vocab) * table_vd.shape[0]
+            mine = (ids_nbt >= 0) & (ids_nbt < table_vd.shape[0])
+            rows_nbtd = jnp.where(mine[..., None], jnp.take(table_vd, jnp.clip(ids_nbt, 0, table_vd.shape[0] - 1), 0), 0)
+            rows_nbtd = jax.lax.psum(rows_nbtd, vocab)
+        else:
+            rows_nbtd = jnp.take(table_vd, ids_nbt, axis=0)
+        if not group:
+            return rows_nbtd[0]
+        # Row block i goes to device i of the group; what comes back are this device's tokens' columns
+        # from every device, in the order D is split.
+        return jax.lax.all_to_all(rows_nbtd, group, 0, 3, tiled=True)[0]
+
+    return lookup(table_VD, tokens_BT)
 
 
 def remat_policy(spec: RematSpec, offload_ok: bool):
@@ -230,8 +275,8 @@ class Decoder(nnx.Module):
         return self.logits(x_BTD), aux
 
     def logits(self, x_BTD):
-        """f32 logits of final hidden states. The LM head stays bf16 under fp8 (as MaxText's does)."""
-        return _chunk_logits(x_BTD, _gathered(self.unembed[...]))
+        """f32 logits of final hidden states (the loss computes them in tiles: loss.py)."""
+        return loss.logits(x_BTD, self.unembed[...])
 
     def hidden(self, tokens_BT, pos_BT):
         """Final-normed hidden states (bf16) and the mean MoE auxiliary loss."""
@@ -251,100 +296,9 @@ class Decoder(nnx.Module):
         return self.final_norm(x_BTD), aux / cfg.dims.layers
 
 
-def token_losses(logits_BTV, targets_BT):
-    """Per-token cross entropy (f32)."""
-    logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
-    target_logit_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
-    return logz_BT - target_logit_BT
-
-
-def chunked_cross_entropy(model: Decoder, x_BTD, targets_BT, chunks: int):
-    """Mean cross entropy of `model.logits(x_BTD)`, `chunks` sequence chunks at a time.
-
-    Each chunk's per-token losses are exactly the unchunked ones; only the order of the f32 sum
-    changes, and the unembedding's gradient is summed over chunks in f32. With context parallelism
-    the sequence is sharded in C contiguous blocks: chunk k takes the k-th sub-block of every block
-    ([B, C, chunks, L], L = T / (C chunks)), so each chunk stays sharded over `context` as the
-    sequence is. The gradient is written by hand (`_chunked_ce`), see there.
-    """
-    sh = current()
-    B, T, D = x_BTD.shape
-    C = sh.degree("length") if sh is not None else 1
-    L = T // (C * chunks)
-    if L * C * chunks != T:
-        raise ValueError(f"sequence {T} does not split into {chunks} loss chunks x {C} context shards")
-
-    def split(a_BT, *rest):  # [B, T, ...] -> [chunks, B, C * L, ...]
-        a = jnp.moveaxis(a_BT.reshape(B, C, chunks, L, *rest), 2, 0).reshape(chunks, B, C * L, *rest)
-        return constrain(a, (None, "batch", "length") + (("act_embed",) if rest else ()))
-
-    return _chunked_ce(split(x_BTD, D), split(targets_BT), model.unembed[...]) / (B * T)
-
-
-def _gathered(w_DV):
-    """The unembedding in bf16, whole along D (all-gathered over the weights' axes) for one matmul."""
-    return constrain(w_DV.astype(COMPUTE), (None, "vocab"))
-
-
-def _chunk_logits(x_BtD, w_DV):
-    return constrain(jnp.einsum("btd,dv->btv", x_BtD, w_DV, preferred_element_type=jnp.float32),
-                     ("batch", "length", "act_vocab"))
-
-
-@jax.custom_vjp
-def _chunked_ce(x_NBtD, targets_NBt, w_DV):
-    """Summed cross entropy over chunks of hidden states; the unembedding `w_DV` is the f32 parameter.
-
-    Written by hand so the backward pass holds one gathered copy of the unembedding (1 GiB in bf16 for
-    Llama 3's vocabulary) and one chunk's logits at a time, and scatters each chunk's weight gradient
-    back to the parameter's shards at once: left to autodiff, XLA kept several vocabulary-sized copies
-    alive (the gathered weight for the forward and the backward, a transposed one, the gradient).
-    """
-    return _ce_forward(x_NBtD, targets_NBt, w_DV)[0]
-
-
-def _ce_forward(x_NBtD, targets_NBt, w_DV):
-    w = _gathered(w_DV)
-
-    def body(total, xs):
-        x_BtD, targets_Bt = xs
-        logits_BtV = _chunk_logits(x_BtD, w)
-        logz_Bt = jax.nn.logsumexp(logits_BtV, axis=-1)
-        return total + jnp.sum(logz_Bt - jnp.take_along_axis(logits_BtV, targets_Bt[..., None], -1)[..., 0]), logz_Bt
-
-    total, logz_NBt = jax.lax.scan(body, jnp.zeros((), jnp.float32), (x_NBtD, targets_NBt))
-    return total, (x_NBtD, targets_NBt, w_DV, logz_NBt)
-
-
-def _ce_backward(residuals, g):
-    x_NBtD, targets_NBt, w_DV, logz_NBt = residuals
-    w = _gathered(w_DV)
-    sh = current()
-    as_param = ((lambda a: jax.lax.with_sharding_constraint(a, sh.named(("embed", "vocab"), w_DV.shape)))
-                if sh is not None else (lambda a: a))
-
-    def body(dw_DV, xs):
-        x_BtD, targets_Bt, logz_Bt = xs
-        logits_BtV = _chunk_logits(x_BtD, w)
-        vocab_V = jnp.arange(logits_BtV.shape[-1])
-        p_BtV = jnp.exp(logits_BtV - logz_Bt[..., None])
-        dlogits_BtV = (g * jnp.where(vocab_V == targets_Bt[..., None], p_BtV - 1, p_BtV)).astype(COMPUTE)
-        dx_BtD = jnp.einsum("btv,dv->btd", dlogits_BtV, w)
-        # Summed over the devices' tokens straight into the parameter's shards (a reduce-scatter), in
-        # bf16 as autodiff does for a bf16 weight: a whole [D, V] f32 partial would be 2 GiB at Llama 3's.
-        dw = as_param(jnp.einsum("btd,btv->dv", x_BtD, dlogits_BtV))
-        return dw_DV + dw.astype(jnp.float32), dx_BtD
-
-    zeros = as_param(jnp.zeros(w_DV.shape, jnp.float32))
-    dw_DV, dx_NBtD = jax.lax.scan(body, zeros, (x_NBtD, targets_NBt, logz_NBt))
-    return dx_NBtD, None, dw_DV
-
-
-_chunked_ce.defvjp(_ce_forward, _ce_backward)
-
-
 def loss_fn(model: Decoder, tokens_BT, targets_BT, pos_BT):
     """Mean next-token cross entropy plus the weighted MoE load-balancing loss."""
     x_BTD, aux = model.hidden(tokens_BT, pos_BT)
-    ce = chunked_cross_entropy(model, x_BTD, targets_BT, model.cfg.loss_chunks)
+    ce = loss.cross_entropy(x_BTD, targets_BT, model.unembed[...], chunks=model.cfg.loss_chunks,
+                            tiles=model.cfg.vocab_tiles)
     return ce + AUX_LOSS_WEIGHT * aux, {"ce": ce, "aux": aux}

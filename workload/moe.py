@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from tpu_operator.api.contract import GmmSpec, GmmTiles
 
-from . import sharding
+from . import chunked, sharding
 
 
 def route(x_BTD, router_DE, k: int):
@@ -64,6 +64,8 @@ class Matmul:
     tiles: GmmSpec = GmmSpec()
     interpret: bool = True  # the Mosaic kernel in Pallas interpret mode (off TPU)
     fp8: bool = False
+    # The layer is rematerialised: received rows run in chunks, each recomputed in the backward pass.
+    recompute: bool = True
 
 
 def _fit(tile: int, dim: int) -> int:
@@ -97,7 +99,10 @@ def _mosaic_ops(tiles: GmmSpec, m: int, k: int, n: int, interpret: bool, fp8: bo
 
     # dlhs: dY [m, n] x rhs^T -> [m, k] (contracting n); drhs: lhs^T [k, m] x dY [m, n] -> [G, k, n].
     dlhs = op(tiles.lhs_gradient, m, n, k)
-    drhs = op(tiles.rhs_gradient, m, k, n)
+    rhs_gradient = tiles.rhs_gradient
+    if fp8:  # tokamax's fp8 weight gradient scales dY per column over all m rows: its k tile may not pass m
+        rhs_gradient = rhs_gradient.model_copy(update={"k": min(rhs_gradient.k, max(128, m // 128 * 128))})
+    drhs = op(rhs_gradient, m, k, n)
     return op(tiles.forward, m, k, n, vjp=functools.partial(base.vjp, dlhs_ragged_dot=dlhs, drhs_ragged_dot=drhs))
 
 
@@ -158,6 +163,31 @@ def _swiglu(x_RD, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm: Matmul):
     gate, up, down = (w.astype(dt) for w in (gate_XDF, up_XDF, down_XFD))
     h_RF = jax.nn.silu(grouped_matmul(x_RD, gate, group_sizes_X, mm)) * grouped_matmul(x_RD, up, group_sizes_X, mm)
     return grouped_matmul(h_RF, down, group_sizes_X, mm)
+
+
+def _swiglu_in_chunks(x_CD, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm: Matmul, chunk: int):
+    """`_swiglu` over `chunk` rows at a time, so its MLP-wide intermediates ([rows, F]: the gate and up
+    outputs, their product, their gradients) exist for one chunk, not for the whole receive buffer.
+    A chunk's groups are the parts of the experts' row ranges that fall in it.
+
+    With a rematerialised layer (`mm.recompute`) the backward pass recomputes one chunk at a time
+    (chunked.map_recompute): the experts still run forward twice and backward once. Without remat the
+    chunks' intermediates are kept, as one whole pass keeps them.
+    """
+    C, D = x_CD.shape
+    n = -(-C // chunk)
+    if n == 1:
+        return _swiglu(x_CD, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm)
+    x_nQD = jnp.pad(x_CD, ((0, n * chunk - C), (0, 0))).reshape(n, chunk, D)
+    end_X = jnp.cumsum(group_sizes_X)
+    start_n1 = (jnp.arange(n) * chunk)[:, None]
+    sizes_nX = jnp.clip(jnp.minimum(end_X, start_n1 + chunk) - jnp.maximum(end_X - group_sizes_X, start_n1), 0)
+    swiglu = functools.partial(_swiglu, mm=mm)
+    if mm.recompute:
+        y_nQD = chunked.map_recompute(swiglu, (x_nQD, sizes_nX), (gate_XDF, up_XDF, down_XFD))
+    else:
+        y_nQD = jax.lax.map(lambda xs: swiglu(*xs, gate_XDF, up_XDF, down_XFD), (x_nQD, sizes_nX))
+    return y_nQD.reshape(n * chunk, D)[:C]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +301,9 @@ def _expert_parallel(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *
     buffer_CD = a2a(x_RD, jnp.zeros((C, D), x_RD.dtype), plan.send_offset_P, plan.send_P,
                     plan.remote_offset_P, plan.recv_P)
     rows_CD, order_C, sizes_X = _by_local_expert(buffer_CD, plan.local_PX)
-    y_CD = _swiglu(rows_CD, sizes_X, gate_XDF, up_XDF, down_XFD, mm)
+    # One chunk is a device's own routed rows (M * k, the balanced share): no MLP-wide buffer grows
+    # with the expert degree.
+    y_CD = _swiglu_in_chunks(rows_CD, sizes_X, gate_XDF, up_XDF, down_XFD, mm, chunk=M * k)
     if mlp:  # F split over `tensor`: partial sums
         y_CD = jax.lax.psum(y_CD, mlp)
     if order_C is not None:
@@ -283,6 +315,8 @@ def _expert_parallel(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *
 def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, mm: Matmul):
     """Dropless experts, sharded: tokens over batch/length, experts over `expert`, F over `tensor`."""
     E = gate_EDF.shape[0]
+    # In the compute dtype before they are gathered (over the weights' fsdp/context axes): half the bytes.
+    gate_EDF, up_EDF, down_EFD = (w.astype(x_BTD.dtype) for w in (gate_EDF, up_EDF, down_EFD))
     sh = sharding.current()
     if sh is None:  # single device: every expert is local
         B, T, D = x_BTD.shape

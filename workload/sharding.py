@@ -34,7 +34,6 @@ BATCH_AXES = ("data", "fsdp", "expert")
 RULES: dict[str, str | tuple[str, ...] | None] = {
     # activations
     "batch": BATCH_AXES,
-    "batch_replica": "data",  # the batch as the data replicas split it (the embedding lookup's tokens)
     "length": "context",
     "act_embed": None,
     "act_heads": "tensor",

@@ -25,6 +25,7 @@ from tpu_operator.api.contract import TrainerConfig, TrainingSpec
 
 from . import data as data_lib
 from . import flops as flops_lib
+from . import loss as loss_lib
 from . import metrics as metrics_lib
 from . import model as model_lib
 from . import sharding, tuning
@@ -34,27 +35,39 @@ from .progress import Clock
 log = logging.getLogger(__name__)
 
 
-# One loss chunk's f32 logits per device stay under this (see loss_chunks).
-LOSS_CHUNK_BYTES = 2 << 30
-
-
 def loss_chunks(cfg: TrainerConfig) -> int:
-    """Sequence chunks for the unembedding and cross entropy (model.chunked_cross_entropy).
-
-    Unchunked, every device holds its [b, t, V] f32 logits, their bf16 copy and their gradient at
-    once: 7.8 + 3.9 GiB for Llama-3-8B at 2 x 8192 tokens per device, the peak of the whole step.
-    Halve the chunk until one chunk's f32 logits fit LOSS_CHUNK_BYTES, keeping chunks of at least
-    128 tokens that divide the local sequence.
-    """
+    """Sequence chunks of the LM head and cross entropy (loss.py): one chunk's f32 logits of one
+    vocabulary tile per device stay under loss.LOGITS_TILE_BYTES."""
     m, t = cfg.mesh, cfg.training
     batch = -(-t.global_batch // (m.data * m.fsdp * m.expert))
-    local_seq = t.sequence_length // m.context
     vocab = -(-cfg.model.vocab // m.tensor)
+    return loss_lib.sequence_chunks(batch, t.sequence_length // m.context, vocab, vocab_tiles(cfg))
+
+
+# One sequence chunk's [tokens, F] MLP activation per device stays under this (mlp_chunks).
+MLP_CHUNK_BYTES = 128 << 20
+
+
+def mlp_chunks(cfg: TrainerConfig) -> int:
+    """Sequence chunks of the dense MLP (model.MLP): more than one only where the layer is recomputed
+    without keeping the MLP's activations (remat full, or custom with mlp_in recomputed), each
+    chunk's bf16 [tokens, F] activation per device under MLP_CHUNK_BYTES."""
+    m, t, remat = cfg.mesh, cfg.training, cfg.training.remat
+    recomputed = remat.policy == "full" or (remat.policy == "custom" and remat.tensors.get("mlp_in", "remat") == "remat")
+    if cfg.model.is_moe or not recomputed:
+        return 1
+    batch = -(-t.global_batch // (m.data * m.fsdp * m.expert))
+    tokens, width = batch * (t.sequence_length // m.context), cfg.model.mlp_dim // m.tensor
     chunks = 1
-    while (batch * (local_seq // chunks) * vocab * 4 > LOSS_CHUNK_BYTES and local_seq % (2 * chunks) == 0
-           and local_seq // (2 * chunks) >= 128):
+    while tokens // chunks * width * 2 > MLP_CHUNK_BYTES and t.sequence_length // m.context % (2 * chunks) == 0:
         chunks *= 2
     return chunks
+
+
+def vocab_tiles(cfg: TrainerConfig) -> int:
+    """Vocabulary tiles of the LM head: one gathered bf16 tile of the unembedding stays under
+    loss.WEIGHT_TILE_BYTES."""
+    return loss_lib.vocab_tiles(cfg.model.model_dim, cfg.model.vocab)
 
 
 def model_config(cfg: TrainerConfig, interpret: bool, device_kind: str | None = None) -> model_lib.ModelConfig:
@@ -67,7 +80,8 @@ def model_config(cfg: TrainerConfig, interpret: bool, device_kind: str | None = 
         gmm = tuning.resolve_gmm(kernels.gmm, tuning.GmmShape.of(cfg), kernels.tuning_cache, device_kind)
         kernels = kernels.model_copy(update={"gmm": gmm})
     return model_lib.ModelConfig(dims=cfg.model, kernels=kernels, precision=cfg.training.precision,
-                                 remat=cfg.training.remat, interpret=interpret, loss_chunks=loss_chunks(cfg))
+                                 remat=cfg.training.remat, interpret=interpret, loss_chunks=loss_chunks(cfg),
+                                 vocab_tiles=vocab_tiles(cfg), mlp_chunks=mlp_chunks(cfg))
 
 
 def learning_rate(t: TrainingSpec) -> optax.Schedule:

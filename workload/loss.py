@@ -1,0 +1,158 @@
+"""The LM head and cross entropy, tiled over the sequence and the vocabulary, with a hand-written backward.
+
+Dimension letters: B batch, T length, D model dim, V vocab; N sequence chunks of t tokens, J vocab
+tiles of v = V / J words.
+
+Every device holds its tokens' hidden states and a D-shard of the unembedding [D, V] (FSDP). Computed
+whole, the loss holds [b, T, V] f32 logits per device (7.8 GiB for Llama 3 at 16k tokens) and, in its
+gradient, several gathered [D, V] copies of the weight (1 GiB each in bf16: XLA keeps one per matmul
+layout) plus its [D, V] gradient. Here the head runs one vocabulary tile at a time (the words v = a J
++ j of tile j, interleaved so a tensor-sharded vocabulary stays evenly split), and within a tile one
+sequence chunk at a time: one gathered tile of the weight and one chunk's logits exist at a time. The
+forward keeps an online logsumexp per token across tiles (running max and sum, as flash attention
+does) and the target's logit; the backward recomputes each chunk's logits from the saved logsumexp,
+rounds the softmax gradient to bf16 once (as autodiff rounds bf16 logits' cotangent) for both
+matmuls, accumulates the hidden states' gradient in f32 across tiles, and scatters each chunk's
+weight gradient straight to the parameter's shards (bf16, as autodiff does for a bf16 weight).
+
+Per-token losses are exactly those of the whole head; only the order of f32 sums changes. Each
+sequence chunk stays sharded as the sequence is (chunked.split_sequence). The LM head stays bf16 under
+fp8 (as MaxText's does).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from . import chunked
+from .sharding import constrain, current
+
+HEAD_DTYPE = jnp.bfloat16
+# One chunk's f32 logits tile and one gathered bf16 weight tile per device stay under these.
+LOGITS_TILE_BYTES = 512 << 20
+WEIGHT_TILE_BYTES = 256 << 20
+
+
+def token_losses(logits_BTV, targets_BT):
+    """Per-token cross entropy (f32) of whole logits: the definition."""
+    logz_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+    target_logit_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+    return logz_BT - target_logit_BT
+
+
+def logits(x_BTD, w_DV):
+    """f32 logits of hidden states against the (f32) unembedding, in bf16 matmuls."""
+    return _logits(x_BTD, _gathered(w_DV))
+
+
+def vocab_tiles(model_dim: int, vocab: int) -> int:
+    """The fewest tiles (a power of two dividing `vocab`) whose gathered bf16 weight tile fits
+    WEIGHT_TILE_BYTES: 4 for Llama 3 8B's [4096, 128256], 8 for 70B's, 1 for Mixtral's 32k words."""
+    tiles = 1
+    while model_dim * vocab // tiles * 2 > WEIGHT_TILE_BYTES and vocab % (2 * tiles) == 0:
+        tiles *= 2
+    return tiles
+
+
+def sequence_chunks(batch: int, local_seq: int, vocab_per_device: int, tiles: int) -> int:
+    """Halve a device's sequence until one chunk's f32 logits tile fits LOGITS_TILE_BYTES, keeping
+    chunks of at least 128 tokens that divide it."""
+    chunks = 1
+    while (batch * (local_seq // chunks) * (vocab_per_device // tiles) * 4 > LOGITS_TILE_BYTES
+           and local_seq % (2 * chunks) == 0 and local_seq // (2 * chunks) >= 128):
+        chunks *= 2
+    return chunks
+
+
+def cross_entropy(x_BTD, targets_BT, w_DV, *, chunks: int, tiles: int):
+    """Mean next-token cross entropy of hidden states `x_BTD` (bf16) under the unembedding `w_DV` (the
+    f32 parameter), `chunks` sequence chunks by `tiles` vocabulary tiles at a time."""
+    if w_DV.shape[1] % tiles:
+        raise ValueError(f"vocabulary {w_DV.shape[1]} does not split into {tiles} tiles")
+    x_NBtD, targets_NBt = (chunked.split_sequence(a, chunks) for a in (x_BTD, targets_BT))
+    return _tiled_ce(x_NBtD, targets_NBt, w_DV, tiles) / targets_BT.size
+
+
+def _gathered(w_DV):
+    """A weight (tile) in bf16, whole along D (all-gathered over the weights' axes) for one matmul."""
+    return constrain(w_DV.astype(HEAD_DTYPE), (None, "vocab"))
+
+
+def _logits(x_BtD, w_Dv):
+    return constrain(jnp.einsum("btd,dv->btv", x_BtD, w_Dv, preferred_element_type=jnp.float32),
+                     ("batch", "length", "act_vocab"))
+
+
+def _tile(w_DV, j, tiles: int):
+    """Tile j of the unembedding: the words a * tiles + j, [D, V / tiles], gathered in bf16."""
+    D, V = w_DV.shape
+    return _gathered(jax.lax.dynamic_index_in_dim(w_DV.reshape(D, V // tiles, tiles), j, axis=2, keepdims=False))
+
+
+def _in_tile(targets, j, tiles: int):
+    """(whether each target word is in tile j, its index within the tile)."""
+    return targets % tiles == j, targets // tiles
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _tiled_ce(x_NBtD, targets_NBt, w_DV, tiles: int):
+    """Summed cross entropy over the chunks of hidden states (see the module docstring)."""
+    return _ce_forward(x_NBtD, targets_NBt, w_DV, tiles)[0]
+
+
+def _ce_forward(x_NBtD, targets_NBt, w_DV, tiles: int):
+    def tile(carry, j):
+        w_Dv = _tile(w_DV, j, tiles)
+
+        def chunk(_, xs):
+            x_BtD, targets_Bt, max_Bt, sum_Bt, target_Bt = xs
+            logits_Btv = _logits(x_BtD, w_Dv)
+            new_max = jnp.maximum(max_Bt, jnp.max(logits_Btv, axis=-1))
+            new_sum = sum_Bt * jnp.exp(max_Bt - new_max) + jnp.sum(jnp.exp(logits_Btv - new_max[..., None]), -1)
+            hit, index = _in_tile(targets_Bt, j, tiles)
+            picked = jnp.take_along_axis(logits_Btv, jnp.where(hit, index, 0)[..., None], -1)[..., 0]
+            return None, (new_max, new_sum, jnp.where(hit, picked, target_Bt))
+
+        return jax.lax.scan(chunk, None, (x_NBtD, targets_NBt, *carry))[1], None
+
+    start = (jnp.full(targets_NBt.shape, -jnp.inf), jnp.zeros(targets_NBt.shape), jnp.zeros(targets_NBt.shape))
+    (max_NBt, sum_NBt, target_NBt), _ = jax.lax.scan(tile, start, jnp.arange(tiles))
+    logz_NBt = max_NBt + jnp.log(sum_NBt)
+    return jnp.sum(logz_NBt - target_NBt), (x_NBtD, targets_NBt, w_DV, logz_NBt)
+
+
+def _ce_backward(tiles: int, residuals, g):
+    x_NBtD, targets_NBt, w_DV, logz_NBt = residuals
+    D, V = w_DV.shape
+    sh = current()
+    as_param = ((lambda a: jax.lax.with_sharding_constraint(a, sh.named(("embed", "vocab"), a.shape)))
+                if sh is not None else (lambda a: a))
+
+    def tile(dx_NBtD, j):
+        w_Dv = _tile(w_DV, j, tiles)
+
+        def chunk(dw_Dv, xs):
+            x_BtD, targets_Bt, logz_Bt, dx_BtD = xs
+            logits_Btv = _logits(x_BtD, w_Dv)
+            p_Btv = jnp.exp(logits_Btv - logz_Bt[..., None])
+            hit, index = _in_tile(targets_Bt, j, tiles)
+            is_target = hit[..., None] & (jnp.arange(logits_Btv.shape[-1]) == index[..., None])
+            dlogits_Btv = (g * jnp.where(is_target, p_Btv - 1, p_Btv)).astype(HEAD_DTYPE)
+            dx_BtD = dx_BtD + jnp.einsum("btv,dv->btd", dlogits_Btv, w_Dv, preferred_element_type=jnp.float32)
+            # Summed over the devices' tokens straight into the parameter's shards (a reduce-scatter).
+            dw = as_param(jnp.einsum("btd,btv->dv", x_BtD, dlogits_Btv))
+            return dw_Dv + dw.astype(jnp.float32), dx_BtD
+
+        dw_Dv, dx_NBtD = jax.lax.scan(chunk, as_param(jnp.zeros((D, V // tiles), jnp.float32)),
+                                      (x_NBtD, targets_NBt, logz_NBt, dx_NBtD))
+        return dx_NBtD, dw_Dv
+
+    dx_NBtD, dw_JDv = jax.lax.scan(tile, jnp.zeros(x_NBtD.shape, jnp.float32), jnp.arange(tiles))
+    dw_DV = jnp.moveaxis(dw_JDv, 0, -1).reshape(D, V)  # tile j holds the words a * tiles + j
+    return dx_NBtD.astype(x_NBtD.dtype), None, dw_DV
+
+
+_tiled_ce.defvjp(_ce_forward, _ce_backward)
