@@ -1,9 +1,14 @@
 """Training throughput of a preset: tokens/s, step time and MFU (median after compile).
 
-    python benchmarks/train.py --preset tiny [--steps N] [--devices N]
+    python benchmarks/train.py [--case dense|moe|context] [--preset P] [--steps N] [--devices N]
 
 On CPU it uses N virtual devices (default 8) and the XLA kernels unless told otherwise; MFU
 there is against runtime.CPU_PEAK_FLOPS_PER_DEVICE (nominal). On TPU: all devices, Splash/gmm.
+Cases: `dense` (FSDP over every device), `moe` (tiny-moe, expert parallelism 2 x FSDP: the experts'
+rows exchanged between devices), `context` (context parallelism 2 x FSDP at 256 tokens). The script
+passes only config fields older trainers have too, so one run can time two checkouts, each with its
+own venv: `python benchmarks/train.py --case moe` and `OLD/.venv/bin/python benchmarks/train.py
+--case moe`.
 """
 
 from __future__ import annotations
@@ -15,13 +20,22 @@ import os
 import sys
 
 
+# The cases: a preset, its sequence, and the mesh degrees that are not FSDP (FSDP takes the rest).
+CASES = {
+    "dense": dict(preset="tiny", seq=128, mesh={}),
+    "moe": dict(preset="tiny-moe", seq=128, mesh={"expert": 2}),
+    "context": dict(preset="tiny", seq=256, mesh={"context": 2}),
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="tiny")
+    p.add_argument("--case", choices=sorted(CASES), default="dense")
+    p.add_argument("--preset", default=None, help="model preset (default: the case's)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--devices", type=int, default=8, help="virtual CPU devices (ignored on TPU)")
     p.add_argument("--batch", type=int, default=None, help="global batch (default max(8, devices))")
-    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: the case's)")
     p.add_argument("--attention", choices=["splash", "xla"], default=None)
     p.add_argument("--moe-matmul", choices=["gmm", "ragged_dot"], default=None)
     p.add_argument("--remat", choices=["full", "minimal", "none"], default="full")
@@ -39,18 +53,22 @@ def main() -> None:
     import absl.flags
 
     absl.flags.FLAGS.mark_as_parsed()
-    from tpu_operator.api.models import TrainerConfig
+    from tpu_operator.api.contract import TrainerConfig
     from tpu_operator.api.presets import PRESETS
     from tpu_workload import train
 
     n = jax.device_count()
     batch = args.batch or max(8, n)
+    case = CASES[args.case]
+    preset, seq = args.preset or case["preset"], args.seq or case["seq"]
+    mesh = {a: case["mesh"].get(a, 1) for a in ("data", "context", "expert", "tensor")}
+    mesh["fsdp"] = n // (mesh["context"] * mesh["expert"] * mesh["tensor"])
     cfg = TrainerConfig(
         name="bench", generation="v7x", topology="2x2x1", slices=1, hosts_per_slice=1, devices_per_host=n,
-        peak_flops_per_device=2.307e15 / 2, model=dict(PRESETS[args.preset]),
-        training=dict(steps=args.steps, global_batch=batch, sequence_length=args.seq, precision=args.precision,
+        peak_flops_per_device=2.307e15 / 2, model=dict(PRESETS[preset]),
+        training=dict(steps=args.steps, global_batch=batch, sequence_length=seq, precision=args.precision,
                       remat=dict(policy=args.remat), learning_rate=dict(peak=1e-3, schedule="constant")),
-        mesh=dict(data=1, fsdp=n, context=1, expert=1, tensor=1),
+        mesh=mesh,
         kernels=dict(attention=args.attention or ("splash" if on_tpu else "xla"),
                      moe_matmul=args.moe_matmul or ("gmm" if on_tpu else "ragged_dot")),
         checkpoint={}, metrics_port=0)
@@ -60,11 +78,11 @@ def main() -> None:
         summary = train.run(cfg, peak_flops_per_device=peak)
     finally:
         sys.stdout = stdout
-    result = {"preset": args.preset, "devices": n, "platform": jax.default_backend(), "global_batch": batch,
-              "sequence_length": args.seq, "steps_timed": summary.steps_timed,
+    result = {"case": args.case, "preset": preset, "mesh": mesh, "devices": n, "platform": jax.default_backend(), "global_batch": batch,
+              "sequence_length": seq, "steps_timed": summary.steps_timed,
               "step_time_s": summary.step_time_s, "tokens_per_s": summary.tokens_per_s,
               "mfu": summary.mfu, "peak_flops_per_device": peak, "final_loss": summary.loss}
-    print(f"{args.preset}: {result['tokens_per_s']:.0f} tokens/s, step {1e3 * result['step_time_s']:.1f} ms, "
+    print(f"{args.case} ({preset}): {result['tokens_per_s']:.0f} tokens/s, step {1e3 * result['step_time_s']:.1f} ms, "
           f"MFU {100 * result['mfu']:.2f}% of {peak:.3g} FLOP/s x {n} ({result['platform']})", file=sys.stderr)
     print(json.dumps(result))
 

@@ -73,3 +73,32 @@ def test_parameters_sharded_as_planned_and_mismatch_is_reported():
     with pytest.raises(RuntimeError, match="embed"):
         sharding.check_shardings(wrong, t.param_shardings)
     assert checkpoint.abstract_like(state, t.state_shardings)["step"].shape == ()
+
+
+@pytest.mark.parametrize("preset,axes", [
+    ("tiny", dict(fsdp=8)), ("tiny", dict(fsdp=4, context=2)), ("tiny", dict(fsdp=2, context=4)),
+    ("tiny-moe", dict(fsdp=4, expert=2)), ("tiny-moe", dict(fsdp=2, expert=4)),
+    ("tiny-moe", dict(fsdp=2, context=2, expert=2)), ("tiny", dict(fsdp=4, tensor=2))])
+def test_state_is_split_over_every_slice_axis(preset, axes, caplog):
+    """Parameters and Adam moments are split over fsdp, context, expert and tensor alike: one device holds
+    an eighth of the state on any of these meshes (the norm scales, 64 floats a layer, are not split),
+    and the start-up check logs it."""
+    mesh = dict(dict(data=1, fsdp=1, context=1, expert=1, tensor=1), **axes)
+    cfg = trainer_config(preset, mesh=mesh)
+    t = train.build(cfg, sharding.make_mesh(cfg.mesh.shape))
+    planned = sharding.state_bytes(t.abstract_state, t.sharder.mesh)
+    with caplog.at_level("INFO", logger="tpu_workload.sharding"):
+        got = sharding.check_state_bytes(t.init(), planned, t.sharder.mesh)
+    assert got == planned and got.split == 8
+    assert 1.0 <= got.ratio < 1.03, got
+    assert f"({got.ratio:.2f}x an even split over 8 devices)" in caplog.text
+
+
+def test_a_state_not_split_as_planned_is_refused():
+    cfg = trainer_config("tiny", mesh=dict(data=1, fsdp=8, context=1, expert=1, tensor=1))
+    t = train.build(cfg, sharding.make_mesh(cfg.mesh.shape))
+    state = t.init()
+    whole = jax.device_put(state["params"]["embed"], sharding.Sharder(t.sharder.mesh).named(()))
+    with pytest.raises(RuntimeError, match="not sharded as planned"):
+        sharding.check_state_bytes(dict(state, params=dict(state["params"], embed=whole)),
+                                   sharding.state_bytes(t.abstract_state, t.sharder.mesh), t.sharder.mesh)

@@ -72,9 +72,9 @@ def splash_long(_: TrainerConfig) -> dict:
     return {"jax": _splash(SplashSpec(), 4096), "tokamax": _splash(SplashSpec(max_logit_const=30.0), 4096)}
 
 
-def _experts(expert: int) -> dict:
+def _experts(expert: int, D: int = 256, F: int = 512, E: int = 4) -> dict:
     sharder = _sharder(expert=expert)
-    B, T, D, F, E, k = 8, 256, 256, 512, 4, 2
+    B, T, k = 8, 256, 2
     x = jax.ShapeDtypeStruct((B, T, D), jnp.bfloat16, sharding=sharder.named(("batch", None, None)))
     w = jax.ShapeDtypeStruct((E, D, F), jnp.float32, sharding=sharder.named(("exp", "embed", "mlp")))
     w_down = jax.ShapeDtypeStruct((E, F, D), jnp.float32, sharding=sharder.named(("exp", "mlp", "embed")))
@@ -100,12 +100,18 @@ def expert_parallel(_: TrainerConfig) -> dict:
     return {"expert2": _experts(2), "expert4": _experts(4)}
 
 
+def expert_degree_growth(_: TrainerConfig) -> dict:
+    """8 experts (top 2), 256 tokens a device, D 128 and F 2048, at expert 2 and 4: the receive buffer
+    doubles (1024 -> 2048 rows); the [rows, F] activations are chunked to a device's own 512 rows."""
+    return {"expert2": _experts(2, D=128, F=2048, E=8), "expert4": _experts(4, D=128, F=2048, E=8)}
+
+
 def unknown_generation(cfg: TrainerConfig) -> dict:
     result = plan.plan(cfg.model_copy(update={"generation": "v2x"}), capacity_gib=96, headroom=0.1)
     return {"verdict": result.verdict, "fits": result.fits, "exit_code": result.exit_code, "message": result.message}
 
 
-CASES = (splash, splash_long, megablox, expert_parallel, unknown_generation)
+CASES = (splash, splash_long, megablox, expert_parallel, expert_degree_growth, unknown_generation)
 
 
 def main(config_path: str) -> None:
