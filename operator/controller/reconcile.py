@@ -287,8 +287,9 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
     workload = kueue.pick(list(workloads), jobset["metadata"].get("uid")) if queue else None
     jobset = await apply_suspend(kube, job, jobset, workload)
     if sample is None and reader is not None and jobset_completed(jobset):
-        # The trainer lingers after its last step, serving its final values: read them once more.
-        sample = await reader.read(namespace, jobset["metadata"]["name"], job.spec.runtime.metrics_port)
+        # A completed JobSet's pods have exited and serve nothing: the final step and checkpoint come from
+        # process 0's termination record.
+        sample = await reader.final(namespace, jobset["metadata"]["name"])
     failure = None
     if jobset_failed(jobset) and not restarts.replaced(before, jobset):
         failure = await failure_of(kube, namespace, jobset)
