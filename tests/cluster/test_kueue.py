@@ -7,6 +7,7 @@ until they are deleted, or end when the job's env says (tests/cluster/stages.yam
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
@@ -97,3 +98,52 @@ def test_a_higher_priority_job_preempts_and_the_evicted_job_resumes(local_cluste
     wait_for(phase(cluster, ns, "high", "Succeeded"), WAIT_S, "the high-priority job Succeeded")
     resumed = wait_for(phase(cluster, ns, "low", "Running"), WAIT_S, "the evicted job Running again")
     assert resumed["restarts"]["preemption"] == 1 and condition(resumed, "Admitted")["status"] == "True"
+
+
+def admitted_at(cluster: Cluster, ns: str, name: str) -> float | None:
+    """When Kueue admitted the job's Workload (its QuotaReserved condition), in epoch seconds."""
+    status = cluster.status(ns, name)
+    workload = cluster.get(WORKLOADS, ns, status["workloadName"]) if status.get("workloadName") else None
+    reserved = condition((workload or {}).get("status") or {}, "QuotaReserved")
+    return epoch(reserved["lastTransitionTime"]) if reserved.get("status") == "True" else None
+
+
+def epoch(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def test_the_pre_flight_overlaps_the_queue_behind_kueues_admission_gate(local_cluster: Cluster, operator: Operator,
+                                                                       queue: str):
+    """A queued job with the pre-flight: its JobSet joins the queue at once, held by Kueue's admission gate,
+    which the pinned Kueue copies to the Workload; the real compile runs on the process kubelet meanwhile;
+    Fits lifts the gate and Kueue admits. Timed against a job without the pre-flight on a queue with room."""
+    cluster, ns = local_cluster, queue
+    doc = queued_job("overlap")
+    doc["spec"]["plan"] = {"preflight": "compile"}
+    cluster.apply(doc, namespace=ns)
+    created = epoch(cluster.job(ns, "overlap")["metadata"]["creationTimestamp"])
+
+    def held():
+        workloads = cluster.items(WORKLOADS, ns)
+        compiling = condition(cluster.status(ns, "overlap"), "Planned").get("reason") == "Compiling"
+        return compiling and workloads and workloads[0]
+    workload = wait_for(held, WAIT_S, "the Workload, made while the pre-flight compiles")
+    gate = (workload["metadata"].get("annotations") or {}).get("kueue.x-k8s.io/admission-gated-by")
+    assert gate == "training.tpu-operator.dev/preflight", workload["metadata"]
+    assert condition(workload.get("status") or {}, "QuotaReserved").get("status") != "True"
+    running = wait_for(phase(cluster, ns, "overlap", "Running"), 300, "the job Running after its compile",
+                       diagnose=lambda: str(cluster.status(ns, "overlap")))
+    planned = condition(running, "Planned")
+    assert (planned["status"], planned["reason"]) == ("True", "Fits"), planned
+    workload = cluster.get(WORKLOADS, ns, running["workloadName"])
+    assert "kueue.x-k8s.io/admission-gated-by" not in (workload["metadata"].get("annotations") or {})
+    compiled, admitted = epoch(planned["lastTransitionTime"]), admitted_at(cluster, ns, "overlap")
+    cluster.kubectl("delete", "tpujob", "overlap", "-n", ns, "--wait=true")  # the queue's one slice, back
+
+    cluster.apply(queued_job("direct"), namespace=ns)  # no pre-flight: the floor of time to admission
+    wait_for(phase(cluster, ns, "direct", "Running"), WAIT_S, "the job without a pre-flight Running")
+    direct = admitted_at(cluster, ns, "direct") - epoch(cluster.job(ns, "direct")["metadata"]["creationTimestamp"])
+    print(f"time to admission on a queue with room: pre-flight overlapping the queue {admitted - created:.0f} s "
+          f"(compile done at {compiled - created:.0f} s, admitted {admitted - compiled:.0f} s later); "
+          f"without a pre-flight {direct:.0f} s")
+    assert admitted >= compiled  # the gate held the Workload until the compile said it fits
