@@ -134,6 +134,12 @@ class Cluster:
                 yield event
 
 
+def authorization(event: dict[str, Any]) -> str | None:
+    """The authorizer's decision on an audited request ("allow" or "forbid"), from the audit annotations.
+    A 403 can also come from admission (e.g. a namespace being deleted): only "forbid" is RBAC's."""
+    return (event.get("annotations") or {}).get("authorization.k8s.io/decision")
+
+
 def _epoch(stamp: str) -> float:
     import datetime as dt
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
