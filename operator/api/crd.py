@@ -126,6 +126,8 @@ def immutability_rules(spec_schema: dict[str, Any]) -> list[dict[str, Any]]:
 
 def build() -> dict[str, Any]:
     spec_schema = _schema(models.TPUTrainingJobSpec)
+    for field in models.OPERATOR_DEFAULTED_FIELDS:  # the API server would fill them in: unset must stay unset
+        spec_schema["properties"][models.TPUTrainingJobSpec.model_fields[field].alias or field].pop("default", None)
     status_schema = _schema(models.TPUTrainingJobStatus, mode="serialization")
     status_schema["properties"]["conditions"].update(
         {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})

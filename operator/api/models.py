@@ -434,6 +434,9 @@ class TPUTrainingJob(BaseModel):
 # server refuses the change through the CRD's CEL rules, crd.py; the operator reports one that got past as
 # SpecChange=False).
 MUTABLE_SPEC_FIELDS = frozenset({"suspend"})
+# Spec fields whose default the operator applies, not the API server: the CRD publishes no default for them,
+# so a job that leaves one unset stays so (spec.image: the operator's --default-image, else DEFAULT_IMAGE).
+OPERATOR_DEFAULTED_FIELDS = frozenset({"image"})
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

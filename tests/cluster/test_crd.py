@@ -116,3 +116,12 @@ def test_immutable_fields_are_refused_by_cel_once_the_job_has_its_jobset(crd: Cl
     assert result.returncode != 0 and "spec.queueName: Forbidden" in result.stderr, result.stderr
     crd.kubectl("patch", "tpujob", "frozen", "-n", ns, "--type=merge", "-p", '{"spec": {"suspend": true}}')
     assert crd.job(ns, "frozen")["spec"]["suspend"] is True
+
+
+def test_an_unset_image_stays_unset_for_the_operators_default(crd: Cluster):
+    # The API server fills in the CRD's defaults; spec.image has none, so the operator's --default-image
+    # (the chart's operator.defaultImage) still applies to a job that names no image.
+    ns = crd.namespace("image")
+    stored = json.loads(crd.kubectl("create", "--dry-run=server", "-n", ns, "-o", "json", "-f", "-",
+                                    input=yaml.safe_dump(job("imageless"))).stdout)
+    assert "image" not in stored["spec"] and stored["spec"]["imagePullPolicy"] == "IfNotPresent", stored["spec"]
