@@ -36,8 +36,11 @@ class Trainer:
         self.httpd.server_close()
 
 
-# Requests the operator makes for one job's whole life on the real components, by (verb, resource); watches
-# left out. A change that adds one fails here: say why in README's budget if it must.
+# Requests the operator makes for one job's whole life on the real components, at most, by (verb, resource);
+# watches left out. A change that adds one fails here: say why in README's budget if it must. One pod list and
+# one status write depend on timing: they happen when a reconcile sees the JobSet's pods not ready yet (kwok
+# makes them ready within a second, so it may see them ready first); everything else is exact.
+TIMING_DEPENDENT = {("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1}
 BUDGET = {
     ("create", "configmaps"): 1, ("create", "jobsets"): 1,
     ("create", "events"): 2,  # Created, Succeeded
@@ -88,4 +91,6 @@ def test_one_jobs_requests_over_its_life_stay_within_budget(local_cluster: Clust
     if preflight == "compile":
         for key, n in PREFLIGHT.items():
             budget[key] = budget.get(key, 0) + n
-    assert counts == budget, counts
+    assert set(counts) == set(budget), counts
+    for key, most in budget.items():
+        assert most - TIMING_DEPENDENT.get(key, 0) <= counts[key] <= most, (key, counts)
