@@ -52,6 +52,8 @@ BUDGET = {
 }
 # With the pre-flight (its Job, run by the process kubelet: the real compile): the batch Job, the list of its
 # pod once it ended, the status while it compiles (Planned=Unknown, Compiling) and the Event Planned.
+# What the operator lists, then watches, in a namespace it serves (kopf's watches and indices).
+WATCHED = {"tputrainingjobs", "jobsets", "jobs", "workloads"}
 PREFLIGHT = {("create", "jobs"): 1, ("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1, ("create", "events"): 1}
 
 
@@ -61,9 +63,15 @@ def test_one_jobs_requests_over_its_life_stay_within_budget(local_cluster: Clust
     cluster, ns = local_cluster, local_cluster.namespace("budget")
     trainer = Trainer({"step": 3, "step_time_s": 0.5, "mfu": 0.2})
     # An operator of its own, on this namespace, with no resync in the job's lifetime (one GET per interval).
+    started = time.time()
     operator = Operator(operator_kubeconfig, tmp_path, *namespaced(operator_args, ns), "--metrics-interval=1",
                         "--resync-interval=3600").start()
+    user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
     try:
+        # Its liveness answers before kopf has listed what it watches: requests are the job's only from then on.
+        listed = lambda: {e["resource"] for e in cluster.audit(started) if e["user"]["username"] == user  # noqa: E731
+                          and e["verb"] == "list" and e["objectRef"].get("namespace") == ns}
+        wait_for(lambda: WATCHED <= listed(), WAIT_S, "the operator's first lists", diagnose=lambda: str(listed()))
         time.sleep(1)  # audit timestamps have microseconds; requests after this line are the job's
         since = time.time()
         record = TerminationRecord(code=0, progress=Progress(started_at=time.time(), step=5, last_checkpoint_step=5))
@@ -81,7 +89,6 @@ def test_one_jobs_requests_over_its_life_stay_within_budget(local_cluster: Clust
     finally:
         trainer.stop()
         operator.kill(signal.SIGTERM)
-    user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
     counts: dict[tuple[str, str], int] = {}
     for event in cluster.audit(since):
         if event["user"]["username"] == user and event["objectRef"].get("namespace") == ns and event["verb"] != "watch":
