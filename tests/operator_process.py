@@ -13,7 +13,6 @@ import urllib.request
 from collections.abc import Iterator
 
 from tests.conftest import ROOT
-from tests.kubeapi.harness import Server, wait_for
 from tpu_operator.local.pods import free_port
 
 WAIT_S = 30.0
@@ -22,19 +21,25 @@ WAIT_S = 30.0
 class Operator:
     """`tpujob operator` in a subprocess, logging JSON lines to a file."""
 
-    def __init__(self, server: Server, workdir: pathlib.Path, *args: str):
-        self.server, self.health_port, self.metrics_port = server, free_port(), free_port()
+    def __init__(self, kubeconfig: pathlib.Path, workdir: pathlib.Path, *args: str):
+        self.kubeconfig, self.health_port, self.metrics_port = kubeconfig, free_port(), free_port()
         self.log_path = workdir / f"operator-{time.monotonic_ns()}.log"
         self.command = [sys.executable, "-m", "tpu_operator.cli", "operator", "--standalone",
                         "--health-port", str(self.health_port), "--health-host", "127.0.0.1",
                         "--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1", *args]
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> "Operator":
-        env = {**os.environ, "KUBECONFIG": str(self.server.kubeconfig)}
+    def start(self, wait: bool = True) -> "Operator":
+        """Start it; with `wait`, until its liveness endpoint answers."""
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.process.poll() is not None or self.healthy(), WAIT_S, 0.1, "the operator's liveness")
+        if not wait:
+            return self
+        deadline = time.monotonic() + WAIT_S
+        while self.process.poll() is None and not self.healthy():
+            assert time.monotonic() < deadline, f"no liveness from the operator in {WAIT_S} s:\n{self.log_tail()}"
+            time.sleep(0.1)
         assert self.process.poll() is None, f"the operator exited at start-up:\n{self.log_tail()}"
         return self
 
@@ -63,8 +68,8 @@ class Operator:
 
 
 @contextlib.contextmanager
-def running_operator(server: Server, workdir: pathlib.Path, *args: str) -> Iterator[Operator]:
-    op = Operator(server, workdir, *args)
+def running_operator(kubeconfig: pathlib.Path, workdir: pathlib.Path, *args: str) -> Iterator[Operator]:
+    op = Operator(kubeconfig, workdir, *args)
     try:
         yield op.start()
     finally:

@@ -56,7 +56,7 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
                     out["pattern"] = "^(" + "|".join(v.get("enum", [v.get("const")])) + ")$"
     for key, value in node.items():
         if key in {"anyOf", "$ref", "title", "$defs", "additionalProperties", "propertyNames", "properties",
-                   "items", "exclusiveMinimum", "exclusiveMaximum", "const"}:
+                   "patternProperties", "items", "exclusiveMinimum", "exclusiveMaximum", "const"}:
             continue
         if key == "default" and (isinstance(value, (dict, list)) or value is None):
             continue
@@ -80,6 +80,19 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out["properties"] = {k: value_schema for k in keys}
         else:
             out["additionalProperties"] = value_schema
+    if node.get("patternProperties"):
+        # A structural schema has no patternProperties (the API server refuses the CRD): the values'
+        # schema becomes additionalProperties and the keys' pattern a CEL rule on the map.
+        ((pattern, value), *more) = node["patternProperties"].items()
+        if more:
+            raise ValueError(f"cannot express several key patterns {list(node['patternProperties'])} structurally")
+        out["additionalProperties"] = _structural(value, defs)
+        out["x-kubernetes-validations"] = [{"rule": f"self.all(k, k.matches(r'{pattern}'))",
+                                            "message": f"every key must match {pattern}"}]
+        if "maxLength" in node.get("propertyNames", {}):
+            out["x-kubernetes-validations"].append({
+                "rule": f"self.all(k, size(k) <= {node['propertyNames']['maxLength']})",
+                "message": f"every key is at most {node['propertyNames']['maxLength']} characters"})
     return out
 
 
@@ -88,8 +101,33 @@ def _schema(model: type, **kw: Any) -> dict[str, Any]:
     return _structural(raw, raw.get("$defs", {}))
 
 
+def immutability_rules(spec_schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """CEL rules on the whole object, one per spec field outside `models.MUTABLE_SPEC_FIELDS`: once the job
+    has a JobSet (`status.jobSetName`, written when the operator created it), an update that changes the
+    field is refused by the API server, `kubectl apply` included. Before that (an Invalid job, one whose
+    pre-flight said it does not fit) the spec may still be fixed. CEL sees only the job itself, so a change
+    that lands between the JobSet's creation and that status write is caught after the fact by the
+    operator (SpecChange=False, controller/reconcile.py)."""
+    aliases = {models.TPUTrainingJobSpec.model_fields[f].alias or f for f in models.MUTABLE_SPEC_FIELDS}
+    rules = []
+    for field in spec_schema["properties"]:
+        if field in aliases:
+            continue
+        new, old = f"self.spec.{field}", f"oldSelf.spec.{field}"
+        rules.append({
+            "rule": f"!has(oldSelf.status) || !has(oldSelf.status.jobSetName) || "
+                    f"(has({new}) == has({old}) && (!has({new}) || {new} == {old}))",
+            "fieldPath": f".spec.{field}", "reason": "FieldValueForbidden",
+            "message": f"spec.{field} cannot change once the job has its JobSet (only "
+                       f"{', '.join('spec.' + a for a in sorted(aliases))} can): delete the job and create it again",
+        })
+    return rules
+
+
 def build() -> dict[str, Any]:
     spec_schema = _schema(models.TPUTrainingJobSpec)
+    for field in models.OPERATOR_DEFAULTED_FIELDS:  # the API server would fill them in: unset must stay unset
+        spec_schema["properties"][models.TPUTrainingJobSpec.model_fields[field].alias or field].pop("default", None)
     status_schema = _schema(models.TPUTrainingJobStatus, mode="serialization")
     status_schema["properties"]["conditions"].update(
         {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
@@ -110,6 +148,7 @@ def build() -> dict[str, Any]:
                     "type": "object",
                     "description": "A JAX training run on Cloud TPU slices, run as a JobSet.",
                     "required": ["spec"],
+                    "x-kubernetes-validations": immutability_rules(spec_schema),
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},

@@ -355,7 +355,7 @@ class TPUTrainingJobSpec(Base):
         "(label kueue.x-k8s.io/priority-class), independent of the pods' priorityClassName. Needs queueName.",
         default=None, max_length=63, pattern=KUEUE_NAME)
     node_selector: dict[Annotated[str, Field(pattern=LABEL_KEY, max_length=316)], Annotated[str, Field(max_length=63)]] = _desc(
-        "Extra node selectors (GKE TPU selectors are set by the operator).", default_factory=dict)
+        "Extra node selectors (GKE TPU selectors are set by the operator).", default_factory=dict, max_length=64)
     tolerations: list[Toleration] = _desc("Extra tolerations (the TPU taint is tolerated already).",
                                           default_factory=list)
     suspend: bool = _desc("Suspend the job (its pods are deleted; resume continues from the checkpoint). With "
@@ -428,6 +428,15 @@ class TPUTrainingJob(BaseModel):
         if problem:
             raise ValueError(rules.joined([problem]))
         return self
+
+
+# Spec fields a job may change once its JobSet exists (every other one is immutable from then on: the API
+# server refuses the change through the CRD's CEL rules, crd.py; the operator reports one that got past as
+# SpecChange=False).
+MUTABLE_SPEC_FIELDS = frozenset({"suspend"})
+# Spec fields whose default the operator applies, not the API server: the CRD publishes no default for them,
+# so a job that leaves one unset stays so (spec.image: the operator's --default-image, else DEFAULT_IMAGE).
+OPERATOR_DEFAULTED_FIELDS = frozenset({"image"})
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

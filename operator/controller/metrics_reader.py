@@ -10,6 +10,11 @@ list per read. A read that fails forgets the pod and lists once more (a restarte
 pods); `forget` drops it when the JobSet restarts. Any failure is a Sample with `error` set: the
 caller keeps the last values and sets Metrics=False, so a trainer that is slow to start never
 crashes the operator.
+
+`final` reads what process 0 said as it ended, for a JobSet that completed: a completed pod's process
+has exited, so nothing serves /status any more; its termination record (the trainer's last line,
+api/lifecycle.py, kept by the kubelet as the container's `terminated.message`) carries the final step
+and checkpoint. One pod list.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from ..api.lifecycle import Progress
+from ..api.lifecycle import Progress, TerminationRecord
 from .kube import PODS, ApiError, Kube
 from .status import Sample
 
@@ -102,6 +107,24 @@ class MetricsReader:
         except Unreachable as exc:
             self.forget(namespace, jobset_name)
             return Sample(error=str(exc))
+
+    async def final(self, namespace: str, jobset_name: str) -> Sample:
+        """Process 0's last values from its pod's termination record, or a Sample with `error`: never raises."""
+        self.forget(namespace, jobset_name)
+        selector = pod0_selector(jobset_name)
+        try:
+            pods = await self.kube.list(PODS, namespace, selector)
+        except ApiError as exc:
+            return Sample(error=f"cannot list the pods of JobSet {jobset_name}: {exc}")
+        for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
+            for container in (pod.get("status") or {}).get("containerStatuses") or []:
+                ended = (container.get("state") or {}).get("terminated") or {}
+                record = TerminationRecord.parse(ended.get("message"), ended.get("exitCode"))
+                if record is not None and record.progress is not None and record.progress.step is not None:
+                    return Sample(step=record.progress.step, last_checkpoint_step=record.progress.last_checkpoint_step,
+                                  progress=record.progress)
+        return Sample(error=f"pod 0 of JobSet {jobset_name} left no termination record with its progress "
+                            f"(selector {selector})")
 
     async def _read(self, namespace: str, jobset_name: str, port: int) -> Sample:
         name, ip = await self._pod0(namespace, jobset_name)

@@ -8,8 +8,8 @@ message. Level-triggered like the rest of the reconcile: what happens is decided
 the pre-flight Job as the watch last saw it (a kopf index, like the JobSets), and, once it has finished
 or while its pod is late, one list of its pods (`decide`, pure):
 
-1. No pre-flight for this job (spec.plan.preflight skip, its own command, or its JobSet exists): the
-   reconcile goes on as without one.
+1. No pre-flight for this job (spec.plan.preflight skip, its own command, or its JobSet exists and is not
+   gated, below): the reconcile goes on as without one.
 2. The `Planned` condition already decided this generation: follow it (False: the job stays Invalid;
    True or Unknown: the JobSet is made, e.g. again after it was deleted).
 3. No pre-flight Job for this generation: the ConfigMap (its pod mounts it) and the Job are created,
@@ -24,6 +24,15 @@ or while its pod is late, one list of its pods (`decide`, pure):
    room) is looked at once and the pre-flight given up with the kubelet's or scheduler's words; past
    the Job's deadline plus `grace_s`, given up too. Otherwise the job is looked at again when the next
    of those moments comes (the work queue's timer, no polling of the API).
+
+A job with a Kueue queue does not wait for its compile to join the queue (`overlaps`): its JobSet is
+created at once, suspended as every queued JobSet is, with Kueue's admission gate
+(`kueue.x-k8s.io/admission-gated-by: training.tpu-operator.dev/preflight`), which Kueue copies to the
+JobSet's Workload when it makes it (jobframework's prepareWorkload) and which holds the Workload's
+admission. The steps above then run with that JobSet `gated`: Fits or could not be checked, the gate is
+lifted (Kueue copies its removal to the Workload, which then competes for quota); does not fit, the
+JobSet is deleted before it ever ran and the job is Invalid as above. A gated JobSet whose spec is no
+longer the job's (an edit while it compiled: the spec is still open then) is deleted and made again.
 """
 
 from __future__ import annotations
@@ -61,6 +70,36 @@ def wanted(job: TPUTrainingJob) -> bool:
     """The job is pre-flighted: planning is on and the pods run our trainer (a command of its own is not
     the step the plan compiles)."""
     return job.spec.plan.preflight == "compile" and not job.spec.command
+
+
+# Kueue's admission gate (constants.AdmissionGatedByAnnotation; beta and on by default since Kueue 0.19): a
+# Workload carrying it is not admitted until the gate is gone. Kueue's Workload webhook refuses a gate added
+# after creation, so the JobSet carries it from the start.
+ADMISSION_GATE = "kueue.x-k8s.io/admission-gated-by"
+GATE = "training.tpu-operator.dev/preflight"
+
+
+def overlaps(job: TPUTrainingJob) -> bool:
+    """The job's JobSet joins its Kueue queue while the pre-flight compiles, held by the admission gate."""
+    return wanted(job) and job.spec.queue_name is not None
+
+
+def gated(jobset: Obj | None) -> bool:
+    """The JobSet still carries our admission gate (a queued job whose pre-flight has not said yes)."""
+    gates = ((jobset or {}).get("metadata") or {}).get("annotations", {}).get(ADMISSION_GATE) or ""
+    return GATE in [g.strip() for g in gates.split(",")]
+
+
+def with_gate(jobset: Obj) -> Obj:
+    """The rendered JobSet, created with our admission gate."""
+    meta = jobset["metadata"]
+    return {**jobset, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), ADMISSION_GATE: GATE}}}
+
+
+def lift_patch(jobset: Obj) -> Obj:
+    """The merge patch that takes our gate off the JobSet (another controller's gates stay)."""
+    gates = [g.strip() for g in jobset["metadata"]["annotations"][ADMISSION_GATE].split(",") if g.strip() != GATE]
+    return {"metadata": {"annotations": {ADMISSION_GATE: ",".join(gates) or None}}}
 
 
 def trim(job: Obj) -> Obj:
@@ -241,8 +280,8 @@ def _seconds(stamp: str | None) -> float | None:
 
 async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Obj], timing: Timing,
                default_image: str | None, now: str) -> Gate:
-    """The pre-flight's part of a reconcile of a job that wants one and has no JobSet (see the module
-    docstring); `found` are the job's pre-flight Jobs as the watch saw them."""
+    """The pre-flight's part of a reconcile of a job that wants one and has no JobSet, or a gated one (see
+    the module docstring); `found` are the job's pre-flight Jobs as the watch saw them."""
     from ..api.plan import Plan
     from ..rendering.manifests import render
 

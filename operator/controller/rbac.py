@@ -29,8 +29,9 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # queued job's spec.suspend (Kueue undoes a suspended JobSet whose Workload is admitted). Unused where
     # Kueue is not installed.
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list", "watch", "patch"]},
-    # kopf: notices CRDs and namespaces coming and going. Optional: without them kopf scans CRDs once at
-    # start-up and takes --namespace names as existing (it logs a warning).
+    # kopf: notices CRDs and namespaces coming and going, also with --namespace names (it lists and watches
+    # namespaces to learn that the named ones exist). Without them a real API server answers 403 and kopf
+    # retries its namespace watch as long as it runs (a 403 every few seconds, seen in the audit log).
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
     # kopf peering, only without --standalone (kopf's KopfPeering CRDs installed).

@@ -114,10 +114,13 @@ async def ensure_child(kube: Kube, resource: Any, manifest: Obj, owner_uid: str)
 
 
 async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | None,
-                          config_map_exists: bool = False) -> tuple[Obj, bool]:
+                          config_map_exists: bool = False, gated: bool = False) -> tuple[Obj, bool]:
     """The ConfigMap (unless known to exist: the pre-flight made it) and the JobSet, created side by side
-    (a pod waits for its ConfigMap volume): (the JobSet, whether it was created now)."""
+    (a pod waits for its ConfigMap volume), the JobSet with Kueue's admission gate if `gated`: (the JobSet,
+    whether it was created now)."""
     config_map, jobset = render(job, default_image)
+    if gated:
+        jobset = preflight.with_gate(jobset)
     uid = job.metadata.uid or ""
     results = await asyncio.gather(*([] if config_map_exists else [ensure_child(kube, CONFIGMAPS, config_map, uid)]),
                                    ensure_child(kube, JOBSETS, jobset, uid), return_exceptions=True)
@@ -264,20 +267,34 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
         return Outcome("invalid" if done else "gone", done)
 
     created, ensured = False, jobset is None or owner_of(jobset) != (namespace, job.metadata.name, uid)
+    gated = not ensured and preflight.gated(jobset)  # queued while its pre-flight compiles (preflight.py)
+    if gated and refused_changes(jobset, job):  # edited while it compiled: that JobSet never ran
+        await kube.delete(JOBSETS, namespace, jobset["metadata"]["name"], {
+            "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": jobset["metadata"]["uid"]}})
+        return Outcome("replacing", None, 1.0)
     planned: preflight.Gate | None = None
-    if ensured:
-        wait = restarts.wait_s(before, now())
+    if ensured or gated:
+        wait = restarts.wait_s(before, now()) if ensured else 0
         if wait > 0:  # a restart's backoff: the JobSet is created again once it is over
             return Outcome("waiting", None, wait)
         try:
-            if preflight.wanted(job):  # no JobSet before the compiler says the step fits (preflight.py)
+            if preflight.wanted(job):  # no running JobSet before the compiler says the step fits (preflight.py)
                 planned = await preflight.gate(kube, job, job_obj, preflights, config.preflight, config.default_image,
                                                now())
                 if not planned.proceed:
+                    if gated and planned.result == "invalid":  # it does not fit: its held JobSet goes
+                        await kube.delete(JOBSETS, namespace, jobset["metadata"]["name"], {
+                            "apiVersion": "v1", "kind": "DeleteOptions",
+                            "preconditions": {"uid": jobset["metadata"]["uid"]}})
+                    elif ensured and planned.result == "planning" and preflight.overlaps(job):
+                        await ensure_children(kube, job, config.default_image, True, gated=True)
                     done = await write_status(kube, job_obj, planned.compute or (lambda s, g: (s, [])), emit)
                     return Outcome(planned.result if done else "gone", done, planned.requeue_after_s)
-            jobset, created = await ensure_children(kube, job, config.default_image,
-                                                    planned is not None and planned.config_map_exists)
+            if gated:  # it fits, or could not be checked: Kueue may admit it now
+                jobset = await kube.patch(JOBSETS, namespace, jobset["metadata"]["name"], preflight.lift_patch(jobset))
+            else:
+                jobset, created = await ensure_children(kube, job, config.default_image,
+                                                        planned is not None and planned.config_map_exists)
         except NameConflict as exc:
             message = str(exc)
             done = await write_status(kube, job_obj, lambda s, g: status_lib.conflicted(s, message, g, now()), emit)
@@ -287,8 +304,9 @@ async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status
     workload = kueue.pick(list(workloads), jobset["metadata"].get("uid")) if queue else None
     jobset = await apply_suspend(kube, job, jobset, workload)
     if sample is None and reader is not None and jobset_completed(jobset):
-        # The trainer lingers after its last step, serving its final values: read them once more.
-        sample = await reader.read(namespace, jobset["metadata"]["name"], job.spec.runtime.metrics_port)
+        # A completed JobSet's pods have exited and serve nothing: the final step and checkpoint come from
+        # process 0's termination record.
+        sample = await reader.final(namespace, jobset["metadata"]["name"])
     failure = None
     if jobset_failed(jobset) and not restarts.replaced(before, jobset):
         failure = await failure_of(kube, namespace, jobset)

@@ -136,17 +136,22 @@ def local_pods(jobset: Mapping[str, Any], config_maps: Mapping[str, Mapping[str,
 
 
 def job_process(pod_spec: dict[str, Any], config_maps: Mapping[str, Mapping[str, str]], workdir: Path,
-                base_env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str], Path]:
-    """The single container of a batch Job's pod as a process to start: (argv, env, the local file that
-    stands for its terminationMessagePath). Volumes and the termination message path become files under
-    `workdir`, and paths in the command and env are rewritten to them, as for a JobSet's pods."""
+                base_env: Mapping[str, str] | None = None,
+                pod_meta: Mapping[str, Any] | None = None) -> tuple[list[str], dict[str, str], Path]:
+    """The single container of a pod as a process to start: (argv, env, the local file that stands for its
+    terminationMessagePath). Volumes and the termination message path become files under `workdir`, and
+    paths in the command and env are rewritten to them, as for a JobSet's pods. With the pod's metadata
+    (name, namespace, labels, annotations), `fieldRef` env vars are resolved from it; without, left out."""
     container = pod_spec["containers"][0]
     mounts = _materialise_volumes(pod_spec, config_maps, workdir / "volumes")
     message = workdir / "termination-log"
     mounts[container.get("terminationMessagePath") or "/dev/termination-log"] = message
     env = dict(base_env or {})
-    env.update({v["name"]: _rewrite_paths(v.get("value", ""), mounts) for v in container.get("env", [])
-                if "valueFrom" not in v})
+    for var in container.get("env", []):
+        if "valueFrom" not in var:
+            env[var["name"]] = _rewrite_paths(var.get("value", ""), mounts)
+        elif pod_meta is not None and "fieldRef" in var["valueFrom"]:
+            env[var["name"]] = _field_value(var["valueFrom"]["fieldRef"]["fieldPath"], pod_meta)
     argv = [_rewrite_paths(a, mounts) for a in [*container.get("command", []), *container.get("args", [])]]
     if argv and re.fullmatch(r"python(3(\.\d+)?)?", argv[0]):
         argv[0] = sys.executable

@@ -16,7 +16,7 @@ import jinja2
 import yaml
 
 from ..api import names
-from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, TPUTrainingJob
+from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, MUTABLE_SPEC_FIELDS, TPUTrainingJob
 from ..api.plan import Plan
 from . import libtpu, placement
 
@@ -115,7 +115,7 @@ def _volumes(plan: Plan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def applied_spec(job: TPUTrainingJob) -> dict[str, Any]:
     """The spec as the user wrote it (normalised), without the fields that may change on a running job:
     kept on the JobSet, so the controller can name the fields a later edit changed."""
-    return job.spec.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude={"suspend"})
+    return job.spec.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude=set(MUTABLE_SPEC_FIELDS))
 
 
 def context(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, Any]:

@@ -187,9 +187,10 @@ def test_proxy_metrics_access_adds_pods_proxy_only(helm, tmp_path):
     assert "--metrics-access=proxy" in deployment_container(docs)[1]["args"]
 
 
-def test_watched_namespaces_drop_the_namespaces_permission(helm, tmp_path):
+def test_watched_namespaces_keep_the_namespaces_permission(helm, tmp_path):
+    # kopf lists and watches namespaces even for named ones (a 403 there is retried for as long as it runs).
     docs = render(helm, tmp_path, {"operator": {"watchNamespaces": ["team-a"]}})
-    assert rules_of(one(docs, "ClusterRole")) == {**NAMESPACED_RULES, **CRD_RULES}
+    assert rules_of(one(docs, "ClusterRole")) == {**NAMESPACED_RULES, **CRD_RULES, **NAMESPACE_RULES}
     args = deployment_container(docs)[1]["args"]
     assert "--namespace=team-a" in args and "--all-namespaces" not in args
 
@@ -207,8 +208,8 @@ def test_namespace_scoped_rbac(helm, tmp_path):
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"][0]["namespace"] == "tpu-system"
-    # Only CRD reads stay cluster-wide (kopf scans CRDs at start-up).
-    assert rules_of(one(docs, "ClusterRole")) == CRD_RULES
+    # Only reads of CRDs and namespaces stay cluster-wide (kopf scans both).
+    assert rules_of(one(docs, "ClusterRole")) == {**CRD_RULES, **NAMESPACE_RULES}
     args = deployment_container(docs)[1]["args"]
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
 

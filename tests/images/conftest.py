@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.chart.conftest import helm  # noqa: F401 -- the chart's helm, for the tests that render it
+from tests.cluster.conftest import (chart, cluster, operator_args,  # noqa: F401 -- the operator image's cluster
+                                    operator_kubeconfig)
 from tests.conftest import ROOT
 from tests.images.container import Image
 from tests.prerequisites import missing, skip_or_fail

@@ -2,8 +2,9 @@
 image, what each holds, and a smoke run of each.
 
 - operator: its entrypoint, with the arguments, environment, user and read-only root of the chart's
-  Deployment, reaches the test API server on loopback through a kubeconfig; a TPUTrainingJob
-  applied with kubectl gets its ConfigMap, its JobSet and its status.
+  Deployment, reaches the local cluster's real API server (tests/cluster) on loopback through a kubeconfig
+  holding the chart's ServiceAccount token; a TPUTrainingJob applied with kubectl gets its ConfigMap,
+  its JobSet and its status.
 - workload (CPU variant): the quickstart's rendered pods (command, environment, volumes) train a few
   steps as two processes; /status of process 0 says completed at the last step.
 
@@ -24,17 +25,16 @@ import pytest
 import yaml
 
 from tests.chart.test_chart import deployment_container, render as render_chart
-from tests.conftest import EXAMPLES, JOBSET_CRD, ROOT, operator_job
+from tests.conftest import EXAMPLES, ROOT, operator_job
 from tests.images.container import (Image, exec_in_image, own_dir, podman, process_status, root_mount_options,
                                     running)
-from tests.kubeapi.harness import kubectl, running_apiserver, wait_for
+from tests.cluster.kube import Cluster, wait_for
 from tpu_operator.api.models import TPUTrainingJob
 from tpu_operator.local.pods import free_port, local_pods
 from tpu_operator.rendering.manifests import render as render_job
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(1800)]  # the first test may wait for the build
 
-TPUJOB_CRD = ROOT / "crds" / "tputrainingjob.yaml"
 NAMESPACE = "tpu-system"  # the operator's release namespace
 WAIT_S = 60.0
 TRAIN_S = 600.0
@@ -174,20 +174,23 @@ def chart_environment(container: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def test_operator_image_turns_a_job_into_a_jobset_and_status(images, helm, tmp_path):
+def test_operator_image_turns_a_job_into_a_jobset_and_status(images, helm, cluster: Cluster, operator_kubeconfig,
+                                                              tmp_path):
     """The chart's container (args, env, user, read-only root, /tmp) from the operator image, with a
-    kubeconfig instead of the service account; kubectl apply of a job gets its children and status."""
+    kubeconfig holding the chart's ServiceAccount token instead of the mounted one; kubectl apply of a job
+    gets its children and status from the real API server."""
     health_port, metrics_port = free_port(), free_port()
-    values = {"operator": {"watchNamespaces": ["default"], "healthPort": health_port, "metricsPort": metrics_port,
+    ns = cluster.namespace("image")
+    values = {"operator": {"watchNamespaces": [ns], "healthPort": health_port, "metricsPort": metrics_port,
                            "defaultImage": images.workload.tag, "metricsInterval": 2, "resyncInterval": 10,
                            "extraEnv": [{"name": "KUBECONFIG", "value": "/etc/tpu-operator/kubeconfig"}]}}
     _, container = deployment_container(render_chart(helm, tmp_path, values, namespace=NAMESPACE))
     security = container["securityContext"]
-    with running_apiserver(tmp_path, crds=[TPUJOB_CRD, JOBSET_CRD]) as server, \
-         running(images.operator, *container["args"], name="tpu-images-operator", log_dir=tmp_path,
+    operator_kubeconfig.chmod(0o644)  # the image's user (65532) reads it
+    with running(images.operator, *container["args"], name="tpu-images-operator", log_dir=tmp_path,
                  user=f"{security['runAsUser']}:{security['runAsGroup']}", env=chart_environment(container),
                  read_only=security["readOnlyRootFilesystem"],
-                 volumes=[f"{server.kubeconfig}:/etc/tpu-operator/kubeconfig:ro"], grace=10) as operator:
+                 volumes=[f"{operator_kubeconfig}:/etc/tpu-operator/kubeconfig:ro"], grace=10) as operator:
 
         def healthy() -> bool:
             assert operator.process.poll() is None, f"the operator exited:\n{operator.log_tail()}"
@@ -196,7 +199,7 @@ def test_operator_image_turns_a_job_into_a_jobset_and_status(images, helm, tmp_p
             except OSError:
                 return False
 
-        wait_for(healthy, WAIT_S, 0.5, "the operator's /healthz")
+        wait_for(healthy, WAIT_S, "the operator's /healthz")
         pid = operator.main_process("tpujob")
         assert pid, operator.log_tail()
         status = process_status(pid)
@@ -204,25 +207,22 @@ def test_operator_image_turns_a_job_into_a_jobset_and_status(images, helm, tmp_p
         assert status["CapEff"] == "0000000000000000" and status["NoNewPrivs"] == "1"
         assert "ro" in root_mount_options(pid)
 
-        job = tmp_path / "job.yaml"
-        job.write_text(yaml.safe_dump(operator_job()))
-        kubectl(server, "apply", "-f", str(job), check=True)
+        cluster.apply(operator_job(), namespace=ns)
 
         def job_status() -> dict[str, Any] | None:
-            out = kubectl(server, "get", "tpujob", "tiny", "-o", "json", check=True).stdout
-            status = json.loads(out).get("status") or {}
-            return status if status.get("phase") == "Pending" and status.get("jobSetName") else None
+            status = cluster.status(ns, "tiny")
+            return status if status.get("jobSetName") else None
 
         try:
-            status = wait_for(job_status, WAIT_S, 0.5, "phase Pending with a JobSet")
+            status = wait_for(job_status, WAIT_S, "a JobSet in the job's status")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\noperator log:\n{operator.log_tail()}") from None
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         assert ready["status"] == "True" and status["observedGeneration"] == 1
-        jobset = json.loads(kubectl(server, "get", "jobset", status["jobSetName"], "-o", "json", check=True).stdout)
+        jobset = json.loads(cluster.kubectl("get", "jobset", status["jobSetName"], "-n", ns, "-o", "json").stdout)
         _, trainer = pod_container(jobset)
         assert trainer["image"] == images.workload.tag  # the chart's --default-image
-        config_map = json.loads(kubectl(server, "get", "configmap", "tiny-config", "-o", "json", check=True).stdout)
+        config_map = json.loads(cluster.kubectl("get", "configmap", "tiny-config", "-n", ns, "-o", "json").stdout)
         assert json.loads(config_map["data"]["config.json"])["name"] == "tiny"
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
             assert "tpu_operator_reconciles_total" in response.read().decode()
@@ -290,7 +290,7 @@ def test_workload_image_trains_the_quickstart_as_two_processes(images, tmp_path)
             return status if status.get("state") == "completed" else None
 
         try:
-            status = wait_for(completed, TRAIN_S, 1.0, "/status state completed")
+            status = wait_for(completed, TRAIN_S, "/status state completed", interval=1.0)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n" + "\n".join(t.log_tail(30) for t in trainers)) from None
         assert status["step"] == status["total_steps"] == steps and status["process_count"] == 2

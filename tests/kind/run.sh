@@ -5,13 +5,14 @@
 #
 #   bash tests/kind/run.sh            # needs docker, kind, kubectl, curl; helm is installed if missing
 #
-# Environment: KIND_CLUSTER (name, default tpu-operator-e2e), JOBSET_VERSION (default v0.8.1),
+# Environment: KIND_CLUSTER (name, default tpu-operator-e2e), JOBSET_VERSION (default v0.12.0, the pin of
+# scripts/cluster-versions.env),
 # KEEP_CLUSTER=1 (do not delete the cluster at the end), JOB_TIMEOUT (seconds, default 900).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 cluster=${KIND_CLUSTER:-tpu-operator-e2e}
-jobset_version=${JOBSET_VERSION:-v0.8.1}
+jobset_version=${JOBSET_VERSION:-v0.12.0}
 job_timeout=${JOB_TIMEOUT:-900}
 operator_image=ghcr.io/tpu-operator/operator:0.1.0
 workload_image=ghcr.io/tpu-operator/workload:0.1.0-cpu

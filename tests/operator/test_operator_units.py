@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 
 from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
 from tpu_operator.api import names
+from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.models import TPUTrainingJobStatus
 from tpu_operator.controller import metrics_reader, phases, reconcile, status as status_lib
 from tpu_operator.controller.conditions import set_condition
@@ -544,6 +545,21 @@ def test_metrics_reader_lists_pod0_once_and_reads_through_the_proxy():
     assert asyncio.run(reads()) == [Sample(step=9, mfu=0.25)] * 3
     assert kube.calls == [("LIST", PODS.path("ml"))] + [("PROXY", "job-slice-0-0-x:9431/status")] * 3
     assert metrics_reader.pod0_selector("x").count("=") == 3
+
+
+def test_metrics_reader_final_values_come_from_pod0s_termination_record():
+    # A completed JobSet's pods have exited: the kubelet keeps process 0's last line as its termination message.
+    kube = FakeKube()
+    add_pod0(kube)
+    pod = kube.objects[PODS.path("ml", "job-slice-0-0-x")]
+    record = TerminationRecord(code=0, progress=Progress(started_at=1.0, step=20, last_checkpoint_step=20))
+    pod["status"] = {"phase": "Succeeded", "podIP": "10.0.0.7", "containerStatuses": [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 0, "message": record.message()}}}]}
+    sample = asyncio.run(MetricsReader(kube, "direct").final("ml", "job"))
+    assert (sample.step, sample.last_checkpoint_step, sample.error) == (20, 20, None)
+    assert kube.calls == [("LIST", PODS.path("ml"))]
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = ""  # FallbackToLogsOnError, exit 0
+    assert "left no termination record" in asyncio.run(MetricsReader(kube, "direct").final("ml", "job")).error
 
 
 def test_metrics_reader_direct_unreachable_is_an_error_not_a_crash():

@@ -204,3 +204,56 @@ def test_a_job_with_its_own_command_or_preflight_skip_gets_its_jobset_at_once():
         outcome, _ = run(kube, T0)
         assert outcome.result == "created" and BATCH_JOBS.path("default") not in posts(kube)
         assert job_status(kube).condition("Planned") is None
+
+
+# --- a queued job: its JobSet joins the queue while it compiles, held by Kueue's admission gate ---------
+
+
+def queued_started() -> FakeKube:
+    """A queued job reconciled once: its pre-flight Job, and its JobSet already made with the gate."""
+    kube = FakeKube()
+    kube.add_job(tiny_job(queueName="tpu-queue"))
+    outcome, notices = run(kube, T0)
+    assert outcome.result == "planning" and notices == []
+    assert posts(kube) == [CONFIGMAPS.path("default"), BATCH_JOBS.path("default"), JOBSETS.path("default")]
+    kube.objects[BATCH_JOBS.path("default", "tiny-plan-1")]["metadata"]["creationTimestamp"] = T0
+    jobset = kube.jobset()
+    assert jobset["spec"]["suspend"] is True and preflight.gated(jobset)
+    assert jobset["metadata"]["annotations"][preflight.ADMISSION_GATE] == "training.tpu-operator.dev/preflight"
+    assert job_status(kube).condition("Planned").reason == "Compiling"
+    kube.calls.clear()
+    return kube
+
+
+def test_a_queued_job_waits_in_its_queue_gated_while_it_compiles():
+    kube = queued_started()
+    outcome, _ = run(kube, T1)
+    assert outcome.result == "planning" and kube.calls == []  # no second JobSet, nothing written
+
+
+def test_a_queued_job_that_fits_has_its_gate_lifted():
+    kube = queued_started()
+    finish(kube, DONE, ended(FITS, 0))
+    outcome, notices = run(kube, T1)
+    assert "Planned" in [n.reason for n in notices] and not posts(kube)
+    assert ("PATCH", JOBSETS.path("default", "tiny")) in kube.calls
+    jobset = kube.jobset()
+    assert not preflight.gated(jobset) and jobset["spec"]["suspend"] is True  # Kueue unsuspends it on admission
+    assert job_status(kube).condition("Planned").status == "True" and job_status(kube).job_set_name == "tiny"
+
+
+def test_a_queued_job_that_does_not_fit_loses_its_held_jobset():
+    kube = queued_started()
+    finish(kube, FAILED, ended(TOO_BIG, 2))
+    outcome, notices = run(kube, T1)
+    assert outcome.result == "invalid" and [n.reason for n in notices] == ["DoesNotFit"]
+    assert ("DELETE", JOBSETS.path("default", "tiny")) in kube.calls and kube.jobset() is None
+    assert job_status(kube).phase == "Invalid"
+
+
+def test_other_gates_stay_when_ours_is_lifted():
+    jobset = {"metadata": {"annotations": {preflight.ADMISSION_GATE: "example.com/quota, training.tpu-operator.dev/preflight"}}}
+    assert preflight.gated(jobset)
+    assert preflight.lift_patch(jobset) == {"metadata": {"annotations": {preflight.ADMISSION_GATE: "example.com/quota"}}}
+    assert preflight.lift_patch(preflight.with_gate({"metadata": {}})) == {
+        "metadata": {"annotations": {preflight.ADMISSION_GATE: None}}}

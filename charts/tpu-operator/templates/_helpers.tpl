@@ -143,17 +143,17 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
-{{- if not .Values.operator.watchNamespaces }}
+{{- /* Even with named namespaces kopf lists and watches namespaces (to learn that they exist); without the
+permission a real API server answers 403 and kopf retries its namespace watch for as long as it runs. */}}
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
-{{- end }}
 {{- end }}
 
 {{/* Refuse value combinations the schema cannot express. */}}
 {{- define "tpu-operator.validate" -}}
 {{- if .Values.jobset.install }}
-{{- fail "jobset.install=true is not supported: this chart does not bundle JobSet. Install it first from its release manifest, e.g. kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/v0.8.1/manifests.yaml, and keep jobset.install=false." }}
+{{- fail "jobset.install=true is not supported: this chart does not bundle JobSet. Install it first from its release manifest, e.g. kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml, and keep jobset.install=false." }}
 {{- end }}
 {{- if and .Values.rbac.namespaced (not .Values.operator.watchNamespaces) }}
 {{- fail "rbac.namespaced=true needs operator.watchNamespaces: a Role is created in each watched namespace, and watching all namespaces needs cluster-wide RBAC." }}

@@ -1,4 +1,7 @@
-"""Structural OpenAPI v3 schemas of CRDs: pruning and validation as the API server does them.
+"""Structural OpenAPI v3 schemas of CRDs, offline: pruning and validation as the API server does them, for
+fast checks of rendered manifests against the real JobSet CRD (../shared/schemas) in the default test run.
+The cluster suite checks the same manifests against a real kube-apiserver and JobSet's own webhooks
+(tests/cluster/test_render_admitted.py); this stays because it needs no cluster and no Go.
 
 A CRD's `openAPIV3Schema` is OpenAPI 3.0 with Kubernetes extensions. jsonschema's Draft 4
 matches OpenAPI 3.0's keyword semantics (boolean `exclusiveMinimum`), so the schema is
@@ -15,7 +18,6 @@ from typing import Any
 
 import jsonschema
 
-from .errors import invalid
 
 # apiVersion/kind/metadata are the server's business; the CRD schema never prunes them.
 _ROOT_KEEP = {"apiVersion", "kind", "metadata"}
@@ -94,6 +96,14 @@ def _cause(error: jsonschema.ValidationError) -> dict[str, str]:
     return {"reason": "FieldValueInvalid", "message": f"Invalid value: {error.message}", "field": field}
 
 
+class SchemaError(ValueError):
+    """What the API server would answer with 422 Invalid: `causes` lists each failing field."""
+
+    def __init__(self, message: str, causes: list[dict[str, str]]):
+        super().__init__(message)
+        self.causes = causes
+
+
 class CrdSchema:
     """The validator of one served CRD version."""
 
@@ -105,10 +115,12 @@ class CrdSchema:
         self.validator = jsonschema.Draft4Validator(translated)
 
     def admit(self, obj: dict[str, Any], kind: str, group: str) -> dict[str, Any]:
-        """Prune then validate; raises a 422 ApiError naming every failing field."""
+        """Prune then validate; raises SchemaError naming every failing field."""
         pruned = prune(obj, self.openapi, root=True)
         errors = sorted(self.validator.iter_errors(pruned), key=lambda e: list(map(str, e.absolute_path)))
         if errors:
             name = (obj.get("metadata") or {}).get("name", "")
-            raise invalid(kind, group, name, [_cause(error) for error in errors])
+            causes = [_cause(error) for error in errors]
+            summary = ", ".join(f"{c['field']}: {c['message']}" for c in causes)
+            raise SchemaError(f'{kind}.{group} "{name}" is invalid: {summary}', causes)
         return pruned

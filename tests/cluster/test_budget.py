@@ -1,0 +1,103 @@
+"""What one job costs the API server on the real components, counted in the API server's own audit log: every
+request of an operator that runs as the chart's ServiceAccount, from the job's creation to its end."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import OPERATOR_NAMESPACE
+from tests.cluster.kube import Cluster, wait_for
+from tests.cluster.test_kills import namespaced
+from tests.cluster.test_operator import WAIT_S, job_doc, status_where
+from tests.operator_process import Operator
+from tpu_operator.api.lifecycle import Progress, TerminationRecord
+from tpu_workload.metrics import serve_http
+
+pytestmark = pytest.mark.cluster
+
+
+class Trainer:
+    """Stands in for process 0 of the trainer on a kwok node: its /status on the job's metrics port, which
+    the operator reaches at the pod's IP (kwok's hostNetwork pods have their node's, 127.0.x.y)."""
+
+    def __init__(self, sample: dict[str, Any]) -> None:
+        self.sample = sample
+        self.httpd = serve_http(lambda path: (200 if path == "/status" else 404, json.dumps(self.sample).encode(),
+                                              "application/json"), 0)
+        self.port = self.httpd.server_address[1]
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# Requests the operator makes for one job's whole life on the real components, at most, by (verb, resource);
+# watches left out. A change that adds one fails here: say why in README's budget if it must. One pod list and
+# one status write depend on timing: they happen when a reconcile sees the JobSet's pods not ready yet (kwok
+# makes them ready within a second, so it may see them ready first); everything else is exact.
+TIMING_DEPENDENT = {("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1}
+BUDGET = {
+    ("create", "configmaps"): 1, ("create", "jobsets"): 1,
+    ("create", "events"): 2,  # Created, Succeeded
+    # the JobSet's pods not ready yet (why: Scheduled, ContainersReady); pod 0 found for the metrics; pod 0's
+    # termination record when the JobSet completed (its process has exited: the final step and checkpoint)
+    ("list", "pods"): 3,
+    # Pending; the pods' state; Running; the first metrics; Succeeded with the trainer's final numbers
+    ("patch", "tputrainingjobs/status"): 5,
+}
+# With the pre-flight (its Job, run by the process kubelet: the real compile): the batch Job, the list of its
+# pod once it ended, the status while it compiles (Planned=Unknown, Compiling) and the Event Planned.
+# What the operator lists, then watches, in a namespace it serves (kopf's watches and indices).
+WATCHED = {"tputrainingjobs", "jobsets", "jobs", "workloads"}
+PREFLIGHT = {("create", "jobs"): 1, ("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1, ("create", "events"): 1}
+
+
+@pytest.mark.parametrize("preflight", ["skip", "compile"])
+def test_one_jobs_requests_over_its_life_stay_within_budget(local_cluster: Cluster, chart: str, operator_kubeconfig,
+                                                           operator_args, tmp_path, preflight: str):
+    cluster, ns = local_cluster, local_cluster.namespace("budget")
+    trainer = Trainer({"step": 3, "step_time_s": 0.5, "mfu": 0.2})
+    # An operator of its own, on this namespace, with no resync in the job's lifetime (one GET per interval).
+    started = time.time()
+    operator = Operator(operator_kubeconfig, tmp_path, *namespaced(operator_args, ns), "--metrics-interval=1",
+                        "--resync-interval=3600").start()
+    user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
+    try:
+        # Its liveness answers before kopf has listed what it watches: requests are the job's only from then on.
+        listed = lambda: {e["resource"] for e in cluster.audit(started) if e["user"]["username"] == user  # noqa: E731
+                          and e["verb"] == "list" and e["objectRef"].get("namespace") == ns}
+        wait_for(lambda: WATCHED <= listed(), WAIT_S, "the operator's first lists", diagnose=lambda: str(listed()))
+        time.sleep(1)  # audit timestamps have microseconds; requests after this line are the job's
+        since = time.time()
+        record = TerminationRecord(code=0, progress=Progress(started_at=time.time(), step=5, last_checkpoint_step=5))
+        cluster.apply(job_doc("frugal", plan={"preflight": preflight}, runtime={"metricsPort": trainer.port, "env": [
+            {"name": "KWOK_EXIT_AFTER", "value": "8s"}, {"name": "KWOK_EXIT_MESSAGE", "value": record.message()}]}),
+            namespace=ns)
+        status_where(cluster, ns, "frugal", lambda s: s.get("phase") == "Running" and s.get("step") == 3,
+                     "Running with the trainer's step", operator, timeout=300)
+        done = status_where(cluster, ns, "frugal", lambda s: s.get("phase") == "Succeeded", "phase Succeeded", operator)
+        # The final numbers come from the trainer's termination record, not from /status (its process has exited).
+        assert (done["step"], done["lastCheckpointStep"]) == (5, 5), done
+        wait_for(lambda: any(e["reason"] == "Succeeded" for e in cluster.events(ns, "frugal")), WAIT_S,
+                 "the Succeeded Event")
+        time.sleep(3)  # a request the end would still trigger lands now
+    finally:
+        trainer.stop()
+        operator.kill(signal.SIGTERM)
+    counts: dict[tuple[str, str], int] = {}
+    for event in cluster.audit(since):
+        if event["user"]["username"] == user and event["objectRef"].get("namespace") == ns and event["verb"] != "watch":
+            key = (event["verb"], event["resource"])
+            counts[key] = counts.get(key, 0) + 1
+    budget = dict(BUDGET)
+    if preflight == "compile":
+        for key, n in PREFLIGHT.items():
+            budget[key] = budget.get(key, 0) + n
+    assert set(counts) == set(budget), counts
+    for key, most in budget.items():
+        assert most - TIMING_DEPENDENT.get(key, 0) <= counts[key] <= most, (key, counts)

@@ -1,0 +1,89 @@
+"""The chart on the real API server: `helm install`, then operators authorized only by the chart's own RBAC
+(they run as local processes with a token of the chart's ServiceAccount). The API server's audit log
+says what each one asked for and what it was answered.
+
+These tests run last (conftest.py orders them so): the cluster-wide check covers every request the
+suite's operators made.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from tests.cluster.conftest import CHART, NO_NODE, OPERATOR_NAMESPACE, chart_args, helm_run
+from tests.cluster.kube import JOBSETS, Cluster, authorization, wait_for
+from tests.conftest import operator_job
+from tests.operator_process import Operator
+
+pytestmark = pytest.mark.cluster
+SESSION_START = time.time()
+
+
+def test_a_namespaced_install_acts_only_in_its_namespaces(local_cluster: Cluster, helm: str, tmp_path):
+    cluster = local_cluster
+    team_a, team_b = cluster.namespace("team-a"), cluster.namespace("team-b")
+    home = cluster.namespace("scoped-system")
+    release = home  # unique: its ClusterRole's name is cluster-wide
+    helm_run(helm, cluster, "install", release, str(CHART), "-n", home, "--set", "rbac.namespaced=true",
+             "--set", f"operator.watchNamespaces={{{team_a}}}", *NO_NODE)
+    try:
+        scoped_operator_acts_only_in(cluster, team_a, team_b, home, release, tmp_path)
+    finally:
+        helm_run(helm, cluster, "uninstall", release, "-n", home)
+
+
+def scoped_operator_acts_only_in(cluster: Cluster, team_a: str, team_b: str, home: str, release: str, tmp_path) -> None:
+    roles = cluster.kubectl("get", "roles,rolebindings", "-n", team_a, "-o", "name").stdout.split()
+    assert f"role.rbac.authorization.k8s.io/{release}-tpu-operator" in roles, roles
+    deployment = json.loads(cluster.kubectl("get", "deployment", f"{release}-tpu-operator", "-n", home, "-o", "json").stdout)
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    namespaces = [a.split("=", 1)[1] for a in args if a.startswith("--namespace=")]
+    assert namespaces == [team_a], args
+    kubeconfig = cluster.token_kubeconfig(home, f"{release}-tpu-operator", tmp_path / "kubeconfig")
+    since = time.time()
+    op = Operator(kubeconfig, tmp_path, *chart_args(cluster, home, release)).start()
+    try:
+        for ns in (team_a, team_b):
+            doc = operator_job()
+            doc["metadata"]["name"] = "scoped"
+            cluster.apply(doc, namespace=ns)
+        wait_for(lambda: cluster.status(team_a, "scoped").get("jobSetName"), 60, "the JobSet in the watched namespace",
+                 diagnose=op.log_tail)
+        time.sleep(5)  # time enough for the other job to be picked up, were it watched
+        assert cluster.get(JOBSETS, team_b, "scoped") is None and not cluster.status(team_b, "scoped")
+    finally:
+        op.kill(signal.SIGTERM)
+    user = f"system:serviceaccount:{home}:{release}-tpu-operator"
+    requests = [e for e in cluster.audit(since) if e["user"]["username"] == user]
+    assert requests, "no request from the namespaced operator in the audit log"
+    assert any(authorization(e) == "allow" for e in requests), "the audit log has no authorization decisions"
+    forbidden = [(e["verb"], e["requestURI"]) for e in requests if authorization(e) == "forbid"]
+    assert not forbidden, forbidden
+    elsewhere = sorted({e["requestURI"] for e in requests if e["objectRef"].get("namespace") not in (None, team_a)})
+    assert not elsewhere, elsewhere
+    # Cluster-wide it only reads: the CRDs and namespaces kopf scans, and discovery.
+    cluster_scoped = {(e["verb"], e["objectRef"].get("resource")) for e in requests
+                      if "namespace" not in e["objectRef"]}
+    assert cluster_scoped <= {("list", "customresourcedefinitions"), ("watch", "customresourcedefinitions"),
+                              ("list", "namespaces"), ("watch", "namespaces"), ("get", None)}, cluster_scoped
+
+
+def test_no_request_of_the_charts_operator_was_forbidden_in_the_whole_suite(local_cluster: Cluster, chart: str):
+    """Every operator of the suite (the lifecycle with its pre-flight, restarts, Kueue, kills) ran with the
+    chart's ServiceAccount: not one of its requests was refused."""
+    user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
+    requests = [e for e in local_cluster.audit(SESSION_START) if e["user"]["username"] == user]
+    used = sorted({(e["objectRef"].get("apiGroup", ""), e["resource"], e["verb"]) for e in requests if e["resource"]})
+    print("requests of the chart's operator (group, resource, verb):", used)
+    assert ("jobset.x-k8s.io", "jobsets", "create") in used and ("", "events", "create") in used, used
+    assert any(authorization(e) == "allow" for e in requests), "the audit log has no authorization decisions"
+    forbidden = [(e["verb"], e["requestURI"], e["responseStatus"].get("message", "")) for e in requests
+                 if authorization(e) == "forbid"]
+    assert not forbidden, forbidden
+    # Other refusals are admission's, not RBAC's (Events for a job whose test namespace is being deleted).
+    print("refused by admission:", sorted({e["responseStatus"].get("message", "")[:120] for e in requests
+                                            if e["responseStatus"]["code"] == 403 and authorization(e) != "forbid"}))
