@@ -83,9 +83,39 @@ class RMSNorm(nnx.Module):
         self.scale = _param(rngs, (dim,), ("norm",), ones=True)
 
     def __call__(self, x_BTD):
-        x = x_BTD.astype(jnp.float32)
-        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-        return (x * self.scale[...]).astype(COMPUTE)
+        return rms_norm(x_BTD, self.scale[...])
+
+
+NORM_EPS = 1e-6
+
+
+@jax.custom_vjp
+def rms_norm(x_BTD, scale_D):
+    """bf16 RMSNorm computed in f32. Its backward is written out so that the scale's gradient is
+    reduced before the input's gradient leaves: left to autodiff, XLA reduced the final norm's scale
+    gradient after the whole layer stack's backward and kept the f32 cotangent of the final hidden
+    states alive through it (512 MiB per device for the 70B example)."""
+    return _rms_norm_forward(x_BTD, scale_D)[0]
+
+
+def _rms_norm_forward(x_BTD, scale_D):
+    x = x_BTD.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + NORM_EPS)
+    return (x * r * scale_D).astype(COMPUTE), (x_BTD, scale_D)
+
+
+def _rms_norm_backward(residuals, dy_BTD):
+    x_BTD, scale_D = residuals
+    x = x_BTD.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + NORM_EPS)
+    dy = dy_BTD.astype(jnp.float32)
+    dscale_D = jnp.sum(dy * x * r, axis=tuple(range(x.ndim - 1)))
+    g = dy * scale_D
+    dx = r * g - x * (r**3) * jnp.mean(g * x, axis=-1, keepdims=True)
+    return jax.lax.optimization_barrier((dx.astype(x_BTD.dtype), dscale_D))
+
+
+rms_norm.defvjp(_rms_norm_forward, _rms_norm_backward)
 
 
 def rope(x_BTNH, pos_BT):
