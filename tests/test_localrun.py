@@ -153,3 +153,13 @@ def test_scale_down_keeps_the_kind_of_job():
     check_fits(job)
     assert job.spec.model.preset == "tiny-moe" and job.spec.mesh.expert == 2 and job.spec.tpu.topology == "2x2x2"
     assert any("model -> preset tiny-moe" in c for c in changes)
+
+
+def test_scale_down_keeps_gradient_accumulation():
+    doc = yaml.safe_load(open(Path(__file__).parents[1] / "examples" / "long-context.yaml"))
+    doc["spec"]["training"].update(globalBatch=128, microbatches=8)
+    small, changes = scale_down(doc)
+    job = parse_job(small)  # valid: every microbatch splits over the batch axes
+    check_fits(job)
+    assert job.spec.training.microbatches == 4 and job.spec.training.global_batch == 4 * 16
+    assert any("in 4 microbatches" in c for c in changes)

@@ -41,6 +41,8 @@ BAD = [
     ("spec.model", {"preset": "tiny-moe", "expertsPerToken": 8}, "spec.model.expertsPerToken", "more than experts"),
     ("spec.training.steps", 0, "spec.training.steps", "greater than or equal to 1"),
     ("spec.training.globalBatch", 12, "spec.training.globalBatch", "multiple of data x fsdp x expert = 8"),
+    ("spec.training.microbatches", 3, "spec.training.microbatches", "globalBatch must be a multiple of 24"),
+    ("spec.training.microbatches", 0, "spec.training.microbatches", "greater than or equal to 1"),
     ("spec.training.precision", "fp4", "spec.training.precision", "is not allowed"),
     ("spec.training.remat", {"policy": "full", "tensors": {"qkv_proj": "offload"}}, "spec.training.remat.tensors",
      "only used with policy custom"),

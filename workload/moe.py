@@ -282,6 +282,11 @@ def _by_local_expert(buffer_CD, local_PX):
     return buffer_CD[order_C], order_C, local_PX.sum(0)
 
 
+# The received rows of expert parallelism run in chunks where their [rows, F] activation per device
+# would pass this (bf16); the dense MLP's threshold (train.MLP_CHUNK_BYTES) too.
+EXPERT_CHUNK_BYTES = 128 << 20
+
+
 def receive_rows(tokens: int, k: int, local_experts: int, peers: int) -> int:
     """Rows a device's grouped matmuls run over: its own tokens' M*k routed rows, or, exchanging with
     P > 1 peers, the receive buffer P * M * min(k, X)."""
@@ -302,8 +307,10 @@ def _expert_parallel(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *
                     plan.remote_offset_P, plan.recv_P)
     rows_CD, order_C, sizes_X = _by_local_expert(buffer_CD, plan.local_PX)
     # One chunk is a device's own routed rows (M * k, the balanced share): no MLP-wide buffer grows
-    # with the expert degree.
-    y_CD = _swiglu_in_chunks(rows_CD, sizes_X, gate_XDF, up_XDF, down_XFD, mm, chunk=M * k)
+    # with the expert degree. A buffer whose [rows, F] activation is small runs whole: chunks would
+    # only cost their recomputation.
+    whole = C * gate_XDF.shape[-1] * x_MD.dtype.itemsize <= EXPERT_CHUNK_BYTES
+    y_CD = _swiglu_in_chunks(rows_CD, sizes_X, gate_XDF, up_XDF, down_XFD, mm, chunk=C if whole else M * k)
     if mlp:  # F split over `tensor`: partial sums
         y_CD = jax.lax.psum(y_CD, mlp)
     if order_C is not None:

@@ -156,7 +156,8 @@ def hbm_advice(cfg: TrainerConfig, state: int, limit: float) -> list[str]:
     takes half the limit or more, more devices to shard it over; otherwise fewer activations."""
     m, t = cfg.mesh, cfg.training
     shard_state = ["tpu.topology"] + (["parallelism.fsdp"] if m.fsdp * m.tensor * m.expert * m.context > m.fsdp else [])
-    fewer_activations = ["training.globalBatch"]
+    # Accumulation first: it keeps the batch (and so the training) the job asked for.
+    fewer_activations = ["training.microbatches", "training.globalBatch"]
     if t.remat.policy != "full":
         fewer_activations.append("training.remat.policy")
     fewer_activations.append("tpu.slices")  # the batch spreads over more devices

@@ -39,7 +39,7 @@ def loss_chunks(cfg: TrainerConfig) -> int:
     """Sequence chunks of the LM head and cross entropy (loss.py): one chunk's f32 logits of one
     vocabulary tile per device stay under loss.LOGITS_TILE_BYTES."""
     m, t = cfg.mesh, cfg.training
-    batch = -(-t.global_batch // (m.data * m.fsdp * m.expert))
+    batch = -(-t.microbatch // (m.data * m.fsdp * m.expert))
     vocab = -(-cfg.model.vocab // m.tensor)
     return loss_lib.sequence_chunks(batch, t.sequence_length // m.context, vocab, vocab_tiles(cfg))
 
@@ -56,7 +56,7 @@ def mlp_chunks(cfg: TrainerConfig) -> int:
     recomputed = remat.policy == "full" or (remat.policy == "custom" and remat.tensors.get("mlp_in", "remat") == "remat")
     if cfg.model.is_moe or not recomputed:
         return 1
-    batch = -(-t.global_batch // (m.data * m.fsdp * m.expert))
+    batch = -(-t.microbatch // (m.data * m.fsdp * m.expert))
     tokens, width = batch * (t.sequence_length // m.context), cfg.model.mlp_dim // m.tensor
     chunks = 1
     while tokens // chunks * width * 2 > MLP_CHUNK_BYTES and t.sequence_length // m.context % (2 * chunks) == 0:
@@ -158,13 +158,37 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
     state_shardings = _state_shardings(abstract_state, param_shardings, replicated)
     batch_sharding = sharder.named(("batch", "length"), (cfg.training.global_batch, cfg.training.sequence_length))
 
-    def train_step(state, batch):
-        tokens_BT, targets_BT, pos_BT = batch
-        with sharding.use(sharder):
-            def loss_of(params):
-                return model_lib.loss_fn(nnx.merge(graphdef, params), tokens_BT, targets_BT, pos_BT)
+    micro = cfg.training.microbatches
+    micro_sharding = sharder.named(("batch", "length"), (cfg.training.microbatch, cfg.training.sequence_length))
 
-            (loss, parts), grads = jax.value_and_grad(loss_of, has_aux=True)(state["params"])
+    def loss_and_grads(params, batch):
+        def loss_of(params):
+            return model_lib.loss_fn(nnx.merge(graphdef, params), *batch)
+
+        return jax.value_and_grad(loss_of, has_aux=True)(params)
+
+    def accumulated(params, batch):
+        """The whole batch's mean loss and gradients, one microbatch at a time (equal sizes, so the
+        mean of the microbatches' means). Microbatch m takes rows m, m + M, ...: each device's rows
+        split among the microbatches, so no row moves between devices."""
+        split = lambda a_BT: a_BT.reshape(-1, micro, a_BT.shape[-1]).swapaxes(0, 1)  # noqa: E731
+        # The gradient sum is sharded as the parameters are (left free, XLA may replicate it).
+        grads = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), s),
+                             params, param_shardings)
+        zeros = ((jnp.zeros((), jnp.float32), {"ce": jnp.zeros((), jnp.float32), "aux": jnp.zeros((), jnp.float32)}),
+                 grads)
+
+        def one(acc, mb):
+            mb = tuple(jax.lax.with_sharding_constraint(a, micro_sharding) for a in mb)
+            return jax.tree.map(jnp.add, acc, loss_and_grads(params, mb)), None
+
+        total, _ = jax.lax.scan(one, zeros, tuple(map(split, batch)))
+        return jax.tree.map(lambda a: a / micro, total)
+
+    def train_step(state, batch):
+        with sharding.use(sharder):
+            step_grads = loss_and_grads if micro == 1 else accumulated
+            (loss, parts), grads = step_grads(state["params"], batch)
             updates, opt = tx.update(grads, state["opt"], state["params"])
             params = optax.apply_updates(state["params"], updates)
         metrics = {"loss": loss, **parts, "grad_norm": optax.global_norm(grads)}

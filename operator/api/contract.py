@@ -104,6 +104,10 @@ class DataSpec(Base):
 class TrainingSpec(Base):
     steps: int = _desc("Optimizer steps to train.", ge=1)
     global_batch: int = _desc("Sequences per step across all slices.", ge=1)
+    microbatches: int = _desc(
+        "Gradient accumulation: each step runs the global batch as this many equal microbatches, one "
+        "after another, and sums their gradients before the one optimizer update. The loss and "
+        "gradients are the whole batch's; activations are one microbatch's.", default=1, ge=1)
     sequence_length: int = _desc("Tokens per sequence.", ge=2)
     learning_rate: LearningRateSpec = _desc("Learning-rate schedule.", default_factory=LearningRateSpec)
     weight_decay: float = _desc("AdamW weight decay.", default=0.1, ge=0)
@@ -113,6 +117,11 @@ class TrainingSpec(Base):
     data: DataSpec = _desc("Training data.", default_factory=DataSpec)
     seed: int = _desc("Seed for initialisation and synthetic data.", default=0, ge=0)
     log_every: int = _desc("Report metrics every N steps.", default=1, ge=1)
+
+    @property
+    def microbatch(self) -> int:
+        """Sequences in one microbatch (the batch whose activations one device holds at a time)."""
+        return self.global_batch // self.microbatches
 
 
 # ---------------------------------------------------------------------------------------------

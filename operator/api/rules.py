@@ -105,6 +105,10 @@ def spec_problems(s: Sections) -> list[Problem]:
         if t.global_batch % shards:
             problems.append(("training.globalBatch", f"{t.global_batch} is not a multiple of data x fsdp x expert "
                                                      f"= {shards}, the axes the batch is sharded over"))
+        elif t.global_batch % (shards * t.microbatches):
+            problems.append(("training.microbatches", f"{t.microbatches} microbatches of {t.global_batch} sequences "
+                                                      f"do not each split evenly over data x fsdp x expert = {shards}; "
+                                                      f"globalBatch must be a multiple of {shards * t.microbatches}"))
     context = mesh["context"]
     # Load-balanced causal context parallelism splits each shard's sequence in two halves.
     if t is not None and context is not None and context > 1 and t.sequence_length % (2 * context):
@@ -140,7 +144,7 @@ def _gmm_problems(dims: ModelDims, t: TrainingSpec | None, mesh: dict[str, int |
         widths["model.mlpDim"] = dims.mlp_dim // mesh["tensor"]
     short = [f"{path} ({value})" for path, value in widths.items() if value < GMM_MIN]
     if t is not None and None not in (mesh["data"], mesh["fsdp"], mesh["expert"], mesh["context"]):
-        tokens = t.global_batch // (mesh["data"] * mesh["fsdp"] * mesh["expert"]) * (t.sequence_length // mesh["context"])
+        tokens = t.microbatch // (mesh["data"] * mesh["fsdp"] * mesh["expert"]) * (t.sequence_length // mesh["context"])
         if tokens * dims.experts_per_token < GMM_MIN:
             short.append(f"routed rows per device ({tokens * dims.experts_per_token})")
     if not short:

@@ -74,11 +74,14 @@ def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     }
     spec.update(changes)
     devices = Plan(TPUTrainingJob.model_validate(doc)).total_devices
-    spec["training"].update({"sequenceLength": 256 if context > 1 else 128, "globalBatch": devices})
+    micro = min(job.spec.training.microbatches, 4)  # accumulation kept, its batch one row per device each
+    spec["training"].update({"sequenceLength": 256 if context > 1 else 128, "globalBatch": devices * micro,
+                             "microbatches": micro})
     spec["training"].pop("data", None)
     said = [f"topology {job.spec.tpu.topology} x {job.spec.tpu.slices} -> {small} x {slices}",
             f"model -> preset {'tiny-moe' if moe else 'tiny'}", f"parallelism -> context {context}, expert {expert}",
-            f"batch -> {devices} x {spec['training']['sequenceLength']} tokens, synthetic data, attention xla"
+            f"batch -> {devices * micro} x {spec['training']['sequenceLength']} tokens"
+            + (f" in {micro} microbatches" if micro > 1 else "") + ", synthetic data, attention xla"
             + (", moe matmul ragged_dot" if moe else "")]
     return doc, said
 

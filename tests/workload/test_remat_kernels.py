@@ -20,7 +20,7 @@ from jax._src.interpreters import partial_eval as pe
 
 from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec, SplashSpec
 from tpu_operator.api.presets import PRESETS
-from tpu_workload import model, sharding
+from tpu_workload import model, moe, sharding
 
 BLOCKS = SplashSpec(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128, block_kv_dkv=128,
                     block_kv_dkv_compute=128, block_q_dq=128, block_kv_dq=128)
@@ -87,7 +87,7 @@ def test_kept_attention_is_not_recomputed_with_context_parallelism_either():
 
 
 @pytest.mark.parametrize("remat,forward", [(RematSpec(policy="none"), 3), (RematSpec(policy="full"), 9)])
-def test_grouped_matmul_runs(remat, forward):
+def test_grouped_matmul_runs(remat, forward, monkeypatch):
     """Gate, up, down: 3 forward and 6 backward (tokens' and weights' gradients) grouped matmuls.
 
     Under full remat the received rows run in chunks that the backward recomputes one at a time
@@ -96,6 +96,7 @@ def test_grouped_matmul_runs(remat, forward):
     residuals (its output, under optimize_remat), which XLA merges but for gate and up (8 forward
     kernels in the TPU compile of this layer, against 6 unchunked: 2 more of 14, for [rows, F]
     activations of one chunk instead of the whole receive buffer)."""
+    monkeypatch.setattr(moe, "EXPERT_CHUNK_BYTES", 0)  # chunked, as at full size
     runs = kernel_runs(MOE, remat, dict(fsdp=4, expert=2), seq=128)
     assert runs["gmm_megablox"] == forward, runs
     assert runs["gmm_megablox_transpose_rhs"] == runs["tgmm_megablox"] == 3, runs
