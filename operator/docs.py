@@ -100,11 +100,16 @@ def _field_tables(schema: dict[str, Any], root: str) -> str:
 
 
 def api_spec() -> str:
-    from .api import crd
+    from .api import crd, models
 
     schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     required = ", ".join(f"`spec.{f}`" for f in schema["properties"]["spec"].get("required", []))
-    return f"Required: {required}.\n\n" + _field_tables(schema["properties"]["spec"], "spec")
+    fields = models.TPUTrainingJobSpec.model_fields
+    by_operator = ", ".join(f"`spec.{fields[f].alias or f}` (the operator's `--default-image`, else "
+                            f"`{fields[f].default}`)" if f == "image" else f"`spec.{fields[f].alias or f}`"
+                            for f in sorted(models.OPERATOR_DEFAULTED_FIELDS))
+    return (f"Required: {required}. Defaulted by the operator, not by the API server, so the CRD shows no "
+            f"default: {by_operator}.\n\n" + _field_tables(schema["properties"]["spec"], "spec"))
 
 
 def api_status() -> str:
