@@ -46,7 +46,7 @@ FINAL = ("succeeded", "failed", "user")
 
 
 class Badput(Base):
-    """Seconds of the job's wall time that did not train, by cause (README: Goodput)."""
+    """Seconds of the job's wall time that did not train, by cause (docs/failures.md: Goodput)."""
 
     queued: float = _desc("Created → pods first running, and suspended time.", default=0.0, ge=0)
     startup: float = _desc("Pods running → first step done, per attempt (start-up, restore, compile).",

@@ -251,7 +251,7 @@ class RuntimeSpec(Base):
 
 
 class FailurePolicySpec(Base):
-    """How the operator restarts a job (README: Failures and restarts; api/failures.py has the rule)."""
+    """How the operator restarts a job (docs/failures.md; api/failures.py has the rule)."""
 
     max_restarts: int = _desc("Restarts after failures and hangs before the job fails, counted by the operator "
                               "across JobSet re-creations (preemptions are counted but not charged).",
@@ -362,7 +362,7 @@ class TPUTrainingJobSpec(Base):
                           "queueName, the operator deactivates the job's Kueue Workload.", default=False)
     termination_grace_period_seconds: int | None = _desc(
         "Seconds a pod has after SIGTERM to finish its step and write a checkpoint before it is killed. "
-        "Default: derived from the checkpoint size per host (README: Failures and restarts).",
+        "Default: derived from the checkpoint size per host (docs/jobs.md: What a rendered JobSet carries).",
         default=None, ge=1, le=86400)
 
     @model_validator(mode="after")

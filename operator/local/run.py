@@ -192,7 +192,7 @@ def _summary(outcome: Outcome, status: TPUTrainingJobStatus, run_dir: Path) -> s
     lines = [f"{outcome.phase}: {outcome.message}"]
     if status.step is not None:
         lines.append(f"step {status.step}, {status.step_time_seconds:.3f} s/step, {status.tokens_per_second:,.0f} "
-                     f"tokens/s, MFU {100 * status.mfu:.2f}% (of the documented CPU peak; see README), "
+                     f"tokens/s, MFU {100 * status.mfu:.2f}% (of the documented CPU peak; see docs/local-run.md), "
                      f"restarts {outcome.restarts.total} (failure {outcome.restarts.failure}, preemption "
                      f"{outcome.restarts.preemption})")
     if status.goodput is not None:

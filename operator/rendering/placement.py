@@ -3,7 +3,7 @@ tolerations of each capacity mode, and the Kueue labels and annotation of a queu
 
 Every key here is GKE's or Kueue's, not ours, and each cites where it is documented. Kueue: the
 JobSet integration of v0.15 and later (the queue is a label only since v0.15); the constants are in
-kubernetes-sigs/kueue `pkg/controller/constants/constants.go`. The README's "Queues and capacity"
+kubernetes-sigs/kueue `pkg/controller/constants/constants.go`. docs/queues.md
 lists the same keys with the same sources.
 """
 

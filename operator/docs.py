@@ -1,0 +1,378 @@
+"""The reference parts of `docs/`, generated from the code: `python -m tpu_operator.docs` rewrites them,
+`python -m tpu_operator.docs --check` lists the files that drifted (tests/test_docs.py runs the same check
+in the default test run). Run from the repository root.
+
+A doc file is hand-written prose with generated blocks in it:
+
+    <!-- generated: NAME (python -m tpu_operator.docs) -->
+    ...
+    <!-- end generated: NAME -->
+
+`BLOCKS` maps each NAME to the function that renders it. Each reads the code that is the source:
+- `api-spec`, `api-status`, `columns`: the CRD built from the pydantic models (`api/crd.py`'s own walk);
+- `phases`: the `Phase` literal and the numbered rule in `controller/phases.py`'s docstring;
+- `conditions`, `events`: `condition_table()` and `event_table()` below (the controller has no table of
+  its own yet; tests/test_docs.py holds these tables to the literals the controller passes);
+- `metrics-operator`: the operator's Prometheus registry (`controller/stats.py`), walked after one sample
+  of each series; `metrics-trainer`: `tpu_workload.metrics.PROMETHEUS`;
+- `rbac`: `controller/rbac.py`'s `RBAC_RULES`; `operator-flags`: `tpujob operator`'s argument parser;
+  `pins`: `scripts/cluster-versions.env`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, get_args
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository (docs/ and scripts/ are not in the wheel)
+DOCS = ROOT / "docs"
+COMMAND = "python -m tpu_operator.docs"
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[a-z-]+) \(python -m tpu_operator\.docs\) -->\n)(?P<body>.*?)"
+                   r"(<!-- end generated: (?P=name) -->)", re.S)
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+# --- the API (docs/api.md) ----------------------------------------------------------------------------
+
+
+def _type(node: dict[str, Any]) -> str:
+    if node.get("x-kubernetes-int-or-string"):
+        return "integer or string"
+    kind = node.get("type", "object")
+    if kind == "array":
+        return "[]" + _type(node.get("items", {}))
+    if kind == "object" and isinstance(node.get("additionalProperties"), dict):
+        return "map[string]" + _type(node["additionalProperties"])
+    return kind
+
+
+def _limits(node: dict[str, Any]) -> str:
+    parts = []
+    if "enum" in node:
+        parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
+    for key, word in (("minimum", ">="), ("maximum", "<="), ("minLength", "length >="), ("maxLength", "length <="),
+                      ("minItems", "items >="), ("maxItems", "items <="), ("maxProperties", "keys <=")):
+        if key in node:
+            strict = node.get("exclusive" + key[0].upper() + key[1:]) is True
+            parts.append(f"{word.replace('=', '') if strict else word} {node[key]}")
+    if "pattern" in node and len(node["pattern"]) <= 48:
+        parts.append(f"pattern `{node['pattern']}`")
+    return "; ".join(parts)
+
+
+def _fields(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, child in node.get("properties", {}).items():
+        yield f"{path}.{name}", child
+        target = child.get("items", child) if child.get("type") == "array" else child
+        suffix = "[]" if child.get("type") == "array" else ""
+        yield from _fields(target, f"{path}.{name}{suffix}")
+
+
+def _row(path: str, node: dict[str, Any]) -> tuple[str, ...]:
+    default = "" if "default" not in node else "`\"\"`" if node["default"] == "" else f"`{node['default']}`"
+    return (f"`{path}`", _type(node), default, _limits(node), node.get("description", ""))
+
+
+def _field_tables(schema: dict[str, Any], root: str) -> str:
+    """A table of the top-level fields, then one per field that has fields of its own, in the CRD's order."""
+    header = ("field", "type", "default", "limits", "description")
+    out = [_table(header, [_row(f"{root}.{name}", child) for name, child in schema["properties"].items()])]
+    for name, child in schema["properties"].items():
+        rows = [_row(p, n) for p, n in _fields(child.get("items", child), f"{root}.{name}"
+                                                + ("[]" if child.get("type") == "array" else ""))]
+        if rows:
+            out.append(f"### `{root}.{name}`\n\n{child.get('description', '')}\n\n" + _table(header, rows))
+    return "\n".join(out)
+
+
+def api_spec() -> str:
+    from .api import crd, models
+
+    schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    required = ", ".join(f"`spec.{f}`" for f in schema["properties"]["spec"].get("required", []))
+    fields = models.TPUTrainingJobSpec.model_fields
+    by_operator = ", ".join(f"`spec.{fields[f].alias or f}` (the operator's `--default-image`, else "
+                            f"`{fields[f].default}`)" if f == "image" else f"`spec.{fields[f].alias or f}`"
+                            for f in sorted(models.OPERATOR_DEFAULTED_FIELDS))
+    return (f"Required: {required}. Defaulted by the operator, not by the API server, so the CRD shows no "
+            f"default: {by_operator}.\n\n" + _field_tables(schema["properties"]["spec"], "spec"))
+
+
+def api_status() -> str:
+    from .api import crd
+
+    schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return _field_tables(schema["properties"]["status"], "status")
+
+
+def columns() -> str:
+    from .api import crd
+
+    rows = [(c["name"], f"`{c['jsonPath']}`", "`-o wide`" if c.get("priority") else "always")
+            for c in crd.PRINTER_COLUMNS]
+    return _table(("column", "from", "shown"), rows)
+
+
+# --- phases, conditions, Events (docs/status.md) ------------------------------------------------------
+
+
+def phases() -> str:
+    from .api.models import Phase
+    from .controller import phases as rule
+
+    listed = ", ".join(f"`{p}`" for p in get_args(Phase))
+    doc = rule.__doc__ or ""
+    numbered = doc[doc.index("\n1. "):doc.index("\n\n", doc.index("\n1. ") + 1)].strip("\n")
+    return (f"Phases: {listed}.\n\nThe rule, first match wins (from `operator/controller/phases.py`, "
+            f"`phase_of`):\n\n{numbered}\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reason:
+    """One (condition type, status, reason) the operator writes, or one Event it posts."""
+
+    kind: str  # the condition type, or the Event's type (Normal | Warning)
+    status: str  # True | False | Unknown; "" for an Event
+    reason: str
+    meaning: str
+
+
+def condition_table() -> list[Reason]:
+    """Every condition type, status and reason the controller writes. The one source of docs/status.md's
+    condition table: when the controller keeps its own table of reasons, return that table from here.
+    Pass-through reasons (the kubelet's, Kueue's, the plan's verdicts) are listed from the constants the
+    controller reads them against."""
+    from .api.contract import JOB_MUST_CHANGE, PlanVerdict
+    from .api.models import Phase
+    from .controller import diagnosis, kueue, preflight
+
+    could_not_check = [v for v in get_args(PlanVerdict) if v != "Fits" and v not in JOB_MUST_CHANGE]
+    rows = [
+        Reason("Ready", "True", "JobSetCreated", "the JobSet exists (created or adopted)."),
+        Reason("Ready", "False", "InvalidSpec", "the spec does not validate; the message names each field and why."),
+        Reason("Ready", "False", "NameConflict", "a ConfigMap or JobSet of the job's name exists and is not this "
+               "job's; delete or rename it."),
+        Reason("Ready", "False", "Planning", "the pre-flight compile runs; the JobSet is created once it says the "
+               "step fits."),
+        Reason("Ready", "False", "DoesNotFit", "the pre-flight says the job cannot run as written (HBM, VMEM or "
+               "flags); the message names the fields to change."),
+        Reason("Planned", "Unknown", preflight.COMPILING, "the pre-flight Job compiles the train step."),
+        Reason("Planned", "True", "Fits", "the compiled step fits HBM with the headroom asked for."),
+        *[Reason("Planned", "False", v, "the plan's verdict: the job must change (HBM, VMEM, or a flag libtpu "
+                 "refuses).") for v in JOB_MUST_CHANGE],
+        *[Reason("Planned", "Unknown", v, "the plan could not check the job (its verdict); the JobSet is created "
+                 "without the check.") for v in could_not_check],
+        Reason("Planned", "Unknown", "DeadlineExceeded", "the pre-flight Job ran past its deadline; the JobSet is "
+               "created without the check."),
+        Reason("Planned", "Unknown", "PreflightFailed", "the pre-flight pod ended without a result; the JobSet is "
+               "created without the check."),
+        Reason("Planned", "Unknown", "PreflightNotStarted", "the pre-flight pod did not start in time (image, no "
+               "CPU node, no Job controller); the JobSet is created without the check."),
+        Reason("SpecChange", "True", "Applied", "the JobSet matches the spec."),
+        Reason("SpecChange", "False", "Immutable", "a field other than spec.suspend changed after the JobSet was "
+               "created; the JobSet is kept as it is."),
+        Reason("SpecChange", "False", "InvalidSpec", "an edit of a job that has its JobSet does not validate; the "
+               "JobSet runs on from the last valid spec."),
+        Reason("Admitted", "True", "Admitted", "Kueue admitted the job's Workload."),
+        Reason("Admitted", "False", "NoWorkload", "no Kueue Workload for the JobSet yet (is Kueue running, with its "
+               "JobSet integration?)."),
+        Reason("Admitted", "False", "Unattempted", "Kueue has not tried to admit the Workload yet."),
+        Reason("Admitted", "False", "AdmissionChecks", "quota reserved; admission checks (e.g. a "
+               "ProvisioningRequest) pending, unless Kueue gives its own reason."),
+        Reason("Admitted", "False", "(Kueue's reason)", "Kueue's own reason and message: its QuotaReserved reason "
+               f"while waiting for quota ({', '.join(kueue.MISCONFIGURED)} are posted as Warnings), or its Evicted "
+               f"reason after an eviction (`Preempted`, `PodsReadyTimeout`, `{kueue.DEACTIVATED}`...)."),
+        Reason("Scheduled", "True", "Scheduled", "every pod is on a node."),
+        Reason("Scheduled", "False", "Unschedulable", "the scheduler cannot place a pod; the message is its words."),
+        Reason("Scheduled", "False", "SchedulingGated", "a scheduling gate holds a pod."),
+        Reason("Scheduled", "False", "Pending", "the pods are not created yet, or the scheduler has not looked at "
+               "all of them."),
+        Reason("ContainersReady", "True", "Ready", "every pod is ready."),
+        Reason("ContainersReady", "False", diagnosis.STARTING, "the containers are on their way."),
+        *[Reason("ContainersReady", "False", r, "the kubelet's waiting reason: the image cannot be pulled (the "
+                 "message names it).") for r in diagnosis.IMAGE_REASONS],
+        *[Reason("ContainersReady", "False", r, "the kubelet's waiting reason: the container cannot start or keeps "
+                 "failing.") for r in diagnosis.START_REASONS],
+        Reason("ContainersReady", "False", "(terminated reason)", "a container exited non-zero: its terminated "
+               "reason (`Error`, `OOMKilled`...) and exit code."),
+        *[Reason("Running", "True" if p == "Running" else "False", p, f"the phase is {p}.")
+          for p in get_args(Phase) if p != "Invalid"],
+        Reason("Succeeded", "True", "JobSetCompleted", "the JobSet completed."),
+        Reason("Failed", "True", "JobSetFailed", "the JobSet failed and no restart was decided about it."),
+        Reason("Failed", "True", "RestartPolicy", "the restart policy gave up: a user error, an exit code not in "
+               "restartOnExitCodes, or the restart budget spent."),
+        Reason("Metrics", "True", "Read", "the trainer's /status was read."),
+        Reason("Metrics", "False", "Unreachable", "the trainer could not be read; the last values stay."),
+        Reason("Hung", "True", "NoProgress", "no step completed for the hang timeout (or no first step for the "
+               "start-up timeout); the job restarts, cause hang."),
+        Reason("Hung", "False", "Progressing", "steps complete again."),
+    ]
+    return rows
+
+
+def event_table() -> list[Reason]:
+    """Every Event the controller posts (type, reason). The one source of docs/status.md's Event table; as
+    for `condition_table`, point it at the controller's own table once there is one."""
+    from .api.contract import PlanVerdict
+    from .controller import diagnosis
+
+    could_not_check = ", ".join(f"`{v}`" for v in get_args(PlanVerdict)
+                                if v not in ("Fits", "DoesNotFit", "VmemOverflow", "RejectedFlags"))
+    return [
+        Reason("Normal", "", "Created", "the ConfigMap and the JobSet were created."),
+        Reason("Warning", "", "Invalid", "the spec does not validate (phase Invalid)."),
+        Reason("Warning", "", "NameConflict", "a child's name is taken by an object this job does not own."),
+        Reason("Warning", "", "SpecChangeRefused", "a spec change after the JobSet exists was refused."),
+        Reason("Normal", "", "Planned", "the pre-flight says the step fits."),
+        Reason("Warning", "", "DoesNotFit", "the pre-flight says it does not fit: no JobSet for this spec."),
+        Reason("Warning", "", "(pre-flight reason)", "the pre-flight could not check the job: its Planned reason "
+               f"({could_not_check}, `DeadlineExceeded`, `PreflightFailed`, `PreflightNotStarted`)."),
+        Reason("Warning", "", "(pod problem)", "the pods' most telling problem changed: the Scheduled or "
+               "ContainersReady reason (`Unschedulable`, " + ", ".join(f"`{r}`" for r in diagnosis.IMAGE_REASONS[:3])
+               + ", `CrashLoopBackOff`, `Error`...)."),
+        Reason("Normal", "", "Admitted", "Kueue admitted the job."),
+        Reason("Normal / Warning", "", "Queued", "the job waits in its Kueue queue (Warning when Kueue says the queue "
+               "or the job is misconfigured)."),
+        Reason("Warning", "", "Evicted", "Kueue evicted the job; it is queued again (counted under "
+               "restarts.preemption)."),
+        Reason("Warning", "", "Restarted", "a failed, preempted or hung attempt is restarted after its backoff."),
+        Reason("Warning", "", "Hung", "no progress for the hang timeout."),
+        Reason("Normal", "", "Suspended", "the JobSet is suspended."),
+        Reason("Normal", "", "Resumed", "the JobSet is resumed."),
+        Reason("Normal", "", "Succeeded", "the job succeeded."),
+        Reason("Warning", "", "Failed", "the job failed."),
+    ]
+
+
+def conditions() -> str:
+    rows = [(f"`{r.kind}`", r.status, f"`{r.reason}`" if not r.reason.startswith("(") else r.reason, r.meaning)
+            for r in condition_table()]
+    return _table(("type", "status", "reason", "meaning"), rows)
+
+
+def events() -> str:
+    rows = [(r.kind, f"`{r.reason}`" if not r.reason.startswith("(") else r.reason, r.meaning) for r in event_table()]
+    return _table(("type", "reason", "when"), rows)
+
+
+# --- metrics (docs/metrics.md) ------------------------------------------------------------------------
+
+
+def _label_values() -> dict[str, str]:
+    from .api.failures import Cause
+    from .api.goodput import BUCKETS
+    from .controller.manager import TRIGGERS
+
+    return {"handler": ", ".join(TRIGGERS), "bucket": ", ".join(BUCKETS), "cause": ", ".join(get_args(Cause)),
+            "result": "the reconcile's outcome (`created`, `adopted`, `followed`, `waiting`, `invalid`, `gone`... "
+                      "as `controller/reconcile.py` returns them); `error` (an exception) and `api_error` (an API "
+                      "error) are retried and counted in `tpu_operator_reconcile_errors_total` too",
+            "namespace": "the job's namespace", "job": "the job's name"}
+
+
+def metrics_operator() -> str:
+    """The operator's registry after one reconcile and one job's figures, so every series has its labels."""
+    from .api.models import TPUTrainingJobStatus
+    from .controller.stats import Stats
+
+    stats = Stats()
+    stats.observe("job", "done", 0.0)
+    stats.job(("ns", "job"), TPUTrainingJobStatus.model_validate(
+        {"goodput": 0.5, "badput": {}, "restarts": {}}))
+    values, rows = _label_values(), []
+    for family in stats.registry.collect():
+        # The operator turns off prometheus_client's *_created series (controller/main.py).
+        series = sorted({s.name for s in family.samples if not s.name.endswith("_created")})
+        labels = sorted({k for s in family.samples for k in s.labels if k != "le"})
+        rows.append((" ".join(f"`{s}`" for s in series), family.type, family.documentation,
+                     "; ".join(f"`{k}`: {values.get(k, '')}" for k in labels)))
+    return _table(("series", "type", "meaning", "labels"), rows)
+
+
+def metrics_trainer() -> str:
+    from tpu_workload.metrics import PROMETHEUS
+
+    rows = [(f"`{name}`", "gauge", help_, f"`{key}`") for name, key, help_ in PROMETHEUS]
+    return _table(("series", "type", "meaning", "/status key"), rows)
+
+
+# --- operations (docs/operations.md) ------------------------------------------------------------------
+
+
+def rbac() -> str:
+    from .controller.rbac import RBAC_RULES
+
+    rows = [(", ".join(f"`{g}`" if g else "`\"\"` (core)" for g in r["apiGroups"]),
+             ", ".join(f"`{x}`" for x in r["resources"]), ", ".join(r["verbs"])) for r in RBAC_RULES]
+    return _table(("API group", "resources", "verbs"), rows)
+
+
+def operator_flags() -> str:
+    from .cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    rows = [(", ".join(f"`{o}`" for o in a.option_strings), a.help or "")
+            for a in sub.choices["operator"]._actions if a.option_strings and a.dest != "help"]
+    return _table(("flag", "what it does"), rows)
+
+
+def pins() -> str:
+    text = (ROOT / "scripts" / "cluster-versions.env").read_text()
+    rows = [tuple(line.split("=", 1)) for line in text.splitlines() if re.match(r"^[A-Z_]+=", line)]
+    return _table(("component", "pinned version"), [(f"`{k}`", f"`{v}`") for k, v in rows])
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "api-spec": api_spec, "api-status": api_status, "columns": columns, "phases": phases,
+    "conditions": conditions, "events": events, "metrics-operator": metrics_operator,
+    "metrics-trainer": metrics_trainer, "rbac": rbac, "operator-flags": operator_flags, "pins": pins,
+}
+
+
+def regenerate(text: str) -> str:
+    """`text` with every generated block rendered again from the code."""
+
+    def fill(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in BLOCKS:
+            raise KeyError(f"unknown generated block {name!r}; known: {', '.join(BLOCKS)}")
+        return m.group(1) + BLOCKS[name]() + m.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def drifted(docs: Path = DOCS) -> list[Path]:
+    """The doc files whose generated blocks differ from what the code renders now."""
+    return [p for p in sorted(docs.glob("*.md")) if regenerate(p.read_text()) != p.read_text()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=COMMAND, description="regenerate the reference parts of docs/")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file drifted")
+    args = parser.parse_args(argv)
+    stale = drifted()
+    for path in stale:
+        if args.check:
+            print(f"{path.relative_to(ROOT)}: drifted from the code; run `{COMMAND}`", file=sys.stderr)
+        else:
+            path.write_text(regenerate(path.read_text()))
+            print(f"wrote {path.relative_to(ROOT)}")
+    return 1 if stale and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
