@@ -7,7 +7,10 @@
   it looks at the first job, and re-creates nothing. Without Kueue installed there is no Workload
   resource to watch, and kopf does not wait for one.
 - Job, JobSet and Workload events add the job's key to the work queue (queue.py): the one place where
-  anything is retried, with backoff. A key is reconciled by one worker at a time.
+  anything is retried, with backoff. A key is reconciled by one worker at a time. A request the API
+  refuses for good (`ApiError.permanent`: 400, 403, 422, 404 on a create) is not retried: it is shown on
+  the job (Reconciled=False with the API's words, one Warning Event) and the job is held until its
+  generation changes or `refused_retry_s` (10 minutes) passes.
 - A JobSet event or a resync may list the JobSet's pods once, if some are not ready, to say why
   (diagnosis.py); nothing else lists pods, except the metrics reader finding pod 0 once.
 - A ticker adds unfinished jobs with a JobSet every `resync_interval_s` (the reconcile then GETs the
@@ -33,10 +36,11 @@ from typing import Any
 from ..api import names, timestamps
 from ..api.models import RuntimeSpec, TPUTrainingJobStatus
 from . import kueue, preflight
+from .children import owner_of
 from .kube import JOBSETS, ApiError, Kube, Obj
 from .metrics_reader import MetricsReader
 from .queue import WorkQueue
-from .reconcile import Emit, OperatorConfig, owner_of, reconcile, refused
+from .reconcile import Emit, Means, OperatorConfig, Seen, reconcile, refused
 from .stats import Stats
 from .status import Sample
 
@@ -63,6 +67,7 @@ class Manager:
         self.kube, self.reader, self.config, self.emit, self.stats = kube, reader, config, emit, stats
         self.workers, self.now, self.clock, self.tick_s = workers, now, clock, tick_s
         self.queue = WorkQueue(clock=clock)
+        self.means = Means(kube, config, emit, reader, now)
         self.jobs: Index = {}
         self.jobsets: Index = {}
         self.workloads: Index = {}
@@ -209,10 +214,9 @@ class Manager:
                 if exc.status != 404:
                     raise
                 jobset = None
-        outcome = await reconcile(self.kube, job, jobset, self.samples.pop(key, None), self.config, self.emit,
-                                  self.reader, self.now, workloads=self.workloads_of(key),
-                                  look_at_pods=bool(reasons & LOOK_AT_PODS),
-                                  preflights=list(self.preflights.get(key) or ()))
+        seen = Seen(jobset, self.samples.pop(key, None), self.workloads_of(key),
+                    list(self.preflights.get(key) or ()), look_at_pods=bool(reasons & LOOK_AT_PODS))
+        outcome = await reconcile(self.means, job, seen)
         if outcome.job is not None:
             if outcome.job is not job:  # a status write: the version it was computed from is older now
                 self.superseded.setdefault(key, set()).add(_rv(job))

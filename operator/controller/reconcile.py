@@ -41,7 +41,7 @@ from ..api.models import TPUTrainingJob, TPUTrainingJobStatus
 from ..api.timestamps import Clock
 from ..api.validation import InvalidJob, parse_job
 from . import children, diagnosis, kueue, phases, preflight, restarts, status as status_lib, steps
-from .children import NameConflict, changed_fields, owner_of  # noqa: F401 - the controller's names for them
+from .children import NameConflict, owner_of
 from .kube import JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 from .metrics_reader import LABEL_JOBSET, MetricsReader
 from .phases import Compute, Notice
@@ -71,6 +71,29 @@ class Outcome:
     job: Obj | None = None
     requeue_after_s: float | None = None
     jobset: Obj | None = None  # the JobSet this reconcile created or adopted (the watch may not have it yet)
+
+
+@dataclasses.dataclass(frozen=True)
+class Means:
+    """What a reconcile works with: the API, the operator's settings, the Event poster, the trainer's
+    reader (None: no final read of a completed job) and the clock."""
+
+    kube: Kube
+    config: OperatorConfig
+    emit: Emit
+    reader: MetricsReader | None = None
+    clock: Clock = timestamps.utc_now
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """What the manager's caches know of a job besides the job itself."""
+
+    jobset: Obj | None = None  # its JobSet as last seen (None: none known)
+    sample: status_lib.Sample | None = None  # the trainer's latest read, not applied yet
+    workloads: Sequence[Obj] = ()  # the Kueue Workloads seen under the JobSet's name
+    preflights: Sequence[Obj] = ()  # its pre-flight Jobs as the watch saw them
+    look_at_pods: bool = False  # a JobSet event or a resync: the pods may be listed once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,10 +194,10 @@ async def apply_suspend(kube: Kube, job: TPUTrainingJob, jobset: Obj, workload: 
     return jobset
 
 
-async def plan(kube: Kube, job: TPUTrainingJob, job_obj: Obj, jobset: Obj | None, gated: bool,
-               config: OperatorConfig, preflights: Sequence[Obj], now: datetime.datetime,
-               emit: Emit) -> preflight.Gate | Outcome:
+async def plan(means: Means, job: TPUTrainingJob, job_obj: Obj, jobset: Obj | None, gated: bool,
+               preflights: Sequence[Obj], now: datetime.datetime) -> preflight.Gate | Outcome:
     """The pre-flight's part (preflight.py): its gate when it lets the JobSet be made, else what it did."""
+    kube, config = means.kube, means.config
     planned = await preflight.gate(kube, job, job_obj, preflights, config.preflight, config.default_image, now)
     if planned.proceed:
         return planned
@@ -182,15 +205,15 @@ async def plan(kube: Kube, job: TPUTrainingJob, job_obj: Obj, jobset: Obj | None
         await children.delete_unstarted(kube, jobset)
     elif not gated and planned.result == "planning" and preflight.overlaps(job):
         await children.ensure_children(kube, job, config.default_image, True, gate=preflight.with_gate)
-    done = await write_status(kube, job_obj, planned.compute or (lambda s, g: (s, [])), emit)
+    done = await write_status(kube, job_obj, planned.compute or (lambda s, g: (s, [])), means.emit)
     return Outcome(planned.result if done else "gone", done, planned.requeue_after_s)
 
 
-async def converge(kube: Kube, job: TPUTrainingJob, job_obj: Obj, jobset: Obj | None, config: OperatorConfig,
-                   preflights: Sequence[Obj], now: datetime.datetime, emit: Emit) -> Converged | Outcome:
-    """Make the ConfigMap and the JobSet exist (`jobset`: as last seen, None when none is known), through
-    the pre-flight and a restart's backoff; or the Outcome of a reconcile that stops here."""
-    meta = job_obj["metadata"]
+async def converge(means: Means, job: TPUTrainingJob, job_obj: Obj, seen: Seen,
+                   now: datetime.datetime) -> Converged | Outcome:
+    """Make the ConfigMap and the JobSet exist (`seen.jobset`: as last seen, None when none is known),
+    through the pre-flight and a restart's backoff; or the Outcome of a reconcile that stops here."""
+    kube, jobset, meta = means.kube, seen.jobset, job_obj["metadata"]
     ensured = jobset is None or owner_of(jobset) != (meta.get("namespace", "default"), meta["name"], meta.get("uid"))
     gated = not ensured and preflight.gated(jobset)  # queued while its pre-flight compiles (preflight.py)
     if gated and children.refused_changes(jobset, job):  # edited while it compiled: that JobSet never ran
@@ -204,31 +227,31 @@ async def converge(kube: Kube, job: TPUTrainingJob, job_obj: Obj, jobset: Obj | 
     try:
         planned = None
         if preflight.wanted(job):  # no running JobSet before the compiler says the step fits (preflight.py)
-            planned = await plan(kube, job, job_obj, jobset, gated, config, preflights, now, emit)
+            planned = await plan(means, job, job_obj, jobset, gated, seen.preflights, now)
             if isinstance(planned, Outcome):
                 return planned
         if gated:  # it fits, or could not be checked: Kueue may admit it now
             lifted = await kube.patch(JOBSETS, job.metadata.namespace, jobset["metadata"]["name"],
                                       preflight.lift_patch(jobset))
             return Converged(lifted, False, False, planned.compute if planned else None)
-        made, created = await children.ensure_children(kube, job, config.default_image,
+        made, created = await children.ensure_children(kube, job, means.config.default_image,
                                                        planned is not None and planned.config_map_exists)
         return Converged(made, created, True, planned.compute if planned else None)
     except NameConflict as exc:
         message = str(exc)
-        done = await write_change(kube, job_obj, lambda s, g, t: status_lib.conflicted(s, message, g, t), now, emit)
-        return Outcome("conflict", done, config.conflict_retry_s)
+        done = await write_change(kube, job_obj, lambda s, g, t: status_lib.conflicted(s, message, g, t), now,
+                                  means.emit)
+        return Outcome("conflict", done, means.config.conflict_retry_s)
 
 
 # --- observe -----------------------------------------------------------------------------------------
 
 
-async def observe(kube: Kube, job: TPUTrainingJob, job_obj: Obj, made: Converged, sample: status_lib.Sample | None,
-                  reader: MetricsReader | None, workload: kueue.WorkloadView | None, look_at_pods: bool,
-                  now: datetime.datetime) -> steps.Observed:
+async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converged, seen: Seen,
+                  workload: kueue.WorkloadView | None, now: datetime.datetime) -> steps.Observed:
     """What the status is computed from: the JobSet (wrapped once), and the reads it may call for: the final
     sample of a completed JobSet, the pods of a failed one not counted yet, the pods of one not ready."""
-    jobset, namespace = made.jobset, job.metadata.namespace
+    kube, reader, sample, jobset, namespace = means.kube, means.reader, seen.sample, made.jobset, job.metadata.namespace
     name, uid = jobset["metadata"]["name"], jobset["metadata"].get("uid")
     view = phases.JobSetView.of(jobset)
     if sample is None and reader is not None and jobset_completed(view):
@@ -239,7 +262,7 @@ async def observe(kube: Kube, job: TPUTrainingJob, job_obj: Obj, made: Converged
     if jobset_failed(view) and not restarts.replaced(status_of(job_obj), uid):  # one LIST, only when it fails
         failure = restarts.failure_of(await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}"),
                                       view.condition_message("Failed"))
-    if look_at_pods and diagnosis.needs_pods(view):  # one list per JobSet event or resync, never per pod
+    if seen.look_at_pods and diagnosis.needs_pods(view):  # one list per JobSet event or resync, never per pod
         pods = await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
     return steps.Observed(
         now=now, generation=job_obj["metadata"].get("generation"), jobset_name=name,
@@ -254,10 +277,11 @@ async def observe(kube: Kube, job: TPUTrainingJob, job_obj: Obj, made: Converged
 # --- act ---------------------------------------------------------------------------------------------
 
 
-async def act(kube: Kube, job_obj: Obj, observed: steps.Observed, made: Converged, emit: Emit) -> Outcome:
+async def act(means: Means, job_obj: Obj, observed: steps.Observed, made: Converged) -> Outcome:
     """Write the status computed from `observed`; then delete the JobSet if a restart replaces it."""
+    kube = means.kube
     done = await write_status(kube, job_obj, lambda s, g: steps.compute(s, dataclasses.replace(observed, generation=g)),
-                              emit)
+                              means.emit)
     written = status_of(done or {})
     if done is not None and restarts.replaced(written, observed.jobset_uid):
         await children.replace_jobset(kube, job_obj["metadata"].get("namespace", "default"), made.jobset,
@@ -269,29 +293,25 @@ async def act(kube: Kube, job_obj: Obj, observed: steps.Observed, made: Converge
 # --- the reconcile -----------------------------------------------------------------------------------
 
 
-async def reconcile(kube: Kube, job_obj: Obj, jobset: Obj | None, sample: status_lib.Sample | None,
-                    config: OperatorConfig, emit: Emit, reader: MetricsReader | None = None,
-                    now: Clock = timestamps.utc_now, *, workloads: Sequence[Obj] = (),
-                    look_at_pods: bool = False, preflights: Sequence[Obj] = ()) -> Outcome:
-    """Converge one job: validate, make its ConfigMap and JobSet exist (`jobset` is the JobSet as last
-    seen, None when none is known), apply suspend, observe (its Kueue Workload among `workloads`, those
-    seen under the JobSet's name; the trainer's `sample`; the pods, when `look_at_pods`: a JobSet event or
-    a resync) and write the status computed from what it observed."""
+async def reconcile(means: Means, job_obj: Obj, seen: Seen = Seen()) -> Outcome:
+    """Converge one job: validate; make its ConfigMap and JobSet exist and follow spec.suspend (`converge`,
+    `apply_suspend`); `observe` what its status needs; `act`: write the status computed from that."""
     if job_obj["metadata"].get("deletionTimestamp"):
         return Outcome("deleting")
     if status_of(job_obj).finished:
         return Outcome("finished")  # never re-run a finished job, e.g. when its JobSet was deleted by a TTL
-    t = now()
+    t = means.clock()
     try:
         job = parse_job({k: job_obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in job_obj})
     except InvalidJob as exc:
         problems = exc.problems
-        done = await write_change(kube, job_obj, lambda s, g, at: status_lib.invalid(s, problems, g, at), t, emit)
+        done = await write_change(means.kube, job_obj, lambda s, g, at: status_lib.invalid(s, problems, g, at), t,
+                                  means.emit)
         return Outcome("invalid" if done else "gone", done)
-    made = await converge(kube, job, job_obj, jobset, config, preflights, t, emit)
+    made = await converge(means, job, job_obj, seen, t)
     if isinstance(made, Outcome):
         return made
-    workload = kueue.pick(list(workloads), made.jobset["metadata"].get("uid")) if job.spec.queue_name else None
-    made = dataclasses.replace(made, jobset=await apply_suspend(kube, job, made.jobset, workload))
-    observed = await observe(kube, job, job_obj, made, sample, reader, workload, look_at_pods, t)
-    return await act(kube, job_obj, observed, made, emit)
+    workload = kueue.pick(list(seen.workloads), made.jobset["metadata"].get("uid")) if job.spec.queue_name else None
+    made = dataclasses.replace(made, jobset=await apply_suspend(means.kube, job, made.jobset, workload))
+    observed = await observe(means, job, job_obj, made, seen, workload, t)
+    return await act(means, job_obj, observed, made)

@@ -17,7 +17,7 @@ from tpu_operator.api import names
 from tpu_operator.api.timestamps import format as rfc3339
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.models import TPUTrainingJobStatus
-from tpu_operator.controller import metrics_reader, phases, reconcile, status as status_lib
+from tpu_operator.controller import children, metrics_reader, phases, reconcile, status as status_lib
 from tpu_operator.controller.conditions import set_condition
 from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, ApiError, Resource
 from tpu_operator.controller.manager import Manager
@@ -115,8 +115,8 @@ def test_status_is_written_in_the_wire_form_and_read_back_leniently():
 def test_changed_fields_names_paths():
     before = {"training": {"steps": 10, "seed": 1}, "image": "a", "tpu": {"topology": "2x2x1"}}
     after = {"training": {"steps": 20, "seed": 1}, "image": "b", "tpu": {"topology": "2x2x1"}, "args": ["x"]}
-    assert reconcile.changed_fields(before, after) == ["spec.args", "spec.image", "spec.training.steps"]
-    assert reconcile.changed_fields(before, copy.deepcopy(before)) == []
+    assert children.changed_fields(before, after) == ["spec.args", "spec.image", "spec.training.steps"]
+    assert children.changed_fields(before, copy.deepcopy(before)) == []
 
 
 def test_merge_patch_has_only_what_changed():
@@ -261,8 +261,8 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
 def run_reconcile(kube: FakeKube, obj: dict[str, Any], jobset_seen: dict[str, Any] | None = None,
                   config: OperatorConfig = OperatorConfig()) -> tuple[reconcile.Outcome, list[phases.Notice]]:
     notices: list[phases.Notice] = []
-    outcome = asyncio.run(reconcile.reconcile(kube, obj, jobset_seen, None, config, lambda o, n: notices.append(n),
-                                              now=lambda: NOW))
+    means = reconcile.Means(kube, config, lambda o, n: notices.append(n), clock=lambda: NOW)
+    outcome = asyncio.run(reconcile.reconcile(means, obj, reconcile.Seen(jobset_seen)))
     return outcome, notices
 
 

@@ -79,9 +79,10 @@ def test_the_decision(found, pods, age, compiling, kind, reason):
 def run(kube: FakeKube, now: str) -> tuple[reconcile.Outcome, list[Any]]:
     notices: list[Any] = []
     found = [o for path, o in kube.objects.items() if path.startswith(BATCH_JOBS.path("default") + "/")]
-    outcome = asyncio.run(reconcile.reconcile(kube, kube.job(), kube.jobset(), None, OperatorConfig(preflight=TIMING),
-                                              lambda o, n: notices.append(n), now=lambda: parse(now),
-                                              preflights=copy.deepcopy(found)))
+    means = reconcile.Means(kube, OperatorConfig(preflight=TIMING), lambda o, n: notices.append(n),
+                            clock=lambda: parse(now))
+    outcome = asyncio.run(reconcile.reconcile(means, kube.job(), reconcile.Seen(kube.jobset(),
+                                                                                preflights=copy.deepcopy(found))))
     return outcome, notices
 
 

@@ -235,8 +235,9 @@ def test_pods_are_read_only_while_some_are_not_ready(jobset, needed):
 def run(kube: FakeKube, obj: dict[str, Any], jobset: dict[str, Any] | None = None,
         workloads: list[dict[str, Any]] = (), look_at_pods: bool = False) -> tuple[reconcile.Outcome, list[Any]]:
     notices: list[phases.Notice] = []
-    outcome = asyncio.run(reconcile.reconcile(kube, obj, jobset, None, OperatorConfig(), lambda o, n: notices.append(n),
-                                              now=lambda: NOW, workloads=workloads, look_at_pods=look_at_pods))
+    means = reconcile.Means(kube, OperatorConfig(), lambda o, n: notices.append(n), clock=lambda: NOW)
+    seen = reconcile.Seen(jobset, workloads=workloads, look_at_pods=look_at_pods)
+    outcome = asyncio.run(reconcile.reconcile(means, obj, seen))
     return outcome, notices
 
 

@@ -37,8 +37,8 @@ def when(seconds: int) -> datetime.datetime:
 def run(kube: FakeKube, when: str, jobset_seen: Any = "index", sample: Sample | None = None):
     notices = []
     seen = kube.jobset() if jobset_seen == "index" else jobset_seen
-    outcome = asyncio.run(reconcile.reconcile(kube, kube.job(), seen, sample, OperatorConfig(),
-                                              lambda o, n: notices.append(n), now=lambda: parse(when)))
+    means = reconcile.Means(kube, OperatorConfig(), lambda o, n: notices.append(n), clock=lambda: parse(when))
+    outcome = asyncio.run(reconcile.reconcile(means, kube.job(), reconcile.Seen(seen, sample)))
     return outcome, [n.reason for n in notices]
 
 
