@@ -47,13 +47,15 @@ def utc_now() -> datetime.datetime:
 
 
 def _read(value: Any) -> Any:
+    """A status time as read: text that is not a time (another version's field) reads as unset, as
+    fields the model does not know are ignored."""
     if isinstance(value, str):
-        return parse(value)
+        return parse_or_none(value)
     if isinstance(value, datetime.datetime) and value.tzinfo is None:
         raise ValueError("a datetime without a time zone")
     return value
 
 
-# A status time field: a datetime in the model, RFC 3339 text on the wire.
-Timestamp = Annotated[datetime.datetime, BeforeValidator(_read), PlainSerializer(format, return_type=str,
-                                                                                 when_used="json-unless-none")]
+# A status time field (unset: None): a datetime in the model, RFC 3339 text on the wire.
+Timestamp = Annotated[datetime.datetime | None, BeforeValidator(_read),
+                      PlainSerializer(format, return_type=str, when_used="json-unless-none")]

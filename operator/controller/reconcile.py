@@ -4,8 +4,8 @@ Level-triggered: `reconcile` looks at a job as it is (the object kopf's watch de
 as the watch last saw it (or as a resync GET found it) and the trainer's latest metrics. It runs in
 three parts: `converge` makes the children exist and follow the spec (children.py, preflight.py);
 `observe` reads what else the status needs into one frozen value (steps.Observed); `act` writes the
-status computed from it (steps.compute, pure: the order of its steps is stated there) once, as a merge patch of the fields that changed (nothing
-when nothing changed). An operator killed at any point and restarted neither creates anything twice
+status computed from it (steps.compute, pure; the order of its steps is stated there) once, as a merge
+patch of the fields that changed (nothing when nothing changed). An operator killed at any point and restarted neither creates anything twice
 (deterministic names; a 409 AlreadyExists adopts the object when this job owns it) nor loses
 anything. The operator is the single writer of `.status`; the write carries the resourceVersion it
 was computed from, and a conflict re-reads and recomputes once, then leaves it to the next event or
@@ -22,7 +22,7 @@ directory). The spec a JobSet was made from is rendered into its annotation
 Restarts (the rule: api/failures.py; the pure steps: restarts.py): a JobSet that failed and was not
 counted yet has its pods listed once (exit codes, termination messages); a running one may be hung
 (the trainer's clock in the ledger). The decision is written with the status, restart counts and the
-replaced JobSet's uid first; only then is that JobSet deleted (`replace_jobset`), so an operator
+replaced JobSet's uid first; only then is that JobSet deleted (`children.replace_jobset`), so an operator
 killed in between finds the decision and deletes it, never counting it twice. While the backoff
 runs (`nextRestartTime`) a missing JobSet is not created; after it, it is created under the same
 name, so two never exist. The goodput ledger moves with the same reconcile (accounting.py).

@@ -264,3 +264,8 @@ def test_every_condition_of_a_reconciled_job_carries_its_generation():
         assert all(c.observed_generation == 1 for c in status.conditions), status.conditions
 
     asyncio.run(scenario())
+
+
+def test_a_status_time_another_version_wrote_as_text_reads_as_unset():
+    status = TPUTrainingJobStatus.model_validate({"lastEvictionTime": "Preempted: by a higher priority job"})
+    assert status.last_eviction_time is None
