@@ -11,8 +11,9 @@ A doc file is hand-written prose with generated blocks in it:
 `BLOCKS` maps each NAME to the function that renders it. Each reads the code that is the source:
 - `api-spec`, `api-status`, `columns`: the CRD built from the pydantic models (`api/crd.py`'s own walk);
 - `phases`: the `Phase` literal and the numbered rule in `controller/phases.py`'s docstring;
-- `conditions`, `events`: `condition_table()` and `event_table()` below (the controller has no table of
-  its own yet; tests/test_docs.py holds these tables to the literals the controller passes);
+- `condition-types`, `conditions`: the controller's table (`controller/conditions.py` `TYPES`) and the
+  reasons it passes through; `events`: `event_table()` below (tests/test_docs.py holds the tables to
+  the literals the controller passes);
 - `metrics-operator`: the operator's Prometheus registry (`controller/stats.py`), walked after one sample
   of each series; `metrics-trainer`: `tpu_workload.metrics.PROMETHEUS`;
 - `rbac`: `controller/rbac.py`'s `RBAC_RULES`; `operator-flags`: `tpujob operator`'s argument parser;
@@ -152,76 +153,42 @@ class Reason:
 
 
 def condition_table() -> list[Reason]:
-    """Every condition type, status and reason the controller writes. The one source of docs/status.md's
-    condition table: when the controller keeps its own table of reasons, return that table from here.
-    Pass-through reasons (the kubelet's, Kueue's, the plan's verdicts) are listed from the constants the
-    controller reads them against."""
+    """Every condition type, status and reason the controller writes: `controller/conditions.py`'s
+    `TYPES` (each reason's meaning starts with the status it goes with), then the reasons passed through
+    from elsewhere, listed from the constants the controller reads them against (the plan's verdicts,
+    Kueue's, the kubelet's)."""
     from .api.contract import JOB_MUST_CHANGE, PlanVerdict
-    from .api.models import Phase
-    from .controller import diagnosis, kueue, preflight
+    from .controller import diagnosis
+    from .controller.conditions import TYPES
 
+    rows = []
+    for t in TYPES:
+        for r in t.reasons:
+            status, _, meaning = r.meaning.partition(": ")
+            rows.append(Reason(t.name, status, r.name, meaning + "."))
     could_not_check = [v for v in get_args(PlanVerdict) if v != "Fits" and v not in JOB_MUST_CHANGE]
-    rows = [
-        Reason("Ready", "True", "JobSetCreated", "the JobSet exists (created or adopted)."),
-        Reason("Ready", "False", "InvalidSpec", "the spec does not validate; the message names each field and why."),
-        Reason("Ready", "False", "NameConflict", "a ConfigMap or JobSet of the job's name exists and is not this "
-               "job's; delete or rename it."),
-        Reason("Ready", "False", "Planning", "the pre-flight compile runs; the JobSet is created once it says the "
-               "step fits."),
-        Reason("Ready", "False", "DoesNotFit", "the pre-flight says the job cannot run as written (HBM, VMEM or "
-               "flags); the message names the fields to change."),
-        Reason("Planned", "Unknown", preflight.COMPILING, "the pre-flight Job compiles the train step."),
-        Reason("Planned", "True", "Fits", "the compiled step fits HBM with the headroom asked for."),
+    rows += [
         *[Reason("Planned", "False", v, "the plan's verdict: the job must change (HBM, VMEM, or a flag libtpu "
                  "refuses).") for v in JOB_MUST_CHANGE],
         *[Reason("Planned", "Unknown", v, "the plan could not check the job (its verdict); the JobSet is created "
                  "without the check.") for v in could_not_check],
-        Reason("Planned", "Unknown", "DeadlineExceeded", "the pre-flight Job ran past its deadline; the JobSet is "
-               "created without the check."),
-        Reason("Planned", "Unknown", "PreflightFailed", "the pre-flight pod ended without a result; the JobSet is "
-               "created without the check."),
-        Reason("Planned", "Unknown", "PreflightNotStarted", "the pre-flight pod did not start in time (image, no "
-               "CPU node, no Job controller); the JobSet is created without the check."),
-        Reason("SpecChange", "True", "Applied", "the JobSet matches the spec."),
-        Reason("SpecChange", "False", "Immutable", "a field other than spec.suspend changed after the JobSet was "
-               "created; the JobSet is kept as it is."),
-        Reason("SpecChange", "False", "InvalidSpec", "an edit of a job that has its JobSet does not validate; the "
-               "JobSet runs on from the last valid spec."),
-        Reason("Admitted", "True", "Admitted", "Kueue admitted the job's Workload."),
-        Reason("Admitted", "False", "NoWorkload", "no Kueue Workload for the JobSet yet (is Kueue running, with its "
-               "JobSet integration?)."),
-        Reason("Admitted", "False", "Unattempted", "Kueue has not tried to admit the Workload yet."),
-        Reason("Admitted", "False", "AdmissionChecks", "quota reserved; admission checks (e.g. a "
-               "ProvisioningRequest) pending, unless Kueue gives its own reason."),
-        Reason("Admitted", "False", "(Kueue's reason)", "Kueue's own reason and message: its QuotaReserved reason "
-               f"while waiting for quota ({', '.join(kueue.MISCONFIGURED)} are posted as Warnings), or its Evicted "
-               f"reason after an eviction (`Preempted`, `PodsReadyTimeout`, `{kueue.DEACTIVATED}`...)."),
-        Reason("Scheduled", "True", "Scheduled", "every pod is on a node."),
-        Reason("Scheduled", "False", "Unschedulable", "the scheduler cannot place a pod; the message is its words."),
-        Reason("Scheduled", "False", "SchedulingGated", "a scheduling gate holds a pod."),
-        Reason("Scheduled", "False", "Pending", "the pods are not created yet, or the scheduler has not looked at "
-               "all of them."),
-        Reason("ContainersReady", "True", "Ready", "every pod is ready."),
-        Reason("ContainersReady", "False", diagnosis.STARTING, "the containers are on their way."),
+        Reason("Admitted", "False", "(Kueue's reason)", "the Workload's own QuotaReserved reason while it waits "
+               "for quota, or its Evicted reason after an eviction (`Preempted`, `PodsReadyTimeout`...)."),
         *[Reason("ContainersReady", "False", r, "the kubelet's waiting reason: the image cannot be pulled (the "
                  "message names it).") for r in diagnosis.IMAGE_REASONS],
         *[Reason("ContainersReady", "False", r, "the kubelet's waiting reason: the container cannot start or keeps "
                  "failing.") for r in diagnosis.START_REASONS],
         Reason("ContainersReady", "False", "(terminated reason)", "a container exited non-zero: its terminated "
                "reason (`Error`, `OOMKilled`...) and exit code."),
-        *[Reason("Running", "True" if p == "Running" else "False", p, f"the phase is {p}.")
-          for p in get_args(Phase) if p != "Invalid"],
-        Reason("Succeeded", "True", "JobSetCompleted", "the JobSet completed."),
-        Reason("Failed", "True", "JobSetFailed", "the JobSet failed and no restart was decided about it."),
-        Reason("Failed", "True", "RestartPolicy", "the restart policy gave up: a user error, an exit code not in "
-               "restartOnExitCodes, or the restart budget spent."),
-        Reason("Metrics", "True", "Read", "the trainer's /status was read."),
-        Reason("Metrics", "False", "Unreachable", "the trainer could not be read; the last values stay."),
-        Reason("Hung", "True", "NoProgress", "no step completed for the hang timeout (or no first step for the "
-               "start-up timeout); the job restarts, cause hang."),
-        Reason("Hung", "False", "Progressing", "steps complete again."),
     ]
     return rows
+
+
+def condition_types() -> str:
+    """Each condition type, what True means and the status a healthy job shows (its polarity)."""
+    from .controller.conditions import TYPES
+
+    return _table(("type", "a healthy job shows", "True means"), [(f"`{t.name}`", t.normal, t.meaning) for t in TYPES])
 
 
 def event_table() -> list[Reason]:
@@ -338,7 +305,7 @@ def pins() -> str:
 
 BLOCKS: dict[str, Callable[[], str]] = {
     "api-spec": api_spec, "api-status": api_status, "columns": columns, "phases": phases,
-    "conditions": conditions, "events": events, "metrics-operator": metrics_operator,
+    "condition-types": condition_types, "conditions": conditions, "events": events, "metrics-operator": metrics_operator,
     "metrics-trainer": metrics_trainer, "rbac": rbac, "operator-flags": operator_flags, "pins": pins,
 }
 

@@ -1,5 +1,6 @@
 """Rendering: golden manifests, the real JobSet schema, hostile strings, names that must fit."""
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ from tests.conftest import EXAMPLES, example, tiny_job
 from tpu_operator.api.contract import TrainerConfig
 from tpu_operator.rendering.manifests import render, to_yaml_stream
 from tpu_operator.api.validation import InvalidJob, parse_job
+from tpu_operator.controller.children import refused_changes
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -271,9 +273,18 @@ def test_config_map_is_the_trainer_config():
     assert _pod(js)["containers"][0]["command"][-1] == "/etc/tpujob/config.json"
 
 
-def test_rendering_is_pure():
-    job = parse_job(example("moe.yaml"))
-    assert render(job) == render(job)
+def test_a_jobset_records_the_spec_it_was_made_from_and_only_a_real_change_differs():
+    """The operator refuses spec changes by comparing the job with its JobSet's applied-spec annotation:
+    a job against its own JobSet shows no change (none invented by defaults or ordering), a changed field
+    shows exactly its path, and spec.suspend (which the operator applies) never shows."""
+    doc = example("moe.yaml")
+    _, js = render(parse_job(doc))
+    assert refused_changes(js, parse_job(copy.deepcopy(doc))) == []
+    edited = copy.deepcopy(doc)
+    edited["spec"]["training"]["steps"] += 1
+    assert refused_changes(js, parse_job(edited)) == ["spec.training.steps"]
+    edited["spec"]["suspend"] = True
+    assert refused_changes(js, parse_job(edited)) == ["spec.training.steps"]
 
 
 def test_operator_default_image_applies_only_where_the_job_names_none():

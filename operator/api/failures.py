@@ -32,8 +32,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Literal
 
+from .backoff import exponential
 from .contract import Base, _desc
 from .lifecycle import ExitCode, Progress, TerminationRecord
+from .timestamps import Timestamp
 
 if TYPE_CHECKING:  # models imports this module for its defaults
     from .models import FailurePolicySpec
@@ -72,7 +74,7 @@ class LastRestart(Base):
     message: str = _desc("What happened, with the trainer's last error line.", default="")
     job_set_uid: str | None = _desc("uid of the JobSet that was replaced (a restart is counted once per JobSet).",
                                     default=None)
-    time: str | None = _desc("When the restart was decided.", default=None)
+    time: Timestamp | None = _desc("When the restart was decided.", default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +135,7 @@ class Verdict:
 
 
 def backoff_s(policy: FailurePolicySpec, restarts: RestartCounts) -> float:
-    return float(min(policy.max_backoff_seconds, policy.backoff_seconds * 2 ** restarts.total))
+    return exponential(policy.backoff_seconds, policy.max_backoff_seconds, restarts.total)
 
 
 def verdict(policy: FailurePolicySpec, restarts: RestartCounts, failure: Failure | None,

@@ -21,6 +21,7 @@ from .contract import (SLICE_AXES, Base, CheckpointSpec, KernelsSpec, Mesh, Mode
 from .failures import DEFAULT_RESTART_ON_EXIT_CODES, NEVER_RESTARTED, LastRestart, RestartCounts
 from .goodput import Badput, Ledger
 from .presets import PRESETS
+from .timestamps import Timestamp
 
 GROUP = "training.tpu-operator.dev"
 VERSION = "v1alpha1"
@@ -450,7 +451,7 @@ class Condition(Base):
     status: ConditionStatus = _desc("True, False or Unknown.")
     reason: str = _desc("CamelCase reason.", default="")
     message: str = _desc("Human-readable detail.", default="")
-    last_transition_time: str | None = _desc("When `status` last changed.", default=None)
+    last_transition_time: Timestamp | None = _desc("When `status` last changed.", default=None)
     observed_generation: int | None = _desc("metadata.generation the condition describes.", default=None)
 
 
@@ -465,7 +466,7 @@ class PlanStatus(Base):
     fits: bool | None = _desc("Fits with the headroom asked for; unset when it could not be checked.", default=None)
     compile_seconds: float | None = _desc("Time in the TPU compiler.", default=None)
     libtpu_version: str | None = _desc("The libtpu that compiled it.", default=None)
-    checked_at: str | None = _desc("When the pre-flight finished.", default=None)
+    checked_at: Timestamp | None = _desc("When the pre-flight finished.", default=None)
 
 
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
@@ -487,9 +488,9 @@ class TPUTrainingJobStatus(Base):
                                            "Kueue eviction counts under preemption.", default=None)
     last_restart: LastRestart | None = _desc("The latest restart: its cause and the trainer's last error line.",
                                              default=None)
-    next_restart_time: str | None = _desc("When the pending restart creates the JobSet again (after its backoff).",
+    next_restart_time: Timestamp | None = _desc("When the pending restart creates the JobSet again (after its backoff).",
                                           default=None)
-    last_eviction_time: str | None = _desc("When Kueue last evicted the job (its Workload's Evicted condition); "
+    last_eviction_time: Timestamp | None = _desc("When Kueue last evicted the job (its Workload's Evicted condition); "
                                            "each eviction counts once under restarts.preemption.", default=None)
     workload_name: str | None = _desc("The Kueue Workload of the JobSet (jobs with a queueName).", default=None)
     plan: PlanStatus | None = _desc("The pre-flight compile's findings (spec.plan.preflight compile).", default=None)
@@ -498,9 +499,9 @@ class TPUTrainingJobStatus(Base):
     tokens_per_second: float | None = _desc("Training throughput, tokens per second, all slices.", default=None)
     mfu: float | None = _desc("Model FLOPs utilisation, 0..1.", default=None)
     last_checkpoint_step: int | None = _desc("Step of the latest complete checkpoint.", default=None)
-    metrics_time: str | None = _desc("When the metrics above were read.", default=None)
-    start_time: str | None = _desc("When the job first ran.", default=None)
-    completion_time: str | None = _desc("When the job succeeded or failed.", default=None)
+    metrics_time: Timestamp | None = _desc("When the metrics above were read.", default=None)
+    start_time: Timestamp | None = _desc("When the job first ran.", default=None)
+    completion_time: Timestamp | None = _desc("When the job succeeded or failed.", default=None)
     message: str | None = _desc("Human-readable summary of the phase.", default=None)
     goodput: float | None = _desc("Seconds on steps that survive / seconds since the job was created, as of "
                                   "the latest change (0..1).", default=None)

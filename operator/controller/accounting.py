@@ -21,10 +21,9 @@ from ..api.models import TPUTrainingJobStatus
 from .status import Sample
 
 
-def seconds(ts: str | None) -> float | None:
-    if not ts:
-        return None
-    return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+def seconds(at: datetime.datetime | None) -> float | None:
+    """Epoch seconds, the ledger's unit (api/goodput.py)."""
+    return at.timestamp() if at is not None else None
 
 
 def ending(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus) -> ledger_lib.Ending | None:
@@ -50,8 +49,8 @@ def _ledger(status: TPUTrainingJobStatus, sample: Sample | None, t: float, t0: f
     return ledger
 
 
-def observed(status: TPUTrainingJobStatus, sample: Sample | None, created: str | None,
-             now: str) -> TPUTrainingJobStatus:
+def observed(status: TPUTrainingJobStatus, sample: Sample | None, created: datetime.datetime | None,
+             now: datetime.datetime) -> TPUTrainingJobStatus:
     """The ledger with the trainer's latest report in (before the hang check reads it)."""
     t, t0 = seconds(now), seconds(created)
     if t0 is None:
@@ -61,7 +60,7 @@ def observed(status: TPUTrainingJobStatus, sample: Sample | None, created: str |
 
 
 def settled(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus, sample: Sample | None, final: Progress | None,
-            created: str | None, now: str) -> TPUTrainingJobStatus:
+            created: datetime.datetime | None, now: datetime.datetime) -> TPUTrainingJobStatus:
     """The ledger after this reconcile's transitions, and the figures when it changed."""
     t, t0 = seconds(now), seconds(created)
     if t0 is None:

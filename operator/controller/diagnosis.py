@@ -20,6 +20,8 @@ message and one Warning Event each time it changes, not on every resync.
 
 from __future__ import annotations
 
+import datetime
+
 from collections.abc import Iterable
 from typing import Any
 
@@ -128,7 +130,7 @@ def trouble(status: TPUTrainingJobStatus) -> Condition | None:
 
 
 def follow(status: TPUTrainingJobStatus, js: JobSetView, pods: list[Pod] | None,
-           now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+           now: datetime.datetime, generation: int | None = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The status after a look at the pods (None: not looked at this time), and an Event when the
     problem it shows is new."""
     if pods is not None:
@@ -140,7 +142,7 @@ def follow(status: TPUTrainingJobStatus, js: JobSetView, pods: list[Pod] | None,
         return status, []
     conds = status.conditions
     for type_, (state, reason, message) in verdicts.items():
-        conds = set_condition(conds, type_, state, reason, message, now)
+        conds = set_condition(conds, type_, state, reason, message, now, generation)
     new = status.model_copy(update=dict(conditions=conds))
     before, after = trouble(status), trouble(new)
     fresh = after is not None and (before is None or (before.reason, before.message) != (after.reason, after.message))

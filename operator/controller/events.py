@@ -9,6 +9,7 @@ import asyncio
 import datetime
 import logging
 
+from ..api import timestamps
 from .kube import EVENTS, ApiError, Kube, Obj
 from .phases import Notice
 
@@ -16,7 +17,7 @@ log = logging.getLogger("tpu_operator")
 COMPONENT = "tpu-operator"
 
 
-def event_body(obj: Obj, notice: Notice, now: str) -> Obj:
+def event_body(obj: Obj, notice: Notice, now: datetime.datetime) -> Obj:
     meta = obj["metadata"]
     return {
         "apiVersion": "v1", "kind": "Event",
@@ -26,20 +27,19 @@ def event_body(obj: Obj, notice: Notice, now: str) -> Obj:
                            "resourceVersion": meta.get("resourceVersion")},
         "type": notice.type, "reason": notice.reason, "message": notice.message[:1024],
         "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        "firstTimestamp": timestamps.format(now), "lastTimestamp": timestamps.format(now), "count": 1,
     }
 
 
 class EventPoster:
     """`emit(obj, notice)` for the reconcile logic."""
 
-    def __init__(self, kube: Kube):
-        self.kube = kube
+    def __init__(self, kube: Kube, clock: timestamps.Clock = timestamps.utc_now):
+        self.kube, self.clock = kube, clock
         self.posting: set[asyncio.Task] = set()
 
     def __call__(self, obj: Obj, notice: Notice) -> None:
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        task = asyncio.create_task(self._post(event_body(obj, notice, now)))
+        task = asyncio.create_task(self._post(event_body(obj, notice, self.clock())))
         self.posting.add(task)
         task.add_done_callback(self.posting.discard)
 

@@ -4,7 +4,8 @@
 `AsyncKube` implements it with kubernetes_asyncio, the maintained async sibling of the `kubernetes`
 client: kubeconfig (exec plugins included) or in-cluster credentials, token refresh, TLS. Every
 failure comes out as an `ApiError` with the HTTP status (0 for a network failure), so callers
-decide on one thing: `transient` errors are retried by the work queue, the rest are not.
+decide on one thing: `permanent` errors (the request refused) are reported on the job and not retried;
+the rest are transient and retried by the work queue with backoff.
 """
 
 from __future__ import annotations
@@ -50,14 +51,22 @@ BATCH_JOBS = Resource("batch", "v1", "jobs")  # the pre-flight (preflight.py)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str = ""):
+    def __init__(self, status: int, message: str = "", verb: str = ""):
         super().__init__(f"HTTP {status}: {message}" if status else message)
-        self.status = status
+        self.status, self.message, self.verb = status, message, verb
 
     @property
-    def transient(self) -> bool:
-        """Worth retrying as it is: the server or the network, not the request."""
-        return self.status in (0, 408, 429) or self.status >= 500
+    def permanent(self) -> bool:
+        """The API refused the request itself (400 BadRequest, 403 Forbidden, 422 Invalid, or 404 on a
+        create: no such namespace or resource type): sending it again changes nothing until the job, the
+        RBAC or the cluster does. Everything else (0 for a timeout or a reset connection, 408, 429, 5xx,
+        and a 404 or 409 the caller did not expect: the world moved) is transient."""
+        return self.status in (400, 403, 422) or (self.status == 404 and self.verb == "POST")
+
+    @property
+    def reason(self) -> str:
+        """The CamelCase reason of a permanent error (metav1.StatusReason's name for its code)."""
+        return {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 422: "Invalid"}.get(self.status, "ApiError")
 
 
 class Kube(Protocol):
@@ -85,9 +94,9 @@ class AsyncKube:
                 body=body, auth_settings=["BearerToken"], response_types_map={200: "object", 201: "object", 202: "object"},
                 _return_http_data_only=True, _request_timeout=self.timeout_s)
         except ApiException as exc:
-            raise ApiError(exc.status or 0, _reason(exc)) from None
+            raise ApiError(exc.status or 0, _reason(exc), method) from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise ApiError(0, f"{type(exc).__name__}: {exc}") from None
+            raise ApiError(0, f"{type(exc).__name__}: {exc}", method) from None
 
     async def get(self, resource: Resource, namespace: str, name: str) -> Obj:
         return await self._call("GET", resource.path(namespace, name))

@@ -21,10 +21,12 @@ user's `spec.suspend` to the Workload's `spec.active` instead, Kueue's own switc
 
 from __future__ import annotations
 
+import datetime
+
 import dataclasses
 from typing import Any
 
-from ..api import names
+from ..api import names, timestamps
 from ..api.failures import RestartCounts
 from ..api.models import TPUTrainingJobStatus
 from ..rendering.placement import KUEUE_QUEUE_LABEL
@@ -131,17 +133,19 @@ def admission(wl: WorkloadView | None, queue: str, jobset: str) -> tuple[str, st
 
 
 def follow(status: TPUTrainingJobStatus, wl: WorkloadView | None, queue: str, jobset: str,
-           now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+           now: datetime.datetime, generation: int | None = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The job status after seeing its Workload (None: none yet), and the Events of what changed."""
     before = status.condition("Admitted")
     state, reason, message = admission(wl, queue, jobset)
-    conds = set_condition(status.conditions, "Admitted", state, reason, message, now)
+    conds = set_condition(status.conditions, "Admitted", state, reason, message, now, generation)
     update: dict[str, Any] = dict(conditions=conds, workload_name=wl.name if wl else status.workload_name)
     notices = []
     evicted = wl.true("Evicted") if wl else None
-    key = evicted and (evicted.get("lastTransitionTime") or f"{evicted.get('reason')}: {evicted.get('message')}")
-    if evicted is not None and evicted.get("reason") != DEACTIVATED and key != status.last_eviction_time:
-        update.update(restarts=(status.restarts or RestartCounts()).plus("preemption"), last_eviction_time=key)
+    # An eviction is counted once: by its time (Kueue's metav1.Condition always has one; without it, the
+    # first eviction seen is the only one counted).
+    at = evicted and (timestamps.parse_or_none(evicted.get("lastTransitionTime")) or status.last_eviction_time or now)
+    if evicted is not None and evicted.get("reason") != DEACTIVATED and at != status.last_eviction_time:
+        update.update(restarts=(status.restarts or RestartCounts()).plus("preemption"), last_eviction_time=at)
         notices.append(Notice("Warning", "Evicted", f"{message}; queued again in LocalQueue {queue}"))
     elif state == "True" and (before is None or before.status != "True"):
         notices.append(Notice("Normal", "Admitted", message))

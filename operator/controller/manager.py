@@ -7,7 +7,10 @@
   it looks at the first job, and re-creates nothing. Without Kueue installed there is no Workload
   resource to watch, and kopf does not wait for one.
 - Job, JobSet and Workload events add the job's key to the work queue (queue.py): the one place where
-  anything is retried, with backoff. A key is reconciled by one worker at a time.
+  anything is retried, with backoff. A key is reconciled by one worker at a time. A request the API
+  refuses for good (`ApiError.permanent`: 400, 403, 422, 404 on a create) is not retried: it is shown on
+  the job (Reconciled=False with the API's words, one Warning Event) and the job is held until its
+  generation changes or `refused_retry_s` (10 minutes) passes.
 - A JobSet event or a resync may list the JobSet's pods once, if some are not ready, to say why
   (diagnosis.py); nothing else lists pods, except the metrics reader finding pod 0 once.
 - A ticker adds unfinished jobs with a JobSet every `resync_interval_s` (the reconcile then GETs the
@@ -30,13 +33,14 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from ..api import names
+from ..api import names, timestamps
 from ..api.models import RuntimeSpec, TPUTrainingJobStatus
 from . import kueue, preflight
+from .children import owner_of
 from .kube import JOBSETS, ApiError, Kube, Obj
 from .metrics_reader import MetricsReader
 from .queue import WorkQueue
-from .reconcile import Emit, OperatorConfig, owner_of, reconcile, utcnow
+from .reconcile import Emit, Means, OperatorConfig, Seen, reconcile, refused
 from .stats import Stats
 from .status import Sample
 
@@ -52,29 +56,29 @@ def _first(store: Any) -> Obj | None:
     return next(iter(store), None) if store is not None else None
 
 
-def _rv(obj: Obj) -> int:
-    try:
-        return int(obj["metadata"]["resourceVersion"])
-    except (KeyError, TypeError, ValueError):
-        return -1
+def _rv(obj: Obj | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
 class Manager:
     def __init__(self, kube: Kube, reader: MetricsReader, config: OperatorConfig, emit: Emit, stats: Stats, *,
-                 workers: int = 16, concurrent_reads: int = 32, now: Callable[[], str] = utcnow,
+                 workers: int = 16, concurrent_reads: int = 32, now: timestamps.Clock = timestamps.utc_now,
                  clock: Callable[[], float] = time.monotonic, tick_s: float = 0.2):
         self.kube, self.reader, self.config, self.emit, self.stats = kube, reader, config, emit, stats
         self.workers, self.now, self.clock, self.tick_s = workers, now, clock, tick_s
         self.queue = WorkQueue(clock=clock)
+        self.means = Means(kube, config, emit, reader, now)
         self.jobs: Index = {}
         self.jobsets: Index = {}
         self.workloads: Index = {}
         self.preflights: Index = {}
         self.written: dict[Key, Obj] = {}
+        self.superseded: dict[Key, set[str | None]] = {}  # resourceVersions older than `written`'s
         self.made: dict[Key, Obj] = {}  # JobSets created or adopted here that the watch has not delivered yet
         self.samples: dict[Key, Sample] = {}
         self.due_resync: dict[Key, float] = {}
         self.due_metrics: dict[Key, float] = {}
+        self.refused: dict[Key, tuple[int | None, float]] = {}  # a permanent refusal: (generation, retry after)
         self.reads = asyncio.Semaphore(concurrent_reads)
         self.tasks: list[asyncio.Task] = []
         self.reading: set[asyncio.Task] = set()
@@ -120,10 +124,13 @@ class Manager:
     # --- the caches ---------------------------------------------------------------------------------
 
     def job(self, key: Key) -> Obj | None:
-        """The newest known state of the job: as watched, or as this operator last wrote it."""
+        """The newest known state of the job: as watched, or as this operator last wrote it until the watch
+        delivers it. resourceVersions are opaque (API conventions), so they are compared only for equality:
+        the watched job is older while its version is one this operator's writes were computed from."""
         seen, mine = _first(self.jobs.get(key)), self.written.get(key)
-        if mine is None or seen is None or _rv(seen) >= _rv(mine):
+        if mine is None or seen is None or _rv(seen) not in self.superseded.get(key, ()):
             self.written.pop(key, None)
+            self.superseded.pop(key, None)
             return seen
         return mine
 
@@ -149,9 +156,7 @@ class Manager:
             try:
                 result = await self._reconcile(key, reasons)
             except ApiError as exc:
-                result = "api_error"
-                delay = self.queue.retry(key)
-                log.warning("reconcile of %s/%s failed (%s); retrying in %.1f s", *key, exc, delay)
+                result = await self._failed(key, exc)
             except Exception:  # a bug: log it, keep the operator up, try again later
                 delay = self.queue.retry(key)
                 log.exception("reconcile of %s/%s failed; retrying in %.1f s", *key, delay)
@@ -161,11 +166,46 @@ class Manager:
                 self.queue.done(key)
                 self.stats.observe(trigger, result, self.clock() - started)
 
+    async def _failed(self, key: Key, exc: ApiError) -> str:
+        """A transient failure backs off (queue.py). A permanent one is shown on the job (Reconciled=False,
+        one Event) and tried again only when the job's generation changes or after `refused_retry_s`."""
+        if not exc.permanent:
+            delay = self.queue.retry(key)
+            log.warning("reconcile of %s/%s failed (%s); retrying in %.1f s", *key, exc, delay)
+            return "api_error"
+        self.queue.forget(key)
+        job = self.job(key)
+        log.warning("reconcile of %s/%s refused (%s); not retried before the spec changes or %.0f s pass", *key, exc,
+                    self.config.refused_retry_s)
+        if job is None:
+            return "refused"
+        self.refused[key] = (job["metadata"].get("generation"), self.clock() + self.config.refused_retry_s)
+        self.queue.add_after(key, self.config.refused_retry_s, "retry")
+        try:
+            written = await refused(self.kube, job, exc, self.now(), self.emit)
+        except ApiError as again:  # the status cannot be written either (e.g. no RBAC for it): the log says
+            log.warning("could not write the refusal on %s/%s: %s", *key, again)
+            return "refused"
+        if written is not None and written is not job:
+            self.superseded.setdefault(key, set()).add(_rv(job))
+            self.written[key] = written
+        return "refused"
+
+    def _held(self, key: Key, job: Obj) -> bool:
+        """The job's last reconcile was refused for good, and neither its spec nor the time says try again."""
+        generation, until = self.refused.get(key, (None, 0.0))
+        if key in self.refused and job["metadata"].get("generation") == generation and self.clock() < until:
+            return True
+        self.refused.pop(key, None)
+        return False
+
     async def _reconcile(self, key: Key, reasons: set[str]) -> str:
         job = self.job(key)
         if job is None:
             self._drop(key)
             return "gone"
+        if self._held(key, job):
+            return "held"
         jobset = self.jobset(key)
         if "resync" in reasons:  # one GET: the JobSet as it is, whatever the watch delivered
             try:
@@ -174,11 +214,12 @@ class Manager:
                 if exc.status != 404:
                     raise
                 jobset = None
-        outcome = await reconcile(self.kube, job, jobset, self.samples.pop(key, None), self.config, self.emit,
-                                  self.reader, self.now, workloads=self.workloads_of(key),
-                                  look_at_pods=bool(reasons & LOOK_AT_PODS),
-                                  preflights=list(self.preflights.get(key) or ()))
+        seen = Seen(jobset, self.samples.pop(key, None), self.workloads_of(key),
+                    list(self.preflights.get(key) or ()), look_at_pods=bool(reasons & LOOK_AT_PODS))
+        outcome = await reconcile(self.means, job, seen)
         if outcome.job is not None:
+            if outcome.job is not job:  # a status write: the version it was computed from is older now
+                self.superseded.setdefault(key, set()).add(_rv(job))
             self.written[key] = outcome.job
         if outcome.jobset is not None:
             self.made[key] = outcome.jobset
@@ -207,7 +248,7 @@ class Manager:
             self.reader.forget(key[0], names.jobset_name(key[1]))  # not running: its pods will be new ones
 
     def _drop(self, key: Key, forget_stats: bool = True) -> None:
-        for table in (self.written, self.made, self.samples, self.due_resync, self.due_metrics):
+        for table in (self.written, self.superseded, self.refused, self.made, self.samples, self.due_resync, self.due_metrics):
             table.pop(key, None)
         if forget_stats:
             self.stats.forget_job(key)

@@ -33,6 +33,8 @@ Conditions follow Kubernetes: `lastTransitionTime` changes only when a condition
 
 from __future__ import annotations
 
+import datetime
+
 import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
@@ -150,23 +152,30 @@ class Notice:
 Compute = Callable[[TPUTrainingJobStatus, "int | None"], "tuple[TPUTrainingJobStatus, list[Notice]]"]
 
 
-def follow(status: TPUTrainingJobStatus, jobset: dict[str, Any], now: str, intent: Intent = Intent(),
-           trouble: Condition | None = None, restart: Restart = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
-    """The job status after seeing `jobset` (and the restart decision about it), and the Events its
-    transitions deserve. `trouble` is the problem the last look at the pods found (diagnosis.trouble),
-    if any. A restart decision's message, set before, is kept while it applies."""
-    js = JobSetView.of(jobset)
+RUNNING = {"Running": "SlicesActive", "Pending": "NotStarted", "Queued": "NotStarted", "Suspended": "Suspended",
+           "Restarting": "Restarting", "Succeeded": "Completed", "Failed": "Failed"}  # phase -> Running's reason
+
+
+def follow(status: TPUTrainingJobStatus, jobset: JobSetView | dict[str, Any], now: datetime.datetime,
+           intent: Intent = Intent(), trouble: Condition | None = None, restart: Restart = None,
+           generation: int | None = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+    """The job status after seeing `jobset` (the reconcile's view of it; a JobSet object is wrapped here),
+    and the Events its transitions deserve. `restart` is the decision about it, `trouble` the problem the
+    last look at the pods found (diagnosis.trouble), if any. A restart decision's message, set before, is
+    kept while it applies."""
+    js = jobset if isinstance(jobset, JobSetView) else JobSetView.of(jobset)
     before = status.phase
     phase = phase_of(before, js, intent, restart, trouble is not None)
     keep = (phase in TERMINAL and before in TERMINAL) or restart is not None
     message = status.message if keep and status.message else _message(phase, js, status, trouble)
     started = phase in ("Running", "Restarting", *TERMINAL)
-    conds = set_condition(status.conditions, "Running", "True" if phase == "Running" else "False", phase, message,
-                          now)
+    conds = set_condition(status.conditions, "Running", "True" if phase == "Running" else "False", RUNNING[phase],
+                          message, now, generation)
     if phase == "Succeeded":
-        conds = set_condition(conds, "Succeeded", "True", "JobSetCompleted", message, now)
+        conds = set_condition(conds, "Succeeded", "True", "JobSetCompleted", message, now, generation)
     if phase == "Failed":
-        conds = set_condition(conds, "Failed", "True", "RestartPolicy" if restart else "JobSetFailed", message, now)
+        conds = set_condition(conds, "Failed", "True", "RestartPolicy" if restart else "JobSetFailed", message, now,
+                              generation)
     new = status.model_copy(update=dict(
         phase=phase, message=message, conditions=conds,
         start_time=status.start_time or (now if started else None),

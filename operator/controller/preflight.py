@@ -37,23 +37,24 @@ longer the job's (an edit while it compiled: the spec is still open then) is del
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import ValidationError
 
-from ..api import names
+from ..api import names, timestamps
 from ..api.contract import JOB_MUST_CHANGE, PlanResult
 from ..api.models import PlanStatus, TPUTrainingJob, TPUTrainingJobStatus
+from ..api.plan import Plan
+from ..rendering.manifests import render_config_map
 from ..rendering.plan_report import problems
 from ..rendering.preflight import (DEADLINE_S, LABEL_GENERATION, LABEL_ROLE, ROLE, preflight_labels, preflight_name,
                                    render_preflight)
-from . import diagnosis
+from . import children, diagnosis
 from .conditions import set_condition
-from .kube import BATCH_JOBS, PODS, Kube, Obj
+from .kube import BATCH_JOBS, CONFIGMAPS, PODS, Kube, Obj
 from .phases import Compute, Notice
 
 COMPILING = "Compiling"
@@ -209,14 +210,14 @@ def decide(found: Obj | None, pods: Sequence[Obj] | None, age_s: float, timing: 
 # --- the status (pure) --------------------------------------------------------------------------------
 
 
-def plan_status(result: PlanResult | None, capacity: float, now: str) -> PlanStatus:
+def plan_status(result: PlanResult | None, capacity: float, now: datetime.datetime) -> PlanStatus:
     r = result or PlanResult(verdict="CompileError", message="")
     return PlanStatus(hbm_per_device_gib=r.hbm_per_device_gib, hbm_capacity_gib=r.hbm_capacity_gib or capacity,
                       host_per_device_gib=r.host_per_device_gib or None, fits=r.fits, compile_seconds=r.compile_seconds, libtpu_version=r.libtpu_version, checked_at=now)
 
 
 def compiling(status: TPUTrainingJobStatus, name: str, where: str, generation: int | None,
-              now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+              now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     message = f"compiling the train step for {where} on a CPU node (pre-flight Job {name})"
     conds = set_condition(status.conditions, "Planned", "Unknown", COMPILING, message, now, generation)
     conds = set_condition(conds, "Ready", "False", "Planning", "the JobSet is created once the pre-flight says the "
@@ -226,7 +227,7 @@ def compiling(status: TPUTrainingJobStatus, name: str, where: str, generation: i
 
 
 def planned(status: TPUTrainingJobStatus, decision: Decision, capacity: float, generation: int | None,
-            now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+            now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """Fits (True) or could not be checked (Unknown): the JobSet is created next, in the same write."""
     before = status.condition("Planned")
     if decision.kind == "fits":
@@ -242,7 +243,7 @@ def planned(status: TPUTrainingJobStatus, decision: Decision, capacity: float, g
 
 
 def does_not_fit(status: TPUTrainingJobStatus, decision: Decision, found: list[str], capacity: float,
-                 generation: int | None, now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+                 generation: int | None, now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The compiler says the job cannot run as written: Invalid, naming what to change; no JobSet."""
     message = "; ".join(found)
     reason = "DoesNotFit"  # every verdict that makes a job Invalid: HBM, VMEM, or flags libtpu refuses
@@ -270,21 +271,10 @@ class Gate:
     config_map_exists: bool = False
 
 
-def _seconds(stamp: str | None) -> float | None:
-    try:
-        return datetime.datetime.strptime(stamp or "", "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=datetime.UTC).timestamp()
-    except ValueError:
-        return None
-
-
 async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Obj], timing: Timing,
-               default_image: str | None, now: str) -> Gate:
+               default_image: str | None, now: datetime.datetime) -> Gate:
     """The pre-flight's part of a reconcile of a job that wants one and has no JobSet, or a gated one (see
     the module docstring); `found` are the job's pre-flight Jobs as the watch saw them."""
-    from ..api.plan import Plan
-    from ..rendering.manifests import render
-
     status = TPUTrainingJobStatus.model_validate(job_obj.get("status") or {})
     generation = job_obj["metadata"].get("generation") or 1
     namespace, name = job.metadata.namespace, job.metadata.name
@@ -296,10 +286,9 @@ async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Ob
             return Gate(False, result="invalid")
         return Gate(True, config_map_exists=current is not None)
     is_compiling = mark is not None and mark.observed_generation == generation and mark.reason == COMPILING
-    since = (current or {}).get("metadata", {}).get("creationTimestamp") or (
+    since = timestamps.parse_or_none((current or {}).get("metadata", {}).get("creationTimestamp")) or (
         mark.last_transition_time if is_compiling else None)
-    start, at = _seconds(since), _seconds(now)
-    age = at - start if start is not None and at is not None else 0.0
+    age = (now - since).total_seconds() if since is not None else 0.0
     decision = decide(current, None, age, timing, is_compiling)
     if decision.kind == "list_pods":
         selector = ",".join(f"{k}={v}" for k, v in preflight_labels(name, generation).items()
@@ -309,7 +298,7 @@ async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Ob
     where = f"{job.spec.tpu.generation} {job.spec.tpu.topology} x {job.spec.tpu.slices}"
     if decision.kind in ("create", "wait"):
         if decision.kind == "create":
-            await _create(kube, job, generation, timing, default_image, render)
+            await _create(kube, job, generation, timing, default_image)
         return Gate(False, lambda s, g: compiling(s, pf_name, where, g, now), requeue_after_s=decision.requeue_after_s)
     if decision.kind == "invalid":
         found_problems = problems(decision.result, job)
@@ -317,17 +306,8 @@ async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Ob
     return Gate(True, lambda s, g: planned(s, decision, capacity, g, now), config_map_exists=True)
 
 
-async def _create(kube: Kube, job: TPUTrainingJob, generation: int, timing: Timing, default_image: str | None,
-                  render: Callable[..., list[Obj]]) -> None:
+async def _create(kube: Kube, job: TPUTrainingJob, generation: int, timing: Timing,
+                  default_image: str | None) -> None:
     """The ConfigMap and the pre-flight Job, side by side (a pod waits for its ConfigMap volume)."""
-    from .kube import CONFIGMAPS
-    from .reconcile import ensure_child
-
-    config_map = render(job, default_image)[0]
-    uid = job.metadata.uid or ""
-    manifest = render_preflight(job, generation, default_image, timing.deadline_s)
-    results = await asyncio.gather(ensure_child(kube, CONFIGMAPS, config_map, uid),
-                                   ensure_child(kube, BATCH_JOBS, manifest, uid), return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
+    await children.ensure_all(kube, job.metadata.uid or "", (CONFIGMAPS, render_config_map(job, default_image)),
+                              (BATCH_JOBS, render_preflight(job, generation, default_image, timing.deadline_s)))

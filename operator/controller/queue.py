@@ -2,10 +2,15 @@
 
 Modelled on controller-runtime's rate-limited workqueue. A key is in the queue at most once, and
 processed by one worker at a time: a key added while it is being processed is processed once more
-afterwards, so nothing that happened meanwhile is missed and nothing runs twice at once. A failed
-key comes back after an exponential backoff (`retry`), which success resets (`forget`). Every key
-carries the reasons it was added for (job event, JobSet event, resync, metrics, retry), merged
-while it waits: the reconcile reads them, and the operator's metrics count by them.
+afterwards, so nothing that happened meanwhile is missed and nothing runs twice at once. A key has at
+most one pending timer (`add_after`): a second call keeps the earlier due time and merges the reasons,
+as client-go's delaying queue does. A failed key comes back after an exponential backoff (`retry`,
+capped: any number of failures in a row is fine), which success resets (`forget`). Every key carries
+the reasons it was added for (job event, JobSet event, resync, metrics, retry), merged while it waits:
+the reconcile reads them, and the operator's metrics count by them.
+
+What is retried is the manager's call (manager.py): a transient failure backs off here; a permanent
+one (the API refused the request) is not retried until the job changes or a long resync comes.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Hashable
+
+from ..api.backoff import exponential
 
 BASE_DELAY_S = 0.5
 MAX_DELAY_S = 300.0
@@ -27,7 +34,8 @@ class WorkQueue:
         self._ready: asyncio.Queue[Hashable] = asyncio.Queue()
         self._reasons: dict[Hashable, set[str]] = {}  # queued keys and why
         self._active: dict[Hashable, set[str]] = {}  # keys being processed, and why they come back after
-        self._later: list[tuple[float, int, Hashable, str]] = []  # (due, tie-breaker, key, reason)
+        self._later: list[tuple[float, int, Hashable]] = []  # (due, tie-breaker, key); stale ones skipped
+        self._due: dict[Hashable, tuple[float, set[str]]] = {}  # the one pending timer of a key, and why
         self._order = itertools.count()
         self._failures: dict[Hashable, int] = {}
         self._wake = asyncio.Event()
@@ -42,14 +50,27 @@ class WorkQueue:
             self._ready.put_nowait(key)
 
     def add_after(self, key: Hashable, delay_s: float, reason: str) -> None:
-        heapq.heappush(self._later, (self.clock() + delay_s, next(self._order), key, reason))
+        """Add `key` in `delay_s`, or when its pending timer is due if that is earlier (one timer per key)."""
+        due = self.clock() + delay_s
+        pending = self._due.get(key)
+        if pending is not None:
+            pending[1].add(reason)
+            if pending[0] <= due:
+                return
+        self._due[key] = (due, pending[1] if pending else {reason})
+        heapq.heappush(self._later, (due, next(self._order), key))  # the later entry, if any, goes stale
         self._wake.set()
+
+    def pending(self, key: Hashable) -> float | None:
+        """When the key's timer is due (None: no timer)."""
+        entry = self._due.get(key)
+        return entry[0] if entry else None
 
     def retry(self, key: Hashable) -> float:
         """Add `key` back after its backoff (doubling with each failure in a row); the delay."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
-        delay = min(self.max_delay_s, self.base_delay_s * 2 ** failures)
+        delay = exponential(self.base_delay_s, self.max_delay_s, failures)
         self.add_after(key, delay, "retry")
         return delay
 
@@ -73,8 +94,12 @@ class WorkQueue:
         while True:
             now = self.clock()
             while self._later and self._later[0][0] <= now:
-                _, _, key, reason = heapq.heappop(self._later)
-                self.add(key, reason)
+                due, _, key = heapq.heappop(self._later)
+                pending = self._due.get(key)
+                if pending is not None and pending[0] == due:
+                    del self._due[key]
+                    for reason in pending[1]:
+                        self.add(key, reason)
             timeout = self._later[0][0] - now if self._later else None
             self._wake.clear()
             try:

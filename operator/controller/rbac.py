@@ -21,7 +21,7 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # label-selected list per JobSet event or resync: no watch, so no cluster-wide pod cache); a failed
     # JobSet's pods, for their exit codes and messages; the pre-flight's pod, for its result (its
     # termination message) or why it did not start. deletecollection: a failed or hung attempt's pods,
-    # at once (reconcile.replace_jobset).
+    # at once (children.replace_jobset).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "deletecollection"]},
     {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},  # --metrics-access proxy only
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},

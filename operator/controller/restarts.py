@@ -58,14 +58,6 @@ def failure_of(pods: list[dict[str, Any]], jobset_message: str) -> Failure:
                                                   error=jobset_message or "the JobSet failed")
 
 
-def _seconds(ts: str) -> float:
-    return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-
-
-def _stamp(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def answered(sample: Sample | None) -> bool:
     """A read of the trainer's /status succeeded and brought its clock."""
     return sample is not None and sample.error is None and sample.progress is not None
@@ -77,12 +69,12 @@ def hang_timeout_s(policy: FailurePolicySpec, median_step_s: float | None) -> fl
     return max(float(MIN_HANG_TIMEOUT_S), HANG_STEP_FACTOR * (median_step_s or 0.0))
 
 
-def hang(status: TPUTrainingJobStatus, policy: FailurePolicySpec, total_steps: int, now: str) -> str | None:
+def hang(status: TPUTrainingJobStatus, policy: FailurePolicySpec, total_steps: int, now: datetime.datetime) -> str | None:
     attempt = status.accounting.attempt if status.accounting else None
     p = attempt.progress if attempt else None
     if status.phase != "Running" or p is None or (p.step or 0) >= total_steps:
         return None
-    t = _seconds(now)
+    t = now.timestamp()
     if p.last_step_at is None:
         idle, limit = t - p.started_at, float(policy.startup_timeout_seconds)
         what = "no first step"
@@ -95,13 +87,14 @@ def hang(status: TPUTrainingJobStatus, policy: FailurePolicySpec, total_steps: i
 
 
 def decide(status: TPUTrainingJobStatus, jobset_uid: str | None, failure: Failure | None, hung: str | None,
-           policy: FailurePolicySpec, now: str) -> tuple[TPUTrainingJobStatus, Verdict, list[Notice]]:
+           policy: FailurePolicySpec, now: datetime.datetime,
+           generation: int | None = None) -> tuple[TPUTrainingJobStatus, Verdict, list[Notice]]:
     """The status after a failed (`failure`) or hung (`hung`) attempt of the JobSet `jobset_uid`."""
     counts = status.restarts or RestartCounts()
     v = verdict(policy, counts, failure, hung)
     conds, notices = status.conditions, []
     if hung is not None:
-        conds = set_condition(conds, "Hung", "True", "NoProgress", hung, now)
+        conds = set_condition(conds, "Hung", "True", "NoProgress", hung, now, generation)
         notices.append(Notice("Warning", "Hung", hung))
     code = failure.code if failure else None
     if not v.restart:
@@ -110,28 +103,27 @@ def decide(status: TPUTrainingJobStatus, jobset_uid: str | None, failure: Failur
     notices.append(Notice("Warning", "Restarted", v.message))
     return status.model_copy(update=dict(
         conditions=conds, restarts=counts.plus(v.cause), last_restart=last,
-        next_restart_time=_stamp(_seconds(now) + v.delay_s), message=v.message)), v, notices
+        next_restart_time=now + datetime.timedelta(seconds=v.delay_s), message=v.message)), v, notices
 
 
-def replaced(status: TPUTrainingJobStatus, jobset: dict[str, Any]) -> bool:
-    """This JobSet is one a restart replaces (counted already): it is to be deleted, never followed."""
-    uid = (jobset.get("metadata") or {}).get("uid")
+def replaced(status: TPUTrainingJobStatus, uid: str | None) -> bool:
+    """The JobSet of this uid is one a restart replaces (counted already): to be deleted, never followed."""
     return bool(uid) and status.last_restart is not None and status.last_restart.job_set_uid == uid
 
 
-def wait_s(status: TPUTrainingJobStatus, now: str) -> float:
+def wait_s(status: TPUTrainingJobStatus, now: datetime.datetime) -> float:
     """Seconds until the pending restart may create the JobSet again (0: now)."""
     if not status.next_restart_time:
         return 0.0
-    return max(0.0, _seconds(status.next_restart_time) - _seconds(now))
+    return max(0.0, (status.next_restart_time - now).total_seconds())
 
 
-def recovered(status: TPUTrainingJobStatus, now: str) -> TPUTrainingJobStatus:
+def recovered(status: TPUTrainingJobStatus, now: datetime.datetime, generation: int | None = None) -> TPUTrainingJobStatus:
     """Hung=False once a later attempt completes a step."""
     hung = status.condition("Hung")
     attempt = status.accounting.attempt if status.accounting else None
     if hung is None or hung.status != "True" or attempt is None or attempt.progress is None \
             or attempt.progress.last_step_at is None:
         return status
-    conds = set_condition(status.conditions, "Hung", "False", "Progressing", "steps complete again", now)
+    conds = set_condition(status.conditions, "Hung", "False", "Progressing", "steps complete again", now, generation)
     return status.model_copy(update=dict(conditions=conds))

@@ -5,11 +5,14 @@ function returns a new `TPUTrainingJobStatus` plus the Events its transitions de
   the JobSet runs on from the last valid spec and the edit is a refused change (SpecChange=False).
 - `conflicted`: a child's name is taken by an object this job does not own (Ready=False).
 - `reconciled`: the JobSet exists (created or adopted) and reflects the spec, or refuses changes.
+- `refused` / `accepted`: the API refused a request permanently (Reconciled=False), or accepts them again.
 - `phases.follow`: the JobSet's status mapped onto the job's phase (phases.py).
 - `with_sample`: the trainer's latest metrics, or Metrics=False with the last values kept.
 """
 
 from __future__ import annotations
+
+import datetime
 
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +25,7 @@ from .phases import Notice
 
 
 def invalid(status: TPUTrainingJobStatus, problems: list[str], generation: int | None,
-            now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+            now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     message = "invalid spec: " + "; ".join(problems)
     if status.job_set_name:
         before = status.condition("SpecChange")
@@ -38,7 +41,7 @@ def invalid(status: TPUTrainingJobStatus, problems: list[str], generation: int |
 
 
 def conflicted(status: TPUTrainingJobStatus, message: str, generation: int | None,
-               now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+               now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     before = status.condition("Ready")
     conds = set_condition(status.conditions, "Ready", "False", "NameConflict", message, now, generation)
     new = status.model_copy(update=dict(conditions=conds, phase=status.phase or "Pending", message=message))
@@ -47,12 +50,11 @@ def conflicted(status: TPUTrainingJobStatus, message: str, generation: int | Non
 
 
 def reconciled(status: TPUTrainingJobStatus, jobset_name: str, config_map_name: str, created: bool,
-               refused: list[str], generation: int | None, now: str) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+               refused: list[str], generation: int | None, now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     notices = [Notice("Normal", "Created", f"created ConfigMap {config_map_name} and JobSet {jobset_name}")] \
         if created else []
-    conds = set_condition(status.conditions, "Ready", "True", "JobSetCreated", f"JobSet {jobset_name} exists", now,
-                          generation)
-    before = next((c for c in conds if c.type == "SpecChange"), None)
+    conds = status.conditions
+    before = status.condition("SpecChange")
     if refused:
         message = (f"changed on a job whose JobSet exists: {', '.join(refused)}; the JobSet is kept as it is. "
                    "Only spec.suspend can change; delete and re-create the job to apply other changes")
@@ -66,6 +68,26 @@ def reconciled(status: TPUTrainingJobStatus, jobset_name: str, config_map_name: 
                                         restarts=status.restarts or RestartCounts(),
                                         next_restart_time=None if created else status.next_restart_time))
     return new, notices
+
+
+def refused(status: TPUTrainingJobStatus, reason: str, message: str, generation: int | None,
+            now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+    """The API refused a request of this job's reconcile for good (403, 422...): said once, with its words."""
+    before = status.condition("Reconciled")
+    conds = set_condition(status.conditions, "Reconciled", "False", reason, message, now, generation)
+    fresh = before is None or before.status != "False" or before.message != message
+    new = status.model_copy(update=dict(conditions=conds))
+    return new, [Notice("Warning", reason, message)] if fresh else []
+
+
+def accepted(status: TPUTrainingJobStatus, generation: int | None, now: datetime.datetime) -> TPUTrainingJobStatus:
+    """Reconciled=True again after a refusal (a job never refused has no Reconciled condition)."""
+    before = status.condition("Reconciled")
+    if before is None or before.status == "True":
+        return status
+    conds = set_condition(status.conditions, "Reconciled", "True", "Reconciled", "the API accepts the operator's "
+                          "requests for this job", now, generation)
+    return status.model_copy(update=dict(conditions=conds))
 
 
 @dataclass(frozen=True)
@@ -86,18 +108,19 @@ class Sample:
         return {k: v for k, v in self.__dict__.items() if k not in ("error", "progress") and v is not None}
 
 
-def with_sample(status: TPUTrainingJobStatus, sample: Sample, now: str) -> TPUTrainingJobStatus:
+def with_sample(status: TPUTrainingJobStatus, sample: Sample, now: datetime.datetime,
+                generation: int | None = None) -> TPUTrainingJobStatus:
     """Fresh values and Metrics=True, or the old (stale) values and Metrics=False reason Unreachable.
     A read that brings nothing new changes nothing, `metricsTime` included: it says when the values
     were read, so that the status is written only when something in it changed."""
     if sample.error is not None:
-        conds = set_condition(status.conditions, "Metrics", "False", "Unreachable", sample.error, now)
+        conds = set_condition(status.conditions, "Metrics", "False", "Unreachable", sample.error, now, generation)
         return status.model_copy(update=dict(conditions=conds))
     metrics = status.condition("Metrics")
     values = sample.values()
     if metrics is not None and metrics.status == "True" and all(getattr(status, k) == v for k, v in values.items()):
         return status
-    conds = set_condition(status.conditions, "Metrics", "True", "Read", "read from pod 0 of slice 0", now)
+    conds = set_condition(status.conditions, "Metrics", "True", "Read", "read from pod 0 of slice 0", now, generation)
     return status.model_copy(update=dict(**values, metrics_time=now, conditions=conds))
 
 

@@ -163,7 +163,16 @@ def context(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, 
 def render(job: TPUTrainingJob, default_image: str | None = None) -> list[dict[str, Any]]:
     """The manifests of `job`, in creation order (the ConfigMap before the pods that mount it)."""
     ctx = context(job, default_image)
-    return [yaml.load(_environment().get_template(t).render(ctx), Loader=_Loader) for t in TEMPLATES]
+    return [_render(t, ctx) for t in TEMPLATES]
+
+
+def render_config_map(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, Any]:
+    """The ConfigMap alone (the pre-flight mounts it before any JobSet exists)."""
+    return _render(TEMPLATES[0], context(job, default_image))
+
+
+def _render(template: str, ctx: dict[str, Any]) -> dict[str, Any]:
+    return yaml.load(_environment().get_template(template).render(ctx), Loader=_Loader)
 
 
 def to_yaml_stream(manifests: list[dict[str, Any]]) -> str:

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import CHART, NO_NODE, OPERATOR_NAMESPACE, chart_args, helm_run
-from tests.cluster.kube import JOBSETS, Cluster, authorization, wait_for
+from tests.cluster.conftest import CHART, NO_NODE, OPERATOR_NAMESPACE, RELEASE, chart_args, helm_run
+from tests.cluster.kube import JOBSETS, Cluster, authorization, condition, wait_for
 from tests.conftest import operator_job
 from tests.operator_process import Operator
 
@@ -70,6 +70,58 @@ def scoped_operator_acts_only_in(cluster: Cluster, team_a: str, team_b: str, hom
                       if "namespace" not in e["objectRef"]}
     assert cluster_scoped <= {("list", "customresourcedefinitions"), ("watch", "customresourcedefinitions"),
                               ("list", "namespaces"), ("watch", "namespaces"), ("get", None)}, cluster_scoped
+
+
+def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retried(local_cluster: Cluster,
+                                                                                     chart: str, tmp_path):
+    """An operator whose ClusterRole is the chart's less `create` on JobSets: the API's 403 is on the job
+    (Reconciled=False, reason Forbidden, the API's words) with one Warning Event, the create is not sent
+    again while nothing changes, and once the verb is granted and the job edited, the JobSet is made."""
+    cluster, ns = local_cluster, local_cluster.namespace("no-create")
+    name = ns  # cluster-wide objects, unique per run
+    role = json.loads(cluster.kubectl("get", "clusterrole", chart, "-o", "json").stdout)
+    full = role["rules"]
+    less = [{**r, "verbs": [v for v in r["verbs"] if v != "create"]} if "jobsets" in r.get("resources", []) else r
+            for r in full]
+    assert less != full
+    cluster.kubectl("create", "serviceaccount", "op", "-n", ns)
+    cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+                   "rules": less},
+                  {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                   "subjects": [{"kind": "ServiceAccount", "name": "op", "namespace": ns}]})
+    args = [a for a in chart_args(cluster, OPERATOR_NAMESPACE, RELEASE) if a != "--all-namespaces"]
+    op = Operator(cluster.token_kubeconfig(ns, "op", tmp_path / "kubeconfig"), tmp_path, *args, f"--namespace={ns}")
+    try:
+        op.start()
+        since = time.time()
+        doc = operator_job()
+        cluster.apply(doc, namespace=ns)
+        refused = wait_for(lambda: condition(cluster.status(ns, "tiny"), "Reconciled"), 60, "Reconciled on the job",
+                           diagnose=op.log_tail)
+        assert refused["status"] == "False" and refused["reason"] == "Forbidden", refused
+        assert "403" in refused["message"] and "jobsets" in refused["message"] and "create" in refused["message"]
+        assert refused["observedGeneration"] == 1
+        wait_for(lambda: any(e["reason"] == "Forbidden" and e["type"] == "Warning" for e in cluster.events(ns, "tiny")),
+                 30, "a Warning Event Forbidden")
+        time.sleep(5)  # a retry with backoff would have sent the create several times by now
+        user = f"system:serviceaccount:{ns}:op"
+        creates = [e for e in cluster.audit(since) if e["user"]["username"] == user
+                   and e["verb"] == "create" and e["objectRef"].get("resource") == "jobsets"]
+        assert len(creates) == 1 and all(authorization(e) == "forbid" for e in creates), creates
+        assert len([e for e in cluster.events(ns, "tiny") if e["reason"] == "Forbidden"]) == 1
+        # The verb granted and the job edited (its generation moves): tried at once, and it goes through.
+        cluster.apply({**role, "metadata": {"name": name}, "rules": full})
+        wait_for(lambda: cluster.kubectl("auth", "can-i", "create", "jobsets.jobset.x-k8s.io", "-n", ns,
+                                         f"--as={user}", check=False).stdout.strip() == "yes", 30, "the verb granted")
+        cluster.apply({**doc, "spec": {**doc["spec"], "suspend": True}}, namespace=ns)
+        status = wait_for(lambda: (s := cluster.status(ns, "tiny")).get("jobSetName") and
+                          condition(s, "Reconciled").get("status") == "True" and s, 60, "the JobSet after the fix",
+                          diagnose=op.log_tail)
+        assert condition(status, "Reconciled")["observedGeneration"] == 2
+    finally:
+        op.kill(signal.SIGTERM)
+        cluster.kubectl("delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found", check=False)
 
 
 def test_no_request_of_the_charts_operator_was_forbidden_in_the_whole_suite(local_cluster: Cluster, chart: str):

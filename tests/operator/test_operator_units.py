@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import json
 from typing import Any
 
@@ -13,9 +14,10 @@ from prometheus_client import generate_latest
 
 from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
 from tpu_operator.api import names
+from tpu_operator.api.timestamps import format as rfc3339
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.models import TPUTrainingJobStatus
-from tpu_operator.controller import metrics_reader, phases, reconcile, status as status_lib
+from tpu_operator.controller import children, metrics_reader, phases, reconcile, status as status_lib
 from tpu_operator.controller.conditions import set_condition
 from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, ApiError, Resource
 from tpu_operator.controller.manager import Manager
@@ -25,8 +27,8 @@ from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_operator.controller.stats import Stats
 from tpu_operator.controller.status import Sample
 
-NOW = "2026-01-01T00:00:00Z"
-LATER = "2026-01-01T00:05:00Z"
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)  # the fake clock's times
+LATER = NOW + datetime.timedelta(minutes=5)
 EMPTY = TPUTrainingJobStatus()
 
 
@@ -105,16 +107,16 @@ def test_set_condition_moves_transition_time_only_on_status_change():
 def test_status_is_written_in_the_wire_form_and_read_back_leniently():
     status, _ = phases.follow(EMPTY, jobset(active=1), NOW)
     wire = status.to_wire()
-    assert wire["phase"] == "Running" and wire["startTime"] == NOW
-    assert wire["conditions"][0]["lastTransitionTime"] == NOW and "observedGeneration" not in wire["conditions"][0]
+    assert wire["phase"] == "Running" and wire["startTime"] == rfc3339(NOW)
+    assert wire["conditions"][0]["lastTransitionTime"] == rfc3339(NOW) and "observedGeneration" not in wire["conditions"][0]
     assert TPUTrainingJobStatus.model_validate({**wire, "fieldOfANewerOperator": 1}) == status
 
 
 def test_changed_fields_names_paths():
     before = {"training": {"steps": 10, "seed": 1}, "image": "a", "tpu": {"topology": "2x2x1"}}
     after = {"training": {"steps": 20, "seed": 1}, "image": "b", "tpu": {"topology": "2x2x1"}, "args": ["x"]}
-    assert reconcile.changed_fields(before, after) == ["spec.args", "spec.image", "spec.training.steps"]
-    assert reconcile.changed_fields(before, copy.deepcopy(before)) == []
+    assert children.changed_fields(before, after) == ["spec.args", "spec.image", "spec.training.steps"]
+    assert children.changed_fields(before, copy.deepcopy(before)) == []
 
 
 def test_merge_patch_has_only_what_changed():
@@ -259,8 +261,8 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
 def run_reconcile(kube: FakeKube, obj: dict[str, Any], jobset_seen: dict[str, Any] | None = None,
                   config: OperatorConfig = OperatorConfig()) -> tuple[reconcile.Outcome, list[phases.Notice]]:
     notices: list[phases.Notice] = []
-    outcome = asyncio.run(reconcile.reconcile(kube, obj, jobset_seen, None, config, lambda o, n: notices.append(n),
-                                              now=lambda: NOW))
+    means = reconcile.Means(kube, config, lambda o, n: notices.append(n), clock=lambda: NOW)
+    outcome = asyncio.run(reconcile.reconcile(means, obj, reconcile.Seen(jobset_seen)))
     return outcome, notices
 
 
@@ -287,7 +289,8 @@ def test_reconcile_creates_then_adopts_without_duplicates():
     assert outcome.result == "adopted" and notices == []
     assert kube.objects.keys() == first.keys()
     status = job_status(kube)
-    assert status.phase == "Pending" and status.job_set_name == "tiny" and status.condition("Ready").status == "True"
+    ready = status.condition("Ready")  # Ready: training progressing, which it is not yet
+    assert status.phase == "Pending" and status.job_set_name == "tiny" and (ready.status, ready.reason) == ("False", "PodsPending")
     js = kube.jobset()
     assert js["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
     applied = json.loads(js["metadata"]["annotations"][names.APPLIED_SPEC])
@@ -350,7 +353,7 @@ def test_reconcile_leaves_finished_and_deleting_jobs_alone():
     obj = kube.add_job(tiny_job())
     obj["status"] = {"phase": "Succeeded"}
     assert run_reconcile(kube, obj)[0].result == "finished"
-    obj["status"], obj["metadata"]["deletionTimestamp"] = {}, NOW
+    obj["status"], obj["metadata"]["deletionTimestamp"] = {}, rfc3339(NOW)
     assert run_reconcile(kube, obj)[0].result == "deleting"
     assert kube.calls == []
 
@@ -530,7 +533,7 @@ def add_pod0(kube: FakeKube, jobset_name: str = "job", ip: str = "10.1.2.3") -> 
     labels = {"jobset.sigs.k8s.io/jobset-name": jobset_name, "jobset.sigs.k8s.io/job-index": "0",
               "batch.kubernetes.io/job-completion-index": "0"}
     kube.objects[PODS.path("ml", f"{jobset_name}-slice-0-0-x")] = {
-        "metadata": {"name": f"{jobset_name}-slice-0-0-x", "creationTimestamp": NOW, "labels": labels},
+        "metadata": {"name": f"{jobset_name}-slice-0-0-x", "creationTimestamp": rfc3339(NOW), "labels": labels},
         "status": {"phase": "Running", "podIP": ip}}
 
 

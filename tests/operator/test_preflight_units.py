@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import tiny_job
 from tests.operator.test_operator_units import FakeKube, job_status
 from tpu_operator.api.contract import PlanResult
+from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import preflight, reconcile
 from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, PODS
 from tpu_operator.controller.reconcile import OperatorConfig
@@ -78,9 +79,10 @@ def test_the_decision(found, pods, age, compiling, kind, reason):
 def run(kube: FakeKube, now: str) -> tuple[reconcile.Outcome, list[Any]]:
     notices: list[Any] = []
     found = [o for path, o in kube.objects.items() if path.startswith(BATCH_JOBS.path("default") + "/")]
-    outcome = asyncio.run(reconcile.reconcile(kube, kube.job(), kube.jobset(), None, OperatorConfig(preflight=TIMING),
-                                              lambda o, n: notices.append(n), now=lambda: now,
-                                              preflights=copy.deepcopy(found)))
+    means = reconcile.Means(kube, OperatorConfig(preflight=TIMING), lambda o, n: notices.append(n),
+                            clock=lambda: parse(now))
+    outcome = asyncio.run(reconcile.reconcile(means, kube.job(), reconcile.Seen(kube.jobset(),
+                                                                                preflights=copy.deepcopy(found))))
     return outcome, notices
 
 
@@ -129,9 +131,9 @@ def test_it_fits_the_jobset_is_created_with_status_plan():
     assert posts(kube) == [JOBSETS.path("default")]  # the ConfigMap exists already
     assert [c[0] for c in kube.calls].count("LIST") == 1
     status = job_status(kube)
-    assert status.condition("Planned").status == "True" and status.condition("Ready").status == "True"
+    assert status.condition("Planned").status == "True" and status.condition("Ready").reason == "PodsPending"
     assert status.plan.fits is True and status.plan.hbm_per_device_gib == 13.03 and status.plan.hbm_capacity_gib == 96
-    assert status.plan.compile_seconds == 47.0 and status.plan.libtpu_version == "0.0.52" and status.plan.checked_at == T1
+    assert status.plan.compile_seconds == 47.0 and status.plan.libtpu_version == "0.0.52" and status.plan.checked_at == parse(T1)
     assert status.job_set_name == "tiny" and status.phase == "Pending"
     kube.calls.clear()
     outcome, notices = run(kube, LATE)  # decided: no pod list, no second pre-flight

@@ -4,12 +4,13 @@ kueue.py and diagnosis.py, and the reconcile and the manager over the in-memory 
 from __future__ import annotations
 
 import asyncio
+import datetime
 from typing import Any
 
 import pytest
 
 from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
-from tests.operator.test_operator_units import NOW, LATER, FakeKube, drain, job_status, manager_for, writes
+from tests.operator.test_operator_units import NOW, LATER, rfc3339, FakeKube, drain, job_status, manager_for, writes
 from tpu_operator.api import names
 from tpu_operator.api.models import TPUTrainingJobStatus
 from tpu_operator.controller import diagnosis, kueue, phases, reconcile
@@ -26,21 +27,21 @@ UNSCHEDULABLE = ("0/12 nodes are available: 12 Insufficient google.com/tpu. pree
                  "12 No preemption victims found for incoming pod.")
 
 
-def cond(type_: str, status: str = "True", reason: str = "", message: str = "", since: str = NOW) -> dict[str, Any]:
+def cond(type_: str, status: str = "True", reason: str = "", message: str = "", since: datetime.datetime | str = NOW) -> dict[str, Any]:
     return {"type": type_, "status": status, "reason": reason or type_, "message": message,
-            "lastTransitionTime": since}
+            "lastTransitionTime": since if isinstance(since, str) else rfc3339(since)}
 
 
 def workload(*conditions: dict[str, Any], jobset_uid: str = "js-uid", name: str = "jobset-tiny-a1b2c",
-             active: bool = True, created: str = NOW, deleting: bool = False, checks: tuple = (),
+             active: bool = True, created: datetime.datetime | str = NOW, deleting: bool = False, checks: tuple = (),
              annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A Workload as Kueue makes one for JobSet `tiny` (trimmed as the operator's index keeps it)."""
-    meta = {"name": name, "namespace": "default", "uid": f"wl-{name}", "creationTimestamp": created,
+    meta = {"name": name, "namespace": "default", "uid": f"wl-{name}", "creationTimestamp": created if isinstance(created, str) else rfc3339(created),
             "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "tiny",
                                  "uid": jobset_uid, "controller": True, "blockOwnerDeletion": True}],
             "labels": {"kueue.x-k8s.io/job-uid": jobset_uid}, "annotations": annotations or {}}
     if deleting:
-        meta["deletionTimestamp"] = NOW
+        meta["deletionTimestamp"] = rfc3339(NOW)
     full = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": meta,
             "spec": {"active": active, "queueName": "team-a", "podSets": [{"name": "slice", "template": {}}]},
             "status": {"conditions": list(conditions), "admission": {"clusterQueue": "tpu-cq"} if any(
@@ -234,8 +235,9 @@ def test_pods_are_read_only_while_some_are_not_ready(jobset, needed):
 def run(kube: FakeKube, obj: dict[str, Any], jobset: dict[str, Any] | None = None,
         workloads: list[dict[str, Any]] = (), look_at_pods: bool = False) -> tuple[reconcile.Outcome, list[Any]]:
     notices: list[phases.Notice] = []
-    outcome = asyncio.run(reconcile.reconcile(kube, obj, jobset, None, OperatorConfig(), lambda o, n: notices.append(n),
-                                              now=lambda: NOW, workloads=workloads, look_at_pods=look_at_pods))
+    means = reconcile.Means(kube, OperatorConfig(), lambda o, n: notices.append(n), clock=lambda: NOW)
+    seen = reconcile.Seen(jobset, workloads=workloads, look_at_pods=look_at_pods)
+    outcome = asyncio.run(reconcile.reconcile(means, obj, seen))
     return outcome, notices
 
 

@@ -5,6 +5,7 @@ the job's status. No processes."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 from typing import Any
 
@@ -13,6 +14,7 @@ from prometheus_client import generate_latest
 from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
 from tests.operator.test_operator_units import FakeKube, job_status
 from tpu_operator.api.failures import RestartCounts
+from tpu_operator.api.timestamps import parse
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.models import FailurePolicySpec, TPUTrainingJobStatus
 from tpu_operator.controller import reconcile, restarts
@@ -28,11 +30,15 @@ def at(seconds: int) -> str:
     return f"2026-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}Z"
 
 
+def when(seconds: int) -> datetime.datetime:
+    return parse(at(seconds))
+
+
 def run(kube: FakeKube, when: str, jobset_seen: Any = "index", sample: Sample | None = None):
     notices = []
     seen = kube.jobset() if jobset_seen == "index" else jobset_seen
-    outcome = asyncio.run(reconcile.reconcile(kube, kube.job(), seen, sample, OperatorConfig(),
-                                              lambda o, n: notices.append(n), now=lambda: when))
+    means = reconcile.Means(kube, OperatorConfig(), lambda o, n: notices.append(n), clock=lambda: parse(when))
+    outcome = asyncio.run(reconcile.reconcile(means, kube.job(), reconcile.Seen(seen, sample)))
     return outcome, [n.reason for n in notices]
 
 
@@ -74,7 +80,7 @@ def test_a_failed_jobset_is_restarted_once_after_its_backoff_and_the_budget_is_t
     assert status.phase == "Restarting" and status.restarts == RestartCounts(failure=1, total=1)
     assert status.last_restart.job_set_uid == first and status.last_restart.exit_code == 42
     assert f"tiny-slice-0-0-{first} exited with code 42" in status.message and "Retryable: gloo" in status.message
-    assert status.next_restart_time == at(30) and events == ["Restarted"]
+    assert status.next_restart_time == parse(at(30)) and events == ["Restarted"]
     # One LIST of the pods, one status write, then the pods go at once and the JobSet (only that uid).
     assert [c[0] for c in kube.calls] == ["LIST", "PATCH", "DELETECOLLECTION", "DELETE"] and kube.jobset() is None
     assert not [p for p in kube.objects if "/pods/" in p]
@@ -120,21 +126,21 @@ def test_a_user_error_fails_at_once_quoting_the_trainers_line():
 def test_hang_detection_needs_a_trainer_that_reported_and_uses_its_own_clock():
     policy = FailurePolicySpec(startupTimeoutSeconds=100)
     base = TPUTrainingJobStatus(phase="Running")
-    assert restarts.hang(base, policy, 10, at(59 * 60)) is None  # never heard from: not hung
+    assert restarts.hang(base, policy, 10, when(59 * 60)) is None  # never heard from: not hung
 
     def with_progress(**p: Any) -> TPUTrainingJobStatus:
         from tpu_operator.api.goodput import Attempt, Ledger
-        progress = Progress(started_at=restarts._seconds(T0), **p)
+        progress = Progress(started_at=parse(T0).timestamp(), **p)
         return base.model_copy(update=dict(accounting=Ledger(attempt=Attempt(running_since=0.0, progress=progress))))
 
     starting = with_progress(start_step=0)
-    assert restarts.hang(starting, policy, 10, at(100)) is None
-    assert restarts.hang(starting, policy, 10, at(101)) == "hung: no first step for 101 s (limit 100 s)"
-    stepped = with_progress(start_step=0, step=4, last_step_at=restarts._seconds(at(60)), median_step_seconds=40.0)
-    assert restarts.hang(stepped, policy, 10, at(60 + 800)) is None  # 20 x 40 s
-    assert "no step completed after step 4 for 801 s (limit 800 s)" in restarts.hang(stepped, policy, 10, at(861))
-    assert restarts.hang(stepped, FailurePolicySpec(hangTimeoutSeconds=5), 10, at(66)) is not None
-    assert restarts.hang(stepped, FailurePolicySpec(hangTimeoutSeconds=5), 4, at(66)) is None  # the last step
+    assert restarts.hang(starting, policy, 10, when(100)) is None
+    assert restarts.hang(starting, policy, 10, when(101)) == "hung: no first step for 101 s (limit 100 s)"
+    stepped = with_progress(start_step=0, step=4, last_step_at=when(60).timestamp(), median_step_seconds=40.0)
+    assert restarts.hang(stepped, policy, 10, when(60 + 800)) is None  # 20 x 40 s
+    assert "no step completed after step 4 for 801 s (limit 800 s)" in restarts.hang(stepped, policy, 10, when(861))
+    assert restarts.hang(stepped, FailurePolicySpec(hangTimeoutSeconds=5), 10, when(66)) is not None
+    assert restarts.hang(stepped, FailurePolicySpec(hangTimeoutSeconds=5), 4, when(66)) is None  # the last step
 
 
 def test_a_hung_job_is_marked_restarted_and_goodput_lands_in_status_and_metrics():
@@ -142,7 +148,7 @@ def test_a_hung_job_is_marked_restarted_and_goodput_lands_in_status_and_metrics(
     new_job(kube, hangTimeoutSeconds=30)
     running(kube)
     run(kube, at(2))
-    t = restarts._seconds
+    t = lambda text: parse(text).timestamp()  # noqa: E731
     p = Progress(started_at=t(at(1)), start_step=0, first_step_at=t(at(5)), last_step_at=t(at(10)), step=6,
                  last_checkpoint_step=5, step_seconds=5.0, steps_timed=5, median_step_seconds=1.0)
     run(kube, at(11), sample=Sample(step=6, progress=p))

@@ -1,0 +1,119 @@
+"""A job's children (its ConfigMap, its JobSet, its pre-flight Job): made to exist, adopted, replaced.
+
+Names are deterministic, so an operator killed at any point and restarted creates nothing twice: a
+409 AlreadyExists adopts the object when this job owns it (its uid among the object's owner
+references), and is a `NameConflict` otherwise (the user's to resolve). I/O only; what to do is
+decided by the reconcile (reconcile.py) and the pre-flight (preflight.py), which both import this
+module and nothing imports back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from ..api import names
+from ..api.models import KIND, TPUTrainingJob
+from ..rendering.manifests import applied_spec, render
+from .kube import CONFIGMAPS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
+from .metrics_reader import LABEL_JOBSET
+
+
+class NameConflict(Exception):
+    pass
+
+
+def owner_uids(obj: Obj) -> list[str]:
+    return [ref.get("uid") for ref in (obj.get("metadata") or {}).get("ownerReferences") or []]
+
+
+def owner_of(jobset: Obj) -> tuple[str, str, str] | None:
+    """(namespace, job name, job uid) of the TPUTrainingJob that controls this JobSet."""
+    meta = jobset.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(names.LABEL_JOB)
+    ref = next((r for r in meta.get("ownerReferences") or [] if r.get("kind") == KIND and r.get("controller")), None)
+    if not name or ref is None or ref.get("name") != name:
+        return None
+    return meta.get("namespace", "default"), name, ref["uid"]
+
+
+async def ensure_child(kube: Kube, resource: Resource, manifest: Obj, owner_uid: str) -> tuple[Obj, bool]:
+    """Create `manifest`, or adopt the object of that name if this job owns it: (object, created)."""
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    try:
+        return await kube.create(resource, namespace, manifest), True
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+    existing = await kube.get(resource, namespace, name)
+    if owner_uid in owner_uids(existing):
+        return existing, False
+    owners = ", ".join(f"{r.get('kind')}/{r.get('name')}" for r in existing["metadata"].get("ownerReferences") or [])
+    raise NameConflict(f"{manifest['kind']} {name} already exists and is "
+                       f"{'owned by ' + owners if owners else 'not owned by any object'}, not by this job; "
+                       "delete or rename it")
+
+
+async def ensure_all(kube: Kube, owner_uid: str, *children: tuple[Resource, Obj]) -> list[tuple[Obj, bool]]:
+    """`ensure_child` of each, side by side (a pod waits for its ConfigMap volume); the first error raised."""
+    results = await asyncio.gather(*(ensure_child(kube, r, m, owner_uid) for r, m in children),
+                                   return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | None, config_map_exists: bool = False,
+                          gate: Any = None) -> tuple[Obj, bool]:
+    """The ConfigMap (unless known to exist: the pre-flight made it) and the JobSet (through `gate`, e.g.
+    the pre-flight's admission gate, when given): (the JobSet, whether it was created now)."""
+    made_config_map, jobset = render(job, default_image)
+    if gate is not None:
+        jobset = gate(jobset)
+    children = [] if config_map_exists else [(CONFIGMAPS, made_config_map)]
+    results = await ensure_all(kube, job.metadata.uid or "", *children, (JOBSETS, jobset))
+    return results[-1]
+
+
+def changed_fields(before: Any, after: Any, path: str = "spec") -> list[str]:
+    """Dotted paths where two specs differ (lists compare whole)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [p for key in sorted(set(before) | set(after))
+                for p in changed_fields(before.get(key), after.get(key), f"{path}.{key}")]
+    return [] if before == after else [path]
+
+
+def refused_changes(jobset: Obj, job: TPUTrainingJob) -> list[str]:
+    """The spec fields changed since the JobSet was made (its applied-spec annotation)."""
+    applied = ((jobset.get("metadata") or {}).get("annotations") or {}).get(names.APPLIED_SPEC)
+    return changed_fields(json.loads(applied), applied_spec(job)) if applied else []
+
+
+async def delete_unstarted(kube: Kube, jobset: Obj) -> None:
+    """Delete a JobSet that never ran (held by the pre-flight's gate): only this uid."""
+    meta = jobset["metadata"]
+    await kube.delete(JOBSETS, meta.get("namespace", "default"), meta["name"], {
+        "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta["uid"]}})
+
+
+async def replace_jobset(kube: Kube, namespace: str, jobset: Obj, cause: str) -> None:
+    """Delete a JobSet a restart replaces (foreground: its pods go first; only this uid). Its DELETED
+    event brings the job back, and the reconcile creates the JobSet again once the backoff is over.
+    Unless the restart is for a preemption (its pods are saving the step in flight), the pods go at
+    once (gracePeriodSeconds 0): a JAX process cannot save without all of its peers, so a failed or
+    hung attempt's survivors would only sit out their grace period in a collective."""
+    meta = jobset["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    try:
+        if cause != "preemption":
+            await kube.delete_all(PODS, namespace, f"{LABEL_JOBSET}={meta['name']}",
+                                  {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+        await kube.delete(JOBSETS, namespace, meta["name"], {
+            "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground",
+            "preconditions": {"uid": meta["uid"]}})
+    except ApiError as exc:
+        if exc.status not in (404, 409):  # gone already, or another JobSet of that name: not ours to delete
+            raise
