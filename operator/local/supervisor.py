@@ -160,8 +160,9 @@ def supervise(make_pods: Callable[[int], Sequence[LocalPod]], log_dir: Path, *, 
     restarts, history, attempt = RestartCounts(), [], 0
     while True:
         running = _Running(make_pods(attempt), log_dir, attempt, on_event)
-        on_event("started", attempt=attempt, pods=running.pods, pids=[p.pid for p in running.procs], at=time.time())
-        try:
+        try:  # from the moment the processes exist: a Ctrl-C while reporting their start stops them too
+            on_event("started", attempt=attempt, pods=running.pods, pids=[p.pid for p in running.procs],
+                     at=time.time())
             while (state := running.poll()) is None:
                 time.sleep(poll_seconds)
         except KeyboardInterrupt:

@@ -38,7 +38,7 @@ import yaml
 from tests.cluster import manifests
 from tests.cluster.build import ROOT, Build, build, unavailable, versions
 from tests.cluster.certs import make_webhook_certs
-from tests.cluster.nodes import cluster_nodes
+from tests.cluster.nodes import KWOK, cluster_nodes
 from tpu_operator.local.pods import free_port
 
 NAME = "tpujob"
@@ -211,6 +211,10 @@ def up() -> Running:
          f"--kwok-controller-binary={found.binary('kwok')}", f"--kube-apiserver-port={free_port()}",
          "--secure-port=true", "--kube-authorization=true", "--kube-admission=true",
          "--extra-args=etcd=unsafe-no-fsync=true",  # a test cluster: no fsync on a disk shared with builds
+         # kwok plays the kubelet of its own nodes only: kwokctl starts it managing every node, and it then
+         # raced the process kubelet on the CPU nodes' pods (both set a pod IP: the API refused one, 422).
+         "--extra-args=kwok-controller=manage-all-nodes=false",
+         f"--extra-args=kwok-controller=manage-nodes-with-annotation-selector={KWOK}=fake",
          f"--kube-audit-policy={directory / 'audit-policy.yaml'}", "--wait=120s", timeout=600)
     _log(f"control plane up in {time.monotonic() - started:.0f} s")
 
