@@ -130,7 +130,12 @@ def test_interrupt_stops_every_process(tmp_path):
             time.sleep(0.05)
         pids = [int(p.read_text()) for p in pid_files]
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"the local run did not stop within 30 s of Ctrl-C; it said:\n{proc.communicate()[0]}")
+        assert code == 130, proc.stdout.read()
         for pid in pids:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)

@@ -52,23 +52,27 @@ class Outcome:
 class _Running:
     """One attempt: the pod processes, their log files and the coordinator's JSON lines."""
 
-    def __init__(self, pods: Sequence[LocalPod], log_dir: Path, attempt: int, on_event: EventHandler):
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.pods = list(pods)
-        self.on_event = on_event
+    def __init__(self, log_dir: Path, attempt: int, on_event: EventHandler):
+        self.log_dir, self.attempt, self.on_event = log_dir, attempt, on_event
+        self.pods: list[LocalPod] = []
         self.procs: list[subprocess.Popen] = []
         self.readers: list[threading.Thread] = []
         self.metrics: list[dict[str, Any]] = []
         self.summary: dict[str, Any] | None = None
         self.logs: list[tuple[Path, int]] = []  # each pod's log and where this attempt starts in it
         self.finished: dict[int, float] = {}  # pod index -> when it was seen to exit
-        for pod in self.pods:
+
+    def start(self, pods: Sequence[LocalPod]) -> None:
+        """Start the pods' processes; those started are in `procs` at every moment, for `stop`."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for pod in pods:
+            self.pods.append(pod)
             if pod.termination_log is not None:
                 pod.termination_log.parent.mkdir(parents=True, exist_ok=True)
                 pod.termination_log.unlink(missing_ok=True)
-            path = log_dir / f"{pod.hostname}.log"
+            path = self.log_dir / f"{pod.hostname}.log"
             log = open(path, "a", encoding="utf-8")
-            log.write(f"--- attempt {attempt}\n")
+            log.write(f"--- attempt {self.attempt}\n")
             log.flush()
             self.logs.append((path, log.tell()))
             # A session of its own: signals to the group reach the trainer and any children it forks.
@@ -159,8 +163,9 @@ def supervise(make_pods: Callable[[int], Sequence[LocalPod]], log_dir: Path, *, 
     """Run attempts until success, a failure `decide` does not restart, or Ctrl-C."""
     restarts, history, attempt = RestartCounts(), [], 0
     while True:
-        running = _Running(make_pods(attempt), log_dir, attempt, on_event)
-        try:  # from the moment the processes exist: a Ctrl-C while reporting their start stops them too
+        running = _Running(log_dir, attempt, on_event)
+        try:  # a Ctrl-C at any moment once a process may exist stops every one started
+            running.start(make_pods(attempt))
             on_event("started", attempt=attempt, pods=running.pods, pids=[p.pid for p in running.procs],
                      at=time.time())
             while (state := running.poll()) is None:
