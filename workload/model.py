@@ -26,7 +26,6 @@ from .sharding import constrain, current
 
 COMPUTE = jnp.bfloat16
 AUX_LOSS_WEIGHT = 0.01
-ROPE_THETA = 10_000.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +117,20 @@ def _rms_norm_backward(residuals, dy_BTD):
 rms_norm.defvjp(_rms_norm_forward, _rms_norm_backward)
 
 
-def rope(x_BTNH, pos_BT):
-    H = x_BTNH.shape[-1]
-    freq = ROPE_THETA ** (-jnp.arange(0, H, 2, dtype=jnp.float32) / H)
+def rope_frequencies(head_dim: int, theta: float, scaling: str = "none"):
+    """RoPE's rotation frequencies of one head; "llama3": Llama 3.1's scaling for long contexts (the
+    frequencies whose wavelength passes an 8192-token context divided by 8, those below 2048 kept, and
+    a smooth blend between)."""
+    freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    if scaling == "none":
+        return freq
+    factor, low, high, context = 8.0, 1.0, 4.0, 8192.0
+    wavelength = 2 * jnp.pi / freq
+    smooth = jnp.clip((context / wavelength - low) / (high - low), 0.0, 1.0)
+    return (1 - smooth) * freq / factor + smooth * freq
+
+
+def rope(x_BTNH, pos_BT, freq):
     angle_BTh = pos_BT[..., None].astype(jnp.float32) * freq
     sin, cos = jnp.sin(angle_BTh)[:, :, None], jnp.cos(angle_BTh)[:, :, None]
     x1, x2 = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
@@ -144,8 +154,9 @@ class Attention(nnx.Module):
         k_BTKH = _einsum(cfg, "btd,dkh->btkh", x_BTD, self.wk[...])
         v_BTKH = _einsum(cfg, "btd,dkh->btkh", x_BTD, self.wv[...])
         q_BTNH, k_BTKH, v_BTKH = (checkpoint_name(a, "qkv_proj") for a in (q_BTNH, k_BTKH, v_BTKH))
-        q_BTNH = constrain(rope(q_BTNH, pos_BT), ("batch", "length", "act_heads", None))
-        k_BTKH = constrain(rope(k_BTKH, pos_BT), ("batch", "length", "act_kv_heads", None))
+        freq = rope_frequencies(cfg.dims.head_dim, cfg.dims.rope_theta, cfg.dims.rope_scaling)
+        q_BTNH = constrain(rope(q_BTNH, pos_BT, freq), ("batch", "length", "act_heads", None))
+        k_BTKH = constrain(rope(k_BTKH, pos_BT, freq), ("batch", "length", "act_kv_heads", None))
         v_BTKH = constrain(v_BTKH, ("batch", "length", "act_kv_heads", None))
         if cfg.kernels.attention == "splash":
             # The kernel names its own residuals (output and logsumexp) "attention_out", inside its

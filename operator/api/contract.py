@@ -45,6 +45,11 @@ class ModelDims(Base):
     vocab: int = _desc("Vocabulary size.", ge=2)
     experts: int = _desc("MoE experts per layer; 0 for dense.", default=0, ge=0)
     experts_per_token: int = _desc("Top-k experts per token; 0 for dense.", default=0, ge=0)
+    rope_theta: float = _desc("RoPE base frequency (Llama 3: 500000; Mixtral: 1000000).", default=10000.0, gt=0)
+    rope_scaling: Literal["none", "llama3"] = _desc(
+        "RoPE frequency scaling for contexts past the pre-training length: llama3 is Llama 3.1's (factor 8 "
+        "below the frequencies of an 8192-token context, smoothed between wavelengths 2048 and 8192).",
+        default="none")
 
     @property
     def is_moe(self) -> bool:

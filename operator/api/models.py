@@ -152,6 +152,11 @@ class ModelSpec(Base):
     vocab: int | None = _desc("Vocabulary size.", default=None, ge=2)
     experts: int | None = _desc("MoE experts per layer; 0 or unset for a dense model.", default=None, ge=0)
     experts_per_token: int | None = _desc("Experts each token is routed to (top-k).", default=None, ge=1)
+    rope_theta: float | None = _desc("RoPE base frequency; the preset's (Llama 3: 500000), else 10000.",
+                                     default=None, gt=0)
+    rope_scaling: Literal["none", "llama3"] | None = _desc(
+        "RoPE frequency scaling for long contexts: llama3 is Llama 3.1's (factor 8, for contexts past 8192 "
+        "tokens); none by default.", default=None)
 
     @model_validator(mode="after")
     def _complete(self) -> "ModelSpec":
@@ -175,8 +180,8 @@ class ModelSpec(Base):
         """The fully resolved shape (the model validator has checked that it is complete)."""
         return ModelDims(**{k: v for k, v in self.resolved().items() if v is not None})
 
-    def resolved(self) -> dict[str, int | None]:
-        dims: dict[str, int | None] = dict(PRESETS[self.preset]) if self.preset else {}
+    def resolved(self) -> dict[str, Any]:
+        dims: dict[str, Any] = dict(PRESETS[self.preset]) if self.preset else {}
         for name in ModelDims.model_fields:
             value = getattr(self, name)
             if value is not None:
