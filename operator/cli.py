@@ -113,8 +113,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     print_plan(original)  # the job as written, for its real slice
     run_dir = Path(args.run_dir or f"runs/{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    # SIGTERM (e.g. from a test or a container runtime) stops the processes like Ctrl-C does.
+    # SIGTERM (e.g. from a test or a container runtime) stops the processes like Ctrl-C does; and so does
+    # SIGINT even where the run was started with it ignored (a background job of a shell script, or a
+    # parent that ignores it: Python then installs no KeyboardInterrupt for it).
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         outcome, _ = run_local(job, run_dir)
     except TooLargeForLocal as exc:
