@@ -172,11 +172,12 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         mean of the microbatches' means). Microbatch m takes rows m, m + M, ...: each device's rows
         split among the microbatches, so no row moves between devices."""
         split = lambda a_BT: a_BT.reshape(-1, micro, a_BT.shape[-1]).swapaxes(0, 1)  # noqa: E731
+        micro_batch = tuple(a[:cfg.training.microbatch] for a in batch)
+        (loss_parts, _) = jax.eval_shape(loss_and_grads, params, micro_batch)
         # The gradient sum is sharded as the parameters are (left free, XLA may replicate it).
         grads = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), s),
                              params, param_shardings)
-        zeros = ((jnp.zeros((), jnp.float32), {"ce": jnp.zeros((), jnp.float32), "aux": jnp.zeros((), jnp.float32)}),
-                 grads)
+        zeros = (jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), loss_parts), grads)
 
         def one(acc, mb):
             mb = tuple(jax.lax.with_sharding_constraint(a, micro_sharding) for a in mb)
