@@ -78,11 +78,13 @@ def main() -> None:
         summary = train.run(cfg, peak_flops_per_device=peak)
     finally:
         sys.stdout = stdout
+    # Older trainers named it tokens_per_s.
+    tokens_per_s = getattr(summary, "global_tokens_per_s", None) or getattr(summary, "tokens_per_s")
     result = {"case": args.case, "preset": preset, "mesh": mesh, "devices": n, "platform": jax.default_backend(), "global_batch": batch,
               "sequence_length": seq, "steps_timed": summary.steps_timed,
-              "step_time_s": summary.step_time_s, "tokens_per_s": summary.tokens_per_s,
+              "step_time_s": summary.step_time_s, "global_tokens_per_s": tokens_per_s,
               "mfu": summary.mfu, "peak_flops_per_device": peak, "final_loss": summary.loss}
-    print(f"{args.case} ({preset}): {result['tokens_per_s']:.0f} tokens/s, step {1e3 * result['step_time_s']:.1f} ms, "
+    print(f"{args.case} ({preset}): {result['global_tokens_per_s']:.0f} tokens/s, step {1e3 * result['step_time_s']:.1f} ms, "
           f"MFU {100 * result['mfu']:.2f}% of {peak:.3g} FLOP/s x {n} ({result['platform']})", file=sys.stderr)
     print(json.dumps(result))
 

@@ -14,6 +14,7 @@ A doc file is hand-written prose with generated blocks in it:
 - `condition-types`, `conditions`: the controller's table (`controller/conditions.py` `TYPES`) and the
   reasons it passes through; `events`: `event_table()` below (tests/test_docs.py holds the tables to
   the literals the controller passes);
+- `trainer-settings` (README): every field under `spec.training`, from the CRD;
 - `metrics-operator`: the operator's Prometheus registry (`controller/stats.py`), walked after one sample
   of each series; `metrics-trainer`: `tpu_workload.metrics.PROMETHEUS`;
 - `rbac`: `controller/rbac.py`'s `RBAC_RULES`; `operator-flags`: `tpujob operator`'s argument parser;
@@ -111,6 +112,19 @@ def api_spec() -> str:
                             for f in sorted(models.OPERATOR_DEFAULTED_FIELDS))
     return (f"Required: {required}. Defaulted by the operator, not by the API server, so the CRD shows no "
             f"default: {by_operator}.\n\n" + _field_tables(schema["properties"]["spec"], "spec"))
+
+
+def trainer_settings() -> str:
+    """Every field under spec.training (README's trainer section): the CRD's own walk, fewer columns."""
+    from .api import crd
+
+    schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    training = schema["properties"]["spec"]["properties"]["training"]
+    # A map's keys and a nested DataSpec repeat what their parent row and `training.data` say.
+    repeated = ("`training.remat.tensors.", "`training.eval.data.")
+    rows = [(path, default, description) for path, _, default, _, description in
+            (_row(p, n) for p, n in _fields(training, "training")) if not path.startswith(repeated)]
+    return _table(("setting", "default", "what it does"), rows)
 
 
 def api_status() -> str:
@@ -306,7 +320,7 @@ def pins() -> str:
 BLOCKS: dict[str, Callable[[], str]] = {
     "api-spec": api_spec, "api-status": api_status, "columns": columns, "phases": phases,
     "condition-types": condition_types, "conditions": conditions, "events": events, "metrics-operator": metrics_operator,
-    "metrics-trainer": metrics_trainer, "rbac": rbac, "operator-flags": operator_flags, "pins": pins,
+    "metrics-trainer": metrics_trainer, "trainer-settings": trainer_settings, "rbac": rbac, "operator-flags": operator_flags, "pins": pins,
 }
 
 
@@ -323,8 +337,9 @@ def regenerate(text: str) -> str:
 
 
 def drifted(docs: Path = DOCS) -> list[Path]:
-    """The doc files whose generated blocks differ from what the code renders now."""
-    return [p for p in sorted(docs.glob("*.md")) if regenerate(p.read_text()) != p.read_text()]
+    """The doc files (and README) whose generated blocks differ from what the code renders now."""
+    files = [*sorted(docs.glob("*.md")), *([ROOT / "README.md"] if docs == DOCS else [])]
+    return [p for p in files if regenerate(p.read_text()) != p.read_text()]
 
 
 def main(argv: list[str] | None = None) -> int:

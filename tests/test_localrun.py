@@ -37,7 +37,7 @@ if me == "0-1" and os.environ.get("FAIL_CODE") and not marker.exists():
 if me == "0-0":
     start = 3 if marker.exists() else 0
     for step in range(start + 1, cfg["training"]["steps"] + 1):
-        print(json.dumps({"step": step, "loss": 5.0 / step, "step_time_s": 0.01, "tokens_per_s": 1000.0,
+        print(json.dumps({"step": step, "loss": 5.0 / step, "step_time_s": 0.01, "global_tokens_per_s": 1000.0,
                           "mfu": 0.001, "last_checkpoint_step": step - step % 2}), flush=True)
     print(json.dumps({"summary": True, "step": cfg["training"]["steps"]}), flush=True)
 """

@@ -28,6 +28,9 @@ def test_quickstart_runs_locally_and_checkpoints(tmp_path):
     assert status["mfu"] > 0 and status["stepTimeSeconds"] > 0 and status["lastCheckpointStep"] == steps
     records = [yaml.safe_load(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["loss"] < records[0]["loss"] - 1.0, "the loss did not fall"
+    evaluated = [r for r in records if r.get("eval_loss") is not None]
+    assert [r["step"] for r in evaluated] == [10, 20, 30] and status["evalLoss"] == evaluated[-1]["eval_loss"]
+    assert evaluated[-1]["eval_loss"] < evaluated[0]["eval_loss"]
     assert (run_dir / "checkpoints" / str(steps)).is_dir()
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["quickstart-slice-0-0.log",
                                                                     "quickstart-slice-0-1.log"]

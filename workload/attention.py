@@ -39,14 +39,17 @@ def _original_position(i, seq_len: int, shards: int):
     return orig_chunk * chunk + within
 
 
-def reference_attention(q_BTNH, k_BSKH, v_BSKH, q_pos_BT, kv_pos_BS):
-    """Causal softmax attention on positions (so any token order works), f32 softmax."""
+def reference_attention(q_BTNH, k_BSKH, v_BSKH, q_pos_BT, kv_pos_BS, q_seg_BT=None, kv_seg_BS=None):
+    """Causal softmax attention on positions (so any token order works), f32 softmax; with segment ids
+    (packed documents) a query sees only keys of its own segment."""
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
     logits_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH,
                               preferred_element_type=jnp.float32) * H**-0.5
     mask_BTS = q_pos_BT[:, :, None] >= kv_pos_BS[:, None, :]
+    if q_seg_BT is not None:
+        mask_BTS = mask_BTS & (q_seg_BT[:, :, None] == kv_seg_BS[:, None, :])
     logits_BKGTS = jnp.where(mask_BTS[:, None, None], logits_BKGTS, NEG_INF)
     probs_BKGTS = jax.nn.softmax(logits_BKGTS, axis=-1).astype(v_BSKH.dtype)
     out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
@@ -141,7 +144,15 @@ def fitted_blocks(spec, seq_len: int, context: int) -> dict[str, int]:
 @functools.cache
 def make_splash_kernel(seq_len: int, context: int, heads: int, spec, interpret: bool):
     """Splash kernel over `heads` (the heads of one shard) for a causal mask (load-balanced when
-    context > 1) with q sharded `context` ways; saves its residuals under RESIDUALS."""
+    context > 1) with q sharded `context` ways; saves its residuals under RESIDUALS.
+
+    Cached across traces (the step, its eval_shape, the evaluation step): its mask arrays are made
+    concrete, never tracers of the trace that first asked for it."""
+    with jax.ensure_compile_time_eval():
+        return _make_splash_kernel(seq_len, context, heads, spec, interpret)
+
+
+def _make_splash_kernel(seq_len: int, context: int, heads: int, spec, interpret: bool):
     blocks = fitted_blocks(spec, seq_len, context)
     if spec.max_logit_const is None:
         splash, mask_lib = _jax_splash()
@@ -180,11 +191,12 @@ def one_shard(kernel, spec, context: int):
     return jax.tree.map(first, specs, kernel, is_leaf=lambda x: x is None or isinstance(x, P))
 
 
-def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool):
+def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool, segments_BT=None):
     """Splash attention under shard_map with the kernel's manual sharding.
 
     q keeps its sequence sharded over `context`; K/V enter with the full sequence (shard_map
-    all-gathers them over `context`). Heads are sharded over `tensor`; K/V heads are repeated to
+    all-gathers them over `context`). `segments_BT` (packed documents) go to the kernel as its
+    segment ids: the query shard's own, and the whole sequence's for the keys. Heads are sharded over `tensor`; K/V heads are repeated to
     the query heads first when `tensor` does not divide them.
     """
     sh = sharding.current()
@@ -200,13 +212,29 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool):
     kv_spec = sh.spec(("batch", None, "act_kv_heads", None), k_BSKH.shape)  # the whole sequence
     kernel = make_splash_kernel(T, context, N // sh.size(q_spec[2]), spec, interpret)
     kernel_spec = kernel.manual_sharding_spec(_kernel_sharding(sh.mesh, sh.spec(("length",))[0], spec))
+    seg_specs = (None, None) if segments_BT is None else (P(*q_spec[:2]), P(*kv_spec[:2]))
 
-    @functools.partial(jax.shard_map, mesh=sh.mesh, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec),
+    @functools.partial(jax.shard_map, mesh=sh.mesh, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec, *seg_specs),
                        out_specs=q_spec, check_vma=False)
-    def run(kernel, q_BTNH, k_BSKH, v_BSKH):
+    def run(kernel, q_BTNH, k_BSKH, v_BSKH, q_seg_BT, kv_seg_BS):
         q_BNTH = jnp.swapaxes(q_BTNH * H**-0.5, 1, 2)
-        out_BNTH = jax.vmap(kernel)(q_BNTH, jnp.swapaxes(k_BSKH, 1, 2), jnp.swapaxes(v_BSKH, 1, 2))
+        k_BNSH, v_BNSH = jnp.swapaxes(k_BSKH, 1, 2), jnp.swapaxes(v_BSKH, 1, 2)
+        if q_seg_BT is None:
+            out_BNTH = jax.vmap(kernel)(q_BNTH, k_BNSH, v_BNSH)
+        else:
+            segment_ids = _segment_ids_cls(spec)
+            out_BNTH = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=segment_ids(qs, ks)))(
+                q_BNTH, k_BNSH, v_BNSH, q_seg_BT, kv_seg_BS)
         return jnp.swapaxes(out_BNTH, 1, 2).astype(q_BTNH.dtype)
 
-    return run(kernel, q_BTNH, k_BSKH, v_BSKH)
+    return run(kernel, q_BTNH, k_BSKH, v_BSKH, segments_BT, segments_BT)
+
+
+def _segment_ids_cls(spec):
+    """The Splash build's SegmentIds(q, kv)."""
+    if spec.max_logit_const is None:
+        return _jax_splash()[0].SegmentIds
+    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_base as base
+
+    return base.SegmentIds
 

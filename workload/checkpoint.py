@@ -4,6 +4,9 @@ Orbax writes each step into a temporary directory and renames it when every proc
 finished, so a process killed mid-save leaves only a temporary directory that `latest_step`
 ignores: resume picks the latest complete checkpoint. Restore places arrays straight onto the
 current mesh (the target carries shardings), so the mesh may differ from the one that saved.
+
+Each checkpoint holds two items: `state` (the arrays) and `data` (a small JSON: the fingerprint of
+the data order, fingerprint.py), which resume checks.
 """
 
 from __future__ import annotations
@@ -18,24 +21,29 @@ log = logging.getLogger(__name__)
 
 
 class Checkpointer:
-    def __init__(self, directory: str, keep: int):
+    def __init__(self, directory: str, keep: int, fingerprint: dict | None = None):
         self.manager = ocp.CheckpointManager(
             directory, options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep, enable_async_checkpointing=True, create=True))
         self._complete = self.manager.latest_step()
+        self.fingerprint = fingerprint or {}  # what every save records
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def restore(self, abstract_state):
-        """Latest complete checkpoint onto `abstract_state`'s shardings (ShapeDtypeStructs)."""
+    def restore(self, abstract_state) -> tuple[dict, dict]:
+        """(the latest complete checkpoint's state on `abstract_state`'s shardings (ShapeDtypeStructs),
+        the fingerprint it recorded)."""
         step = self.manager.latest_step()
         log.info("restoring checkpoint step %d from %s", step, self.manager.directory)
-        return self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        return restored["state"], restored["data"]
 
     def save(self, step: int, state) -> None:
         """Start an asynchronous save of `state` at `step` (the caller decides which steps)."""
-        self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                        data=ocp.args.JsonSave(self.fingerprint)), force=True)
 
     def last_complete_step(self) -> int | None:
         """Step of the newest checkpoint whose save has finished (never one still being written)."""

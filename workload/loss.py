@@ -67,13 +67,18 @@ def sequence_chunks(batch: int, local_seq: int, vocab_per_device: int, tiles: in
     return chunks
 
 
-def cross_entropy(x_BTD, targets_BT, w_DV, *, chunks: int, tiles: int):
-    """Mean next-token cross entropy of hidden states `x_BTD` (bf16) under the unembedding `w_DV` (the
-    f32 parameter), `chunks` sequence chunks by `tiles` vocabulary tiles at a time."""
+def cross_entropy(x_BTD, targets_BT, w_DV, *, chunks: int, tiles: int, mask_BT=None, z_loss: bool = False):
+    """(mean next-token cross entropy, mean z-loss) of hidden states `x_BTD` (bf16) under the
+    unembedding `w_DV` (the f32 parameter), `chunks` sequence chunks by `tiles` vocabulary tiles at a
+    time. `mask_BT` (f32, 1 where a target counts; None: all do) weights the tokens; the means are over
+    the tokens that count. The z-loss is logsumexp(logits)^2 per token (PaLM's; 0 unless `z_loss`)."""
     if w_DV.shape[1] % tiles:
         raise ValueError(f"vocabulary {w_DV.shape[1]} does not split into {tiles} tiles")
     x_NBtD, targets_NBt = (chunked.split_sequence(a, chunks) for a in (x_BTD, targets_BT))
-    return _tiled_ce(x_NBtD, targets_NBt, w_DV, tiles) / targets_BT.size
+    mask_NBt = None if mask_BT is None else chunked.split_sequence(mask_BT, chunks)
+    count = targets_BT.size if mask_BT is None else jnp.maximum(jnp.sum(mask_BT), 1.0)
+    ce, z = _tiled_ce(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles, z_loss)
+    return ce / count, z / count
 
 
 def _gathered(w_DV):
@@ -97,13 +102,14 @@ def _in_tile(targets, j, tiles: int):
     return targets % tiles == j, targets // tiles
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _tiled_ce(x_NBtD, targets_NBt, w_DV, tiles: int):
-    """Summed cross entropy over the chunks of hidden states (see the module docstring)."""
-    return _ce_forward(x_NBtD, targets_NBt, w_DV, tiles)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _tiled_ce(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool):
+    """(summed cross entropy, summed z-loss) over the chunks of hidden states, weighted by the mask
+    (see the module docstring)."""
+    return _ce_forward(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles, z_loss)[0]
 
 
-def _ce_forward(x_NBtD, targets_NBt, w_DV, tiles: int):
+def _ce_forward(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool):
     def tile(carry, j):
         w_Dv = _tile(w_DV, j, tiles)
 
@@ -121,11 +127,14 @@ def _ce_forward(x_NBtD, targets_NBt, w_DV, tiles: int):
     start = (jnp.full(targets_NBt.shape, -jnp.inf), jnp.zeros(targets_NBt.shape), jnp.zeros(targets_NBt.shape))
     (max_NBt, sum_NBt, target_NBt), _ = jax.lax.scan(tile, start, jnp.arange(tiles))
     logz_NBt = max_NBt + jnp.log(sum_NBt)
-    return jnp.sum(logz_NBt - target_NBt), (x_NBtD, targets_NBt, w_DV, logz_NBt)
+    weigh = (lambda a: a) if mask_NBt is None else (lambda a: a * mask_NBt)  # noqa: E731
+    z = jnp.sum(weigh(jnp.square(logz_NBt))) if z_loss else jnp.zeros((), jnp.float32)
+    return (jnp.sum(weigh(logz_NBt - target_NBt)), z), (x_NBtD, targets_NBt, mask_NBt, w_DV, logz_NBt)
 
 
-def _ce_backward(tiles: int, residuals, g):
-    x_NBtD, targets_NBt, w_DV, logz_NBt = residuals
+def _ce_backward(tiles: int, z_loss: bool, residuals, gs):
+    x_NBtD, targets_NBt, mask_NBt, w_DV, logz_NBt = residuals
+    g, g_z = gs
     D, V = w_DV.shape
     sh = current()
     as_param = ((lambda a: jax.lax.with_sharding_constraint(a, sh.named(("embed", "vocab"), a.shape)))
@@ -135,26 +144,36 @@ def _ce_backward(tiles: int, residuals, g):
         w_Dv = _tile(w_DV, j, tiles)
 
         def chunk(dw_Dv, xs):
-            x_BtD, targets_Bt, logz_Bt, dx_BtD = xs
+            x_BtD, targets_Bt, mask_Bt, logz_Bt, dx_BtD = xs
             logits_Btv = _logits(x_BtD, w_Dv)
             p_Btv = jnp.exp(logits_Btv - logz_Bt[..., None])
             hit, index = _in_tile(targets_Bt, j, tiles)
             is_target = hit[..., None] & (jnp.arange(logits_Btv.shape[-1]) == index[..., None])
-            dlogits_Btv = (g * jnp.where(is_target, p_Btv - 1, p_Btv)).astype(HEAD_DTYPE)
+            if not z_loss and mask_Bt is None:
+                dlogits_Btv = g * jnp.where(is_target, p_Btv - 1, p_Btv)
+            else:  # d/dlogits of a token's weighted loss: w (softmax - one-hot) + w g_z 2 logz softmax
+                scale_Bt = g + g_z * 2 * logz_Bt if z_loss else jnp.broadcast_to(g, logz_Bt.shape)
+                one_Bt = jnp.broadcast_to(g, logz_Bt.shape)
+                if mask_Bt is not None:
+                    scale_Bt, one_Bt = scale_Bt * mask_Bt, one_Bt * mask_Bt
+                scaled_Btv = scale_Bt[..., None] * p_Btv
+                dlogits_Btv = jnp.where(is_target, scaled_Btv - one_Bt[..., None], scaled_Btv)
+            dlogits_Btv = dlogits_Btv.astype(HEAD_DTYPE)
             dx_BtD = dx_BtD + jnp.einsum("btv,dv->btd", dlogits_Btv, w_Dv, preferred_element_type=jnp.float32)
             # Summed over the devices' tokens straight into the parameter's shards (a reduce-scatter).
             dw = as_param(jnp.einsum("btd,btv->dv", x_BtD, dlogits_Btv))
             return dw_Dv + dw.astype(jnp.float32), dx_BtD
 
         dw_Dv, dx_NBtD = jax.lax.scan(chunk, as_param(jnp.zeros((D, V // tiles), jnp.float32)),
-                                      (x_NBtD, targets_NBt, logz_NBt, dx_NBtD))
+                                      (x_NBtD, targets_NBt, mask_NBt, logz_NBt, dx_NBtD))
         return dx_NBtD, dw_Dv
 
     dx_NBtD, dw_JDv = jax.lax.scan(tile, jnp.zeros(x_NBtD.shape, jnp.float32), jnp.arange(tiles))
     dw_DV = jnp.moveaxis(dw_JDv, 0, -1).reshape(D, V)  # tile j holds the words a * tiles + j
     # Cast here, once: left to itself XLA fuses the cast into the layers' backward and keeps the f32
     # accumulator (512 MiB per device for 70B) alive through it.
-    return jax.lax.optimization_barrier(dx_NBtD.astype(x_NBtD.dtype)), None, dw_DV
+    dmask = None if mask_NBt is None else jnp.zeros_like(mask_NBt)
+    return jax.lax.optimization_barrier(dx_NBtD.astype(x_NBtD.dtype)), None, dmask, dw_DV
 
 
 _tiled_ce.defvjp(_ce_forward, _ce_backward)

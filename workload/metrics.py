@@ -20,12 +20,19 @@ from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger(__name__)
 
-STEP_KEYS = ("step", "loss", "step_time_s", "tokens_per_s", "mfu", "last_checkpoint_step")
+STEP_KEYS = ("step", "loss", "step_time_s", "global_tokens_per_s", "mfu", "last_checkpoint_step")
 PROMETHEUS = (("tpujob_step", "step", "Completed training steps."),
-              ("tpujob_loss", "loss", "Training loss of the latest reported step."),
+              ("tpujob_loss", "loss", "Training loss of the latest reported step (with the weighted aux and z-losses)."),
+              ("tpujob_cross_entropy", "ce", "Cross entropy of the latest reported step, without the aux and z-losses."),
+              ("tpujob_grad_norm", "grad_norm", "Global gradient norm before clipping."),
+              ("tpujob_learning_rate", "learning_rate", "Learning rate of the latest reported step."),
               ("tpujob_step_time_seconds", "step_time_s", "Latest step time in seconds."),
-              ("tpujob_tokens_per_second", "tokens_per_s", "Training throughput, tokens per second."),
-              ("tpujob_mfu", "mfu", "Model FLOPs utilisation, 0..1."),
+              ("tpujob_tokens_per_second", "global_tokens_per_s", "Training throughput of all devices, tokens per second."),
+              ("tpujob_tflops_per_device", "tflops_per_device", "Model TFLOP/s per device."),
+              ("tpujob_mfu", "mfu", "Model FLOPs utilisation at the job's precision, 0..1."),
+              ("tpujob_mfu_bf16", "mfu_bf16", "Model FLOPs utilisation against the bf16 peak (fp8 jobs), 0..1."),
+              ("tpujob_eval_loss", "eval_loss", "Cross entropy on the held-out data at the latest evaluation."),
+              ("tpujob_eval_perplexity", "eval_perplexity", "exp(eval loss)."),
               ("tpujob_last_checkpoint_step", "last_checkpoint_step", "Step of the latest complete checkpoint."))
 
 
@@ -62,7 +69,7 @@ class Status:
         values = self.snapshot()
         for name, key, help_ in PROMETHEUS:
             gauge = GaugeMetricFamily(name, help_)
-            if values[key] is not None:
+            if values.get(key) is not None:
                 gauge.add_metric([], float(values[key]))
             yield gauge
 
@@ -126,12 +133,12 @@ class TensorBoard:
             self.writer = SummaryWriter(logdir)
             log.info("tensorboard: %s", logdir)
 
-    def scalars(self, step: int, values: dict) -> None:
+    def scalars(self, step: int, values: dict, group: str = "train") -> None:
         if self.writer is None:
             return
         for k, v in values.items():
-            if isinstance(v, (int, float)):  # None (not reported yet) is skipped
-                self.writer.add_scalar(f"train/{k}", v, step)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):  # None (not reported yet) is skipped
+                self.writer.add_scalar(f"{group}/{k}", v, step)
 
     def close(self) -> None:
         if self.writer is not None:

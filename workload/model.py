@@ -25,7 +25,6 @@ from . import attention, chunked, loss, moe, sharding
 from .sharding import constrain, current
 
 COMPUTE = jnp.bfloat16
-AUX_LOSS_WEIGHT = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +147,9 @@ class Attention(nnx.Module):
         self.wo = _param(rngs, (d.heads, d.head_dim, d.model_dim), ("heads", "head_dim", "embed"),
                          (d.heads * d.head_dim) ** -0.5)
 
-    def __call__(self, x_BTD, pos_BT):
+    def __call__(self, x_BTD, pos_BT, seg_BT=None):
+        """`seg_BT` (packed rows): each token's document, 0 on padding; a token attends only within its
+        document, where positions restart at 0 and so order the tokens causally."""
         cfg = self.cfg
         q_BTNH = _einsum(cfg, "btd,dnh->btnh", x_BTD, self.wq[...])
         k_BTKH = _einsum(cfg, "btd,dkh->btkh", x_BTD, self.wk[...])
@@ -162,10 +163,10 @@ class Attention(nnx.Module):
             # The kernel names its own residuals (output and logsumexp) "attention_out", inside its
             # shard_map: a policy that keeps them never reruns the kernel's forward pass.
             out_BTNH = attention.splash_attention(q_BTNH, k_BTKH, v_BTKH, spec=cfg.kernels.splash,
-                                                  interpret=cfg.interpret)
+                                                  interpret=cfg.interpret, segments_BT=seg_BT)
         else:
-            out_BTNH = checkpoint_name(attention.reference_attention(q_BTNH, k_BTKH, v_BTKH, pos_BT, pos_BT),
-                                       "attention_out")
+            out_BTNH = checkpoint_name(attention.reference_attention(q_BTNH, k_BTKH, v_BTKH, pos_BT, pos_BT,
+                                                                     seg_BT, seg_BT), "attention_out")
         out_BTD = _einsum(cfg, "btnh,nhd->btd", out_BTNH, self.wo[...])
         return checkpoint_name(out_BTD, "out_proj")
 
@@ -228,10 +229,13 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.dims.model_dim, rngs)
         self.mlp = MoE(cfg, rngs) if cfg.dims.is_moe else MLP(cfg, rngs)
 
-    def __call__(self, x_BTD, pos_BT):
+    def __call__(self, x_BTD, pos_BT, seg_BT=None):
+        # Named scopes: a profile (jax.profiler trace) reads by block.
         x_BTD = checkpoint_name(constrain(x_BTD, ("batch", "length", "act_embed")), "decoder_layer_input")
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), pos_BT)
-        y_BTD, aux = self.mlp(self.mlp_norm(x_BTD))
+        with jax.named_scope("attention"):
+            x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), pos_BT, seg_BT)
+        with jax.named_scope("moe" if isinstance(self.mlp, MoE) else "mlp"):
+            y_BTD, aux = self.mlp(self.mlp_norm(x_BTD))
         return x_BTD + y_BTD, aux
 
 
@@ -319,10 +323,12 @@ class Decoder(nnx.Module):
         """f32 logits of final hidden states (the loss computes them in tiles: loss.py)."""
         return loss.logits(x_BTD, self.unembed[...])
 
-    def hidden(self, tokens_BT, pos_BT):
-        """Final-normed hidden states (bf16) and the mean MoE auxiliary loss."""
+    def hidden(self, tokens_BT, pos_BT, seg_BT=None):
+        """Final-normed hidden states (bf16) and the mean MoE auxiliary loss; `seg_BT` keeps packed
+        documents apart (Attention)."""
         cfg = self.cfg
-        x_BTD = embed_tokens(self.embed[...], tokens_BT)
+        with jax.named_scope("embed"):
+            x_BTD = embed_tokens(self.embed[...], tokens_BT)
         graphdef, layers = nnx.split(self.layers)
 
         def body(carry, layer):
@@ -332,7 +338,8 @@ class Decoder(nnx.Module):
             # XLA casting every layer's weight shards to bf16 at once before the loop (1.1 GiB for the
             # 70B): that pass runs after barriers are removed (docs/plan.md).
             layer = jax.lax.optimization_barrier(layer)
-            x_BTD, layer_aux = nnx.merge(graphdef, layer)(x_BTD, pos_BT)
+            with jax.named_scope("layer"):
+                x_BTD, layer_aux = nnx.merge(graphdef, layer)(x_BTD, pos_BT, seg_BT)
             return (x_BTD, aux + layer_aux), None
 
         policy = remat_policy(cfg.remat, offload_ok=not cfg.interpret)
@@ -342,9 +349,20 @@ class Decoder(nnx.Module):
         return self.final_norm(x_BTD), aux / cfg.dims.layers
 
 
-def loss_fn(model: Decoder, tokens_BT, targets_BT, pos_BT):
-    """Mean next-token cross entropy plus the weighted MoE load-balancing loss."""
-    x_BTD, aux = model.hidden(tokens_BT, pos_BT)
-    ce = loss.cross_entropy(x_BTD, targets_BT, model.unembed[...], chunks=model.cfg.loss_chunks,
-                            tiles=model.cfg.vocab_tiles)
-    return ce + AUX_LOSS_WEIGHT * aux, {"ce": ce, "aux": aux}
+@dataclasses.dataclass(frozen=True)
+class LossWeights:
+    """What the training loss adds to the cross entropy (TrainingSpec's weights)."""
+
+    moe_aux: float = 0.01
+    z_loss: float = 0.0
+
+
+def loss_fn(model: Decoder, tokens_BT, targets_BT, pos_BT, seg_BT=None, mask_BT=None,
+            weights: LossWeights = LossWeights()):
+    """The training loss and its parts: the next-token cross entropy (mean over the tokens `mask_BT`
+    counts; all without a mask), plus the weighted z-loss and MoE load-balancing loss."""
+    x_BTD, aux = model.hidden(tokens_BT, pos_BT, seg_BT)
+    with jax.named_scope("lm_head_loss"):
+        ce, z = loss.cross_entropy(x_BTD, targets_BT, model.unembed[...], chunks=model.cfg.loss_chunks,
+                                   tiles=model.cfg.vocab_tiles, mask_BT=mask_BT, z_loss=weights.z_loss > 0)
+    return ce + weights.moe_aux * aux + weights.z_loss * z, {"ce": ce, "aux": aux, "z_loss": z}

@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tpu_operator.api.contract import TrainerConfig, TrainingSpec
 
 from . import data as data_lib
+from . import evaluation, exits, fingerprint
 from . import flops as flops_lib
 from . import loss as loss_lib
 from . import metrics as metrics_lib
@@ -103,7 +104,8 @@ def optimizer(t: TrainingSpec) -> optax.GradientTransformation:
     """AdamW with warm-up + schedule and global-norm clipping; no decay on norm scales."""
     decay_mask = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
         lambda path, _: "norm" not in jax.tree_util.keystr(path), params)
-    adamw = optax.adamw(learning_rate(t), b1=0.9, b2=0.95, weight_decay=t.weight_decay, mask=decay_mask)
+    adamw = optax.adamw(learning_rate(t), b1=t.adam.beta1, b2=t.adam.beta2, eps=t.adam.epsilon,
+                        weight_decay=t.weight_decay, mask=decay_mask)
     return optax.chain(optax.clip_by_global_norm(t.grad_clip), adamw) if t.grad_clip > 0 else adamw
 
 
@@ -119,6 +121,7 @@ class Trainer:
     batch_sharding: NamedSharding
     init: callable
     step: callable
+    eval_step: callable  # (params, batch) -> (summed cross entropy, tokens counted): evaluation.py
 
 
 def _state_shardings(abstract_state, param_shardings, replicated):
@@ -160,31 +163,46 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
 
     micro = cfg.training.microbatches
     micro_sharding = sharder.named(("batch", "length"), (cfg.training.microbatch, cfg.training.sequence_length))
+    weights = model_lib.LossWeights(moe_aux=cfg.training.moe_aux_loss_weight, z_loss=cfg.training.z_loss_weight)
+    schedule = learning_rate(cfg.training)
 
     def loss_and_grads(params, batch):
         def loss_of(params):
-            return model_lib.loss_fn(nnx.merge(graphdef, params), *batch)
+            return model_lib.loss_fn(nnx.merge(graphdef, params), *batch, weights=weights)
 
         return jax.value_and_grad(loss_of, has_aux=True)(params)
 
     def accumulated(params, batch):
-        """The whole batch's mean loss and gradients, one microbatch at a time (equal sizes, so the
-        mean of the microbatches' means). Microbatch m takes rows m, m + M, ...: each device's rows
-        split among the microbatches, so no row moves between devices."""
-        split = lambda a_BT: a_BT.reshape(-1, micro, a_BT.shape[-1]).swapaxes(0, 1)  # noqa: E731
-        micro_batch = tuple(a[:cfg.training.microbatch] for a in batch)
+        """The whole batch's loss and gradients, one microbatch at a time: microbatch m's share is its
+        part of the tokens the loss counts (1 / M each without a mask). Microbatch m takes rows m, m + M,
+        ...: each device's rows split among the microbatches, so no row moves between devices."""
+        split = lambda a_BT: None if a_BT is None else a_BT.reshape(-1, micro, a_BT.shape[-1]).swapaxes(0, 1)  # noqa: E731
+        micro_batches = tuple(map(split, batch))
+        mask_MbT = micro_batches[4] if len(batch) > 4 else None
+        counts_M = jnp.ones((micro,)) if mask_MbT is None else jnp.sum(mask_MbT, axis=(1, 2))
+        shares_M = counts_M / jnp.maximum(jnp.sum(counts_M), 1.0)
+        micro_batch = tuple(None if a is None else a[:cfg.training.microbatch] for a in batch)
         (loss_parts, _) = jax.eval_shape(loss_and_grads, params, micro_batch)
         # The gradient sum is sharded as the parameters are (left free, XLA may replicate it).
         grads = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), s),
                              params, param_shardings)
         zeros = (jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), loss_parts), grads)
 
-        def one(acc, mb):
-            mb = tuple(jax.lax.with_sharding_constraint(a, micro_sharding) for a in mb)
-            return jax.tree.map(jnp.add, acc, loss_and_grads(params, mb)), None
+        def one(acc, xs):
+            mb, share = xs
+            mb = tuple(None if a is None else jax.lax.with_sharding_constraint(a, micro_sharding) for a in mb)
+            return jax.tree.map(lambda a, b: a + share * b, acc, loss_and_grads(params, mb)), None
 
-        total, _ = jax.lax.scan(one, zeros, tuple(map(split, batch)))
-        return jax.tree.map(lambda a: a / micro, total)
+        total, _ = jax.lax.scan(one, zeros, (micro_batches, shares_M))
+        return total
+
+    def eval_step(params, batch):
+        """The held-out batch's summed cross entropy and the tokens it counts (no aux or z-loss)."""
+        with sharding.use(sharder):
+            _, parts = model_lib.loss_fn(nnx.merge(graphdef, params), *batch)
+        mask = batch[4] if len(batch) > 4 else None
+        count = jnp.float32(batch[1].size) if mask is None else jnp.sum(mask)
+        return parts["ce"] * count, count
 
     def train_step(state, batch):
         with sharding.use(sharder):
@@ -192,13 +210,15 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
             (loss, parts), grads = step_grads(state["params"], batch)
             updates, opt = tx.update(grads, state["opt"], state["params"])
             params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, **parts, "grad_norm": optax.global_norm(grads)}
+        metrics = {"loss": loss, **parts, "grad_norm": optax.tree.norm(grads),
+                   "learning_rate": schedule(state["step"])}
         return {"params": params, "opt": opt, "step": state["step"] + 1}, metrics
 
     return Trainer(
         cfg=cfg, sharder=sharder, param_shardings=param_shardings, state_shardings=state_shardings,
         abstract_state=abstract_like(abstract_state, state_shardings), batch_sharding=batch_sharding,
         init=jax.jit(init_state, out_shardings=state_shardings),
+        eval_step=jax.jit(eval_step, out_shardings=(replicated, replicated)),
         step=jax.jit(train_step, in_shardings=(state_shardings, (batch_sharding,) * 3),
                      out_shardings=(state_shardings, replicated), donate_argnums=0))
 
@@ -209,14 +229,23 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
 
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
-    """What one reported step says (a JSON line on stdout, /status, TensorBoard)."""
+    """What one reported step says (a JSON line on stdout, /status, TensorBoard; docs/metrics.md)."""
 
     step: int
-    loss: float
+    loss: float  # what the optimizer minimised: ce + the weighted aux and z-losses
     step_time_s: float
-    tokens_per_s: float
-    mfu: float
+    global_tokens_per_s: float  # all devices'
+    tflops_per_device: float  # model FLOPs (6N + attention, flops.py) per second per device, in 10^12
+    mfu: float  # against the peak of the job's precision
     last_checkpoint_step: int | None
+    ce: float | None = None  # the cross entropy alone
+    aux: float | None = None  # the MoE load-balancing loss, unweighted (0 for dense models)
+    z_loss: float | None = None  # mean logsumexp^2, unweighted (0 unless training.zLossWeight > 0)
+    grad_norm: float | None = None  # the global gradient norm before clipping
+    learning_rate: float | None = None  # the rate this step's update used
+    mfu_bf16: float | None = None  # against the bf16 peak, where the job's precision has another (fp8)
+    eval_loss: float | None = None  # cross entropy on the held-out data, on steps that evaluate
+    eval_perplexity: float | None = None
     progress: dict | None = None  # the trainer's clock (lifecycle.Progress) after this step
 
     def as_dict(self) -> dict:
@@ -233,7 +262,7 @@ class Summary:
     last_checkpoint_step: int | None
     loss: float | None = None
     step_time_s: float | None = None
-    tokens_per_s: float | None = None
+    global_tokens_per_s: float | None = None
     mfu: float | None = None
     steps_timed: int = 0
     already_complete: bool = False
@@ -250,12 +279,14 @@ class Summary:
 @dataclasses.dataclass(frozen=True)
 class Hook:
     """Work done on every `every`-th step and on the last: `on_state` with the new state right after
-    the step is dispatched (checkpoints must see it before the next step donates it), `on_record`
-    with the step's metrics once they are read."""
+    the step is dispatched (checkpoints must see it before the next step donates it), `values` adds
+    to the step's record once its metrics are read (e.g. what `on_state` computed), `on_record` with
+    the record."""
 
     every: int
     on_state: Callable[[int, dict], object] | None = None
     on_record: Callable[[StepRecord], object] | None = None
+    values: Callable[[int], dict] | None = None
 
     def due(self, step: int, total: int) -> bool:
         return step % self.every == 0 or step == total
@@ -274,19 +305,45 @@ class Run:
     ckpt: Checkpointer | None
     flops_per_step: float
     peak_flops: float  # of all devices in the mesh
+    devices: int
+    peak_bf16_flops: float | None = None  # of all devices, where the job's precision has another peak
     clock: Clock = dataclasses.field(default_factory=Clock)
 
     @property
     def tokens_per_step(self) -> int:
         return self.cfg.training.global_batch * self.cfg.training.sequence_length
 
-    def record(self, step: int, loss: float, step_time_s: float) -> StepRecord:
+    def record(self, step: int, values: dict, step_time_s: float, extra: dict | None = None) -> StepRecord:
+        """`values`: the step's metrics (train_step), read back as floats; `extra`: what hooks add."""
         last_checkpoint = self.ckpt.last_complete_step() if self.ckpt else None
         self.clock.step_done(step, step_time_s, last_checkpoint)
-        return StepRecord(step=step, loss=loss, step_time_s=step_time_s,
-                          tokens_per_s=self.tokens_per_step / step_time_s,
-                          mfu=self.flops_per_step / step_time_s / self.peak_flops,
-                          last_checkpoint_step=last_checkpoint, progress=self.clock.snapshot().model_dump())
+        flops_per_s = self.flops_per_step / step_time_s
+        return StepRecord(step=step, step_time_s=step_time_s, global_tokens_per_s=self.tokens_per_step / step_time_s,
+                          tflops_per_device=flops_per_s / self.devices / 1e12, mfu=flops_per_s / self.peak_flops,
+                          mfu_bf16=flops_per_s / self.peak_bf16_flops if self.peak_bf16_flops else None,
+                          last_checkpoint_step=last_checkpoint, progress=self.clock.snapshot().model_dump(),
+                          **{k: values[k] for k in ("loss", "ce", "aux", "z_loss", "grad_norm", "learning_rate")},
+                          **(extra or {}))
+
+
+def data_fingerprint(t: TrainingSpec) -> dict:
+    files = None
+    if t.data.source == "files":
+        files = fingerprint.listed_files(t.data.path, t.data.format)
+    return fingerprint.of(t, files)
+
+
+def check_data_unchanged(saved: dict, now: dict, allow_change: bool, step: int) -> None:
+    """Refuse a resume that would read other data than the interrupted run (fingerprint.py)."""
+    changed = fingerprint.changes(saved, now)
+    if not changed:
+        return
+    what = "; ".join(f"spec.training.{line}" for line in changed)
+    if not allow_change:
+        raise exits.UserError(f"the checkpoint at step {step} was trained on another data order: {what}. "
+                              "Resuming would read other data than the interrupted run; restore the settings, "
+                              "or set spec.training.data.allowChange: true to resume with the new data order")
+    log.warning("resuming at step %d with a changed data order (data.allowChange): %s", step, what)
 
 
 def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | None = None) -> Run:
@@ -295,10 +352,11 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | No
     mesh = sharding.make_mesh(cfg.mesh.shape, cfg.slices)
     log.info("mesh %s over %d devices (%d processes)", cfg.mesh, mesh.size, jax.process_count())
     trainer = build(cfg, mesh)
-    ckpt = (Checkpointer(cfg.checkpoint.directory, cfg.checkpoint.keep)
+    ckpt = (Checkpointer(cfg.checkpoint.directory, cfg.checkpoint.keep, data_fingerprint(t))
             if cfg.checkpoint.directory else None)
     if ckpt and cfg.checkpoint.resume and ckpt.latest_step() is not None:
-        state = ckpt.restore(trainer.abstract_state)
+        state, saved = ckpt.restore(trainer.abstract_state)
+        check_data_unchanged(saved, ckpt.fingerprint, t.data.allow_change, ckpt.latest_step())
     else:
         state = trainer.init()
     sharding.check_shardings(state["params"], trainer.param_shardings)
@@ -308,14 +366,17 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | No
     clock = clock or Clock()
     clock.start(start)
     batches = data_lib.Batches(data_lib.make_source(t, cfg.model.vocab), trainer.batch_sharding, cfg.mesh.context)
+    # The bf16 peak in proportion to the one given (which a CPU run or TPUJOB_PEAK_FLOPS_PER_DEVICE sets).
+    bf16 = cfg.peak_bf16_flops_per_device
     return Run(cfg=cfg, trainer=trainer, state=state, start=start, batches=batches, ckpt=ckpt,
-               flops_per_step=flops_lib.flops_per_step(cfg.model, t),
-               peak_flops=peak_flops_per_device * mesh.size, clock=clock)
+               flops_per_step=flops_lib.flops_per_step(cfg.model, t), devices=mesh.size,
+               peak_flops=peak_flops_per_device * mesh.size, clock=clock,
+               peak_bf16_flops=peak_flops_per_device * mesh.size * bf16 / cfg.peak_flops_per_device if bf16 else None)
 
 
 def reporting_hooks(run: Run, status: metrics_lib.Status, tb: metrics_lib.TensorBoard, main: bool) -> list[Hook]:
-    """The stdout JSON line (process 0), /status and TensorBoard every `logEvery` steps, and the
-    checkpoint every `interval` steps."""
+    """Evaluation every `eval.interval` steps, the stdout JSON line (process 0), /status and TensorBoard
+    every `logEvery` steps, and the checkpoint every `interval` steps."""
     every = run.cfg.training.log_every
     hooks = [Hook(every, on_record=lambda r: status.update(**r.as_dict())),
              Hook(every, on_record=lambda r: tb.scalars(r.step, r.as_dict()))]
@@ -323,6 +384,8 @@ def reporting_hooks(run: Run, status: metrics_lib.Status, tb: metrics_lib.Tensor
         hooks.append(Hook(every, on_record=lambda r: metrics_lib.emit(r.as_dict())))
     if run.ckpt:
         hooks.append(Hook(run.cfg.checkpoint.interval, on_state=run.clock.timed(run.ckpt.save)))
+    if run.cfg.training.eval is not None:
+        hooks.insert(0, evaluation.Evaluator(run.cfg, run.trainer).hook())  # its values join the record
     return hooks
 
 
@@ -349,18 +412,20 @@ def train(run: Run, hooks: list[Hook]) -> Summary:
     timed = times[1:] or times
     median = statistics.median(timed)
     return Summary(step=total, last_checkpoint_step=last, loss=record.loss, step_time_s=median,
-                   tokens_per_s=run.tokens_per_step / median,
+                   global_tokens_per_s=run.tokens_per_step / median,
                    mfu=run.flops_per_step / median / run.peak_flops, steps_timed=len(timed))
 
 
 def _report(run: Run, hooks: list[Hook], step: int, metrics: dict, t_prev: float,
             times: list[float]) -> tuple[StepRecord, float]:
-    loss = float(jax.device_get(metrics["loss"]))  # blocks until step `step` is done
+    values = {k: float(v) for k, v in jax.device_get(metrics).items()}  # blocks until step `step` is done
     now = time.perf_counter()
     times.append(now - t_prev)
-    record = run.record(step, loss, now - t_prev)
-    for hook in hooks:
-        if hook.on_record and hook.due(step, run.cfg.training.steps):
+    due = [hook for hook in hooks if hook.due(step, run.cfg.training.steps)]
+    extra = {k: v for hook in due if hook.values for k, v in hook.values(step).items()}
+    record = run.record(step, values, now - t_prev, extra)
+    for hook in hooks:  # a step with an evaluation is reported whatever logEvery says
+        if hook.on_record and (hook in due or extra):
             hook.on_record(record)
     return record, now
 

@@ -86,6 +86,12 @@ class RematSpec(Base):
         return self
 
 
+class AdamSpec(Base):
+    beta1: float = _desc("Adam's first-moment decay.", default=0.9, ge=0, lt=1)
+    beta2: float = _desc("Adam's second-moment decay.", default=0.95, ge=0, lt=1)
+    epsilon: float = _desc("Added to the second moment's root in the update's denominator.", default=1e-8, gt=0)
+
+
 class DataSpec(Base):
     source: Literal["synthetic", "files"] = _desc("synthetic tokens, or tokenized files under `path`.",
                                                   default="synthetic")
@@ -96,6 +102,10 @@ class DataSpec(Base):
     shuffle: bool = _desc("Shuffle the sequences of `files`, a new permutation each pass over the data "
                           "(seeded by training.seed; the order stays a pure function of the step, so "
                           "resume is exact).", default=True)
+    allow_change: bool = _desc(
+        "Resume even where what decides the data order (seed, global batch, sequence length, source, "
+        "files, shuffle) differs from the checkpoint's: the run then reads other data than the "
+        "interrupted run would have. Without it such a resume is refused, naming the field.", default=False)
 
     @model_validator(mode="after")
     def _path_for_files(self) -> "DataSpec":
@@ -104,6 +114,15 @@ class DataSpec(Base):
         if self.source == "synthetic" and self.path:
             raise ValueError("path: only used when source is files")
         return self
+
+
+class EvalSpec(Base):
+    interval: int = _desc("Evaluate every N steps (and after the last step).", default=100, ge=1)
+    batches: int = _desc("Batches of the held-out data per evaluation, each `globalBatch / microbatches` "
+                         "sequences; the same batches every time, so evaluations compare.", default=4, ge=1)
+    data: DataSpec | None = _desc(
+        "The held-out data, set as `training.data` is. Unset with synthetic training data: synthetic "
+        "sequences training never reads. Required when training reads files.", default=None)
 
 
 class TrainingSpec(Base):
@@ -115,13 +134,28 @@ class TrainingSpec(Base):
         "gradients are the whole batch's; activations are one microbatch's.", default=1, ge=1)
     sequence_length: int = _desc("Tokens per sequence.", ge=2)
     learning_rate: LearningRateSpec = _desc("Learning-rate schedule.", default_factory=LearningRateSpec)
-    weight_decay: float = _desc("AdamW weight decay.", default=0.1, ge=0)
+    weight_decay: float = _desc("AdamW weight decay (not applied to norm scales).", default=0.1, ge=0)
+    adam: AdamSpec = _desc("Adam's moment decays and epsilon.", default_factory=AdamSpec)
+    z_loss_weight: float = _desc(
+        "Weight of the z-loss, the mean squared log of the softmax normaliser (PaLM uses 1e-4): it keeps "
+        "the logits from drifting. 0 leaves it out.", default=0.0, ge=0)
+    moe_aux_loss_weight: float = _desc("Weight of the MoE load-balancing loss (Switch Transformer).",
+                                       default=0.01, ge=0)
     grad_clip: float = _desc("Global gradient-norm clip; 0 disables.", default=1.0, ge=0)
     precision: Literal["bf16", "fp8"] = _desc("Matmul precision: bf16, or fp8 through qwix.", default="bf16")
     remat: RematSpec = _desc("Rematerialisation policy.", default_factory=RematSpec)
     data: DataSpec = _desc("Training data.", default_factory=DataSpec)
     seed: int = _desc("Seed for initialisation and synthetic data.", default=0, ge=0)
     log_every: int = _desc("Report metrics every N steps.", default=1, ge=1)
+    eval: EvalSpec | None = _desc("Evaluation on held-out data: loss and perplexity, reported like the "
+                                  "training metrics. Unset: no evaluation.", default=None)
+
+    @model_validator(mode="after")
+    def _eval_data_for_files(self) -> "TrainingSpec":
+        if self.eval is not None and self.eval.data is None and self.data.source == "files":
+            raise ValueError("eval.data: required when data.source is files (held-out files the training "
+                             "data does not include)")
+        return self
 
     @property
     def microbatch(self) -> int:
@@ -254,6 +288,8 @@ class TrainerConfig(Base):
     hosts_per_slice: int = _desc("Hosts (processes) per slice.", ge=1)
     devices_per_host: int = _desc("JAX devices per host on the TPU.", ge=1)
     peak_flops_per_device: float = _desc("Peak FLOP/s of one JAX device at the job's precision.", gt=0)
+    peak_bf16_flops_per_device: float | None = _desc(
+        "Peak bf16 FLOP/s of one JAX device, where the job's precision has another peak (fp8).", default=None, gt=0)
     model: ModelDims = _desc("Resolved model shape.")
     training: TrainingSpec = _desc("Training settings.")
     mesh: Mesh = _desc("Resolved mesh.")

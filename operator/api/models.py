@@ -501,6 +501,10 @@ class TPUTrainingJobStatus(Base):
     plan: PlanStatus | None = _desc("The pre-flight compile's findings (spec.plan.preflight compile).", default=None)
     step: int | None = _desc("Latest completed training step.", default=None)
     step_time_seconds: float | None = _desc("Latest step time in seconds.", default=None)
+    loss: float | None = _desc("Training loss of the latest read step (cross entropy plus the weighted aux and "
+                               "z-losses).", default=None)
+    eval_loss: float | None = _desc("Cross entropy on the held-out data at the latest evaluation "
+                                    "(spec.training.eval).", default=None)
     tokens_per_second: float | None = _desc("Training throughput, tokens per second, all slices.", default=None)
     mfu: float | None = _desc("Model FLOPs utilisation, 0..1.", default=None)
     last_checkpoint_step: int | None = _desc("Step of the latest complete checkpoint.", default=None)

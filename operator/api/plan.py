@@ -84,5 +84,7 @@ class Plan:
             name=self.job.metadata.name, namespace=self.job.metadata.namespace, generation=self.gen.name,
             topology=spec.tpu.topology, slices=self.slices, hosts_per_slice=self.slice.hosts,
             devices_per_host=self.devices_per_host, peak_flops_per_device=self.peak_flops_per_device,
+            peak_bf16_flops_per_device=(self.gen.peak_flops("bf16") / self.gen.devices_per_chip
+                                        if spec.training.precision != "bf16" else None),
             model=spec.model_dims, training=spec.training, mesh=spec.mesh, kernels=spec.kernels,
             checkpoint=spec.checkpoint, metrics_port=spec.runtime.metrics_port)

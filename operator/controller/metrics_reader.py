@@ -37,7 +37,9 @@ LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 FIELDS: dict[str, tuple[str, type]] = {
     "step": ("step", int),
     "step_time_s": ("step_time_seconds", float),
-    "tokens_per_s": ("tokens_per_second", float),
+    "loss": ("loss", float),
+    "eval_loss": ("eval_loss", float),
+    "global_tokens_per_s": ("tokens_per_second", float),
     "mfu": ("mfu", float),
     "last_checkpoint_step": ("last_checkpoint_step", int),
 }

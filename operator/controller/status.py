@@ -97,6 +97,8 @@ class Sample:
 
     step: int | None = None
     step_time_seconds: float | None = None
+    loss: float | None = None
+    eval_loss: float | None = None
     tokens_per_second: float | None = None
     mfu: float | None = None
     last_checkpoint_step: int | None = None

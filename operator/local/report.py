@@ -1,5 +1,6 @@
-"""`tpujob report RUN_DIR`: loss, step time and MFU over steps, and where the wall time went (goodput
-and each badput bucket, from the run's status.yaml), as one PNG."""
+"""`tpujob report RUN_DIR`: training and eval loss, step time, time waiting for data and MFU over
+steps, and where the wall time went (goodput and each badput bucket, from the run's status.yaml), as
+one PNG."""
 
 from __future__ import annotations
 
@@ -17,20 +18,28 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in records]
-    panels = [("loss", "loss", 1.0), ("step time (s)", "step_time_s", 1.0), ("MFU (%)", "mfu", 100.0)]
+    panels = [("loss", "loss", 1.0), ("step time (s)", "step_time_s", 1.0),
+              ("waiting for data (ms per step)", "data_wait_s", 1e3), ("MFU (%)", "mfu", 100.0)]
     status = _status(run_dir)
-    fig, axes = plt.subplots(1, 4 if status.get("badput") else 3, figsize=(17, 3.6), constrained_layout=True)
+    columns = len(panels) + (1 if status.get("badput") else 0)
+    fig, axes = plt.subplots(1, columns, figsize=(4.3 * columns, 3.6), constrained_layout=True)
     if status.get("badput"):
-        _wall_time(axes[3], status)
+        _wall_time(axes[-1], status)
     for ax, (title, key, scale) in zip(axes, panels):
-        ax.plot(steps, [r[key] * scale for r in records], marker=".", linewidth=1.2)
+        ax.plot(steps, [(r.get(key) or 0.0) * scale for r in records], marker=".", linewidth=1.2,
+                label="train" if key == "loss" else None)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    evaluated = [r for r in records if r.get("eval_loss") is not None]
+    if evaluated:  # the held-out loss on the loss panel (training.eval)
+        axes[0].plot([r["step"] for r in evaluated], [r["eval_loss"] for r in evaluated], marker="o",
+                     linewidth=1.2, color="tab:orange", label="eval")
+        axes[0].legend()
     # A restart shows as a step that does not exceed the one before it.
     for prev, cur in zip(records, records[1:]):
         if cur["step"] <= prev["step"]:
-            for ax in axes[:3]:
+            for ax in axes[:len(panels)]:
                 ax.axvline(cur["step"], color="tab:red", alpha=0.4, linestyle="--")
     fig.suptitle(f"{run_dir.name}: {len(records)} reports, last step {steps[-1]}")
     out = out or run_dir / "report.png"

@@ -106,8 +106,9 @@ class Progress:
         tty = self.out.isatty()
         if kind == "metrics":
             r = d["record"]
-            line = (f"step {r['step']}/{self.total}  loss {r['loss']:.4f}  step {r['step_time_s']:.3f}s  "
-                    f"{r['tokens_per_s']:,.0f} tok/s  MFU {100 * r['mfu']:.2f}%  "
+            evaluated = f"  eval {r['eval_loss']:.4f}" if r.get("eval_loss") is not None else ""
+            line = (f"step {r['step']}/{self.total}  loss {r['loss']:.4f}{evaluated}  step {r['step_time_s']:.3f}s  "
+                    f"{r['global_tokens_per_s']:,.0f} tok/s  MFU {100 * r['mfu']:.2f}%  "
                     f"ckpt {r.get('last_checkpoint_step') if r.get('last_checkpoint_step') is not None else '-'}")
             self.out.write(f"\r\033[K{line}" if tty else line + "\n")
         elif kind == "started":
@@ -138,7 +139,9 @@ def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTr
         "restarts": outcome.restarts,
         "step": last.get("step"),
         "stepTimeSeconds": last.get("step_time_s"),
-        "tokensPerSecond": last.get("tokens_per_s"),
+        "loss": last.get("loss"),
+        "evalLoss": next((r["eval_loss"] for r in reversed(outcome.metrics) if r.get("eval_loss") is not None), None),
+        "tokensPerSecond": last.get("global_tokens_per_s"),
         "mfu": last.get("mfu"),
         # The summary line comes after the final (asynchronous) save has finished.
         "lastCheckpointStep": (outcome.summary or last).get("last_checkpoint_step"),

@@ -128,9 +128,9 @@ def test_merge_patch_has_only_what_changed():
 
 
 def test_to_sample_keeps_good_values_and_drops_bad_ones():
-    body = {"step": 7, "step_time_s": 0.5, "tokens_per_s": None, "mfu": float("nan"), "last_checkpoint_step": True,
+    body = {"step": 7, "step_time_s": 0.5, "global_tokens_per_s": None, "mfu": float("nan"), "last_checkpoint_step": True,
             "loss": 1.0, "state": "training"}
-    assert to_sample(body) == Sample(step=7, step_time_seconds=0.5)
+    assert to_sample(body) == Sample(step=7, step_time_seconds=0.5, loss=1.0)
     with pytest.raises(Unreachable):
         to_sample([1, 2])
 

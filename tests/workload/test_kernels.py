@@ -69,6 +69,57 @@ def test_splash_matches_reference(context, tensor):
     _assert_close(_value_and_grads(splash, q, k, v, ct=ct), want, atol=1e-5)
 
 
+def _packed_rows(B, T, context):
+    """Rows of documents of random lengths then padding, as data packing lays them out (positions
+    restart at 0 per document, segment ids 1.. per row, 0 on padding), in load-balanced order."""
+    rng = np.random.default_rng(0)
+    seg, pos = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
+    for b in range(B):
+        t, d = 0, 1
+        while t < T - 40:
+            n = int(rng.integers(10, 90))
+            n = min(n, T - 40 - t)
+            seg[b, t:t + n], pos[b, t:t + n] = d, np.arange(n)
+            t, d = t + n, d + 1
+        pos[b, t:] = np.arange(T - t)  # padding: segment 0
+    order = attention.load_balance_order(T, context)
+    return jnp.asarray(seg[:, order]), jnp.asarray(pos[:, order])
+
+
+def test_packed_reference_attention_is_each_document_on_its_own():
+    B, T, N, K, H = 2, 128, 4, 2, 32
+    ks = jax.random.split(jax.random.key(1), 3)
+    q = jax.random.normal(ks[0], (B, T, N, H))
+    k, v = (jax.random.normal(x, (B, T, K, H)) for x in ks[1:3])
+    seg, pos = _packed_rows(B, T, 1)
+    packed = attention.reference_attention(q, k, v, pos, pos, seg, seg)
+    for b in range(B):
+        for d in np.unique(np.asarray(seg[b])):
+            at = np.flatnonzero(np.asarray(seg[b]) == d)
+            alone = attention.reference_attention(q[b:b + 1, at], k[b:b + 1, at], v[b:b + 1, at],
+                                                  pos[b:b + 1, at], pos[b:b + 1, at])
+            np.testing.assert_allclose(packed[b:b + 1, at], alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("context", [1, 2])
+def test_splash_with_segment_ids_matches_packed_reference(context):
+    B, T, N, K, H = 8, 256, 4, 2, 32
+    ks = jax.random.split(jax.random.key(2), 4)
+    q = jax.random.normal(ks[0], (B, T, N, H))
+    k, v = (jax.random.normal(x, (B, T, K, H)) for x in ks[1:3])
+    ct = jax.random.normal(ks[3], (B, T, N, H))
+    seg, pos = _packed_rows(B, T, context)
+    sh = _mesh(context=context)
+
+    def splash(q, k, v):
+        with sharding.use(sh):
+            return attention.splash_attention(q, k, v, spec=BLOCKS, interpret=True, segments_BT=seg)
+
+    want = _value_and_grads(lambda q, k, v: attention.reference_attention(q, k, v, pos, pos, seg, seg), q, k, v,
+                            ct=ct)
+    _assert_close(_value_and_grads(splash, q, k, v, ct=ct), want, atol=1e-5)
+
+
 def _experts_vs_reference(axes, **matmul):
     """moe.experts (with moe.Matmul(**matmul)) and the every-expert reference on one routed problem
     over a mesh with `axes` (none: unsharded): (output, gradients) of each. D and F are 128 and 256:

@@ -70,13 +70,44 @@ def test_the_hand_written_gradient_equals_autodiff_of_the_plain_cross_entropy(ti
         return jnp.mean(loss.token_losses(logits, targets))
 
     def tiled(x, w):
-        return loss.cross_entropy(x, targets, w, chunks=2, tiles=tiles)
+        return loss.cross_entropy(x, targets, w, chunks=2, tiles=tiles)[0]
 
     (l0, g0), (l1, g1) = (jax.value_and_grad(f, argnums=(0, 1))(x, w) for f in (plain, tiled))
     np.testing.assert_allclose(float(l1), float(l0), rtol=2**-7)  # the plain logits are rounded to bf16
     for a, b in zip(g1, g0):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         assert np.linalg.norm(a - b) <= 2**-7 * np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("tiles", [1, 4])
+def test_masked_tokens_and_the_z_loss_have_the_gradient_of_their_definition(tiles):
+    """Packing masks padding and documents' last tokens out of the loss; the z-loss adds a weighted
+    mean of logsumexp^2. Both, through the hand-written backward, against jax.grad of the definition:
+    sum(mask * ce) / sum(mask) + 0.5 * sum(mask * logz^2) / sum(mask)."""
+    ks = jax.random.split(jax.random.key(1), 4)
+    x = jax.random.normal(ks[0], (2, 8, 128), jnp.float32).astype(jnp.bfloat16)
+    w = 0.1 * jax.random.normal(ks[1], (128, 512), jnp.float32)
+    targets = jax.random.randint(ks[2], (2, 8), 0, 512)
+    mask = (jax.random.uniform(ks[3], (2, 8)) > 0.4).astype(jnp.float32)
+
+    def plain(x, w):
+        logits = jnp.einsum("btd,dv->btv", x, w.astype(jnp.bfloat16)).astype(jnp.float32)
+        logz = jax.nn.logsumexp(logits, axis=-1)
+        n = jnp.sum(mask)
+        return jnp.sum(mask * loss.token_losses(logits, targets)) / n + 0.5 * jnp.sum(mask * logz**2) / n
+
+    def tiled(x, w):
+        ce, z = loss.cross_entropy(x, targets, w, chunks=2, tiles=tiles, mask_BT=mask, z_loss=True)
+        return ce + 0.5 * z
+
+    (l0, g0), (l1, g1) = (jax.value_and_grad(f, argnums=(0, 1))(x, w) for f in (plain, tiled))
+    np.testing.assert_allclose(float(l1), float(l0), rtol=2**-7)
+    for a, b in zip(g1, g0):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.linalg.norm(a - b) <= 2**-7 * np.linalg.norm(b)
+    # A masked-out token's hidden state gets no gradient at all.
+    dx = np.asarray(g1[0], np.float32)
+    assert np.all(dx[np.asarray(mask) == 0] == 0) and np.any(dx[np.asarray(mask) == 1] != 0)
 
 
 def test_chunks_and_tiles_bound_the_logits_and_the_weight_per_device():

@@ -18,7 +18,7 @@ def _falls(lines):
     steps = [r for r in lines if not r.get("summary")]
     assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))
     for r in steps:
-        assert set(r) >= {"step", "loss", "step_time_s", "tokens_per_s", "mfu", "last_checkpoint_step"}
+        assert set(r) >= {"step", "loss", "step_time_s", "global_tokens_per_s", "mfu", "last_checkpoint_step"}
     summary = lines[-1]
     assert summary["summary"] is True and summary["step"] == len(steps)
     first, last = steps[0]["loss"], min(r["loss"] for r in steps[-3:])
@@ -62,7 +62,7 @@ def test_metrics_endpoint_serves_what_stdout_says(trainers):
     assert procs[0].poll() is None, f"the trainer did not linger (exit {procs[0].returncode})"
     status = json.loads(_get(f"http://127.0.0.1:{port}/status"))
     assert status["state"] == "completed" and status["total_steps"] == 8 and status["process_count"] == 1
-    for key in ("step", "loss", "step_time_s", "tokens_per_s", "mfu", "last_checkpoint_step"):
+    for key in ("step", "loss", "step_time_s", "global_tokens_per_s", "mfu", "last_checkpoint_step"):
         assert status[key] == summary[key], key
     text = _get(f"http://127.0.0.1:{port}/metrics").decode()
     values = dict(line.split() for line in text.splitlines() if line and not line.startswith("#"))

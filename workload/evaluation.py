@@ -1,0 +1,57 @@
+"""Evaluation on held-out data (`training.eval`): the cross entropy and perplexity of the parameters
+after every `interval`-th step and the last.
+
+The held-out set is fixed: the same `batches` batches every time (each one microbatch of
+`globalBatch / microbatches` sequences, so it needs no more memory than a training microbatch),
+so evaluations compare along the run. With `eval.data` they are that source's first batches; with
+synthetic training data and no `eval.data`, synthetic batches of steps training never reaches
+(HELD_OUT_STEP onwards), so no held-out sequence is one the model trained on.
+
+Evaluation reads only the parameters and changes nothing: the step's state is not donated to it
+and no random state advances. It is dispatched right after the step it follows, so it runs before
+the next step and its result is read with that step's metrics.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+from tpu_operator.api.contract import TrainerConfig
+
+from . import data as data_lib
+
+# Synthetic held-out batches are those of steps from here on: far past any run's last step.
+HELD_OUT_STEP = 1 << 40
+
+
+class Evaluator:
+    def __init__(self, cfg: TrainerConfig, trainer):
+        t, spec = cfg.training, cfg.training.eval
+        self.cfg, self.trainer = cfg, trainer
+        self.first = 0 if spec.data is not None else HELD_OUT_STEP
+        held_out = t.model_copy(update={"data": spec.data or t.data, "global_batch": t.microbatch, "microbatches": 1})
+        sharding = trainer.sharder.named(("batch", "length"), (t.microbatch, t.sequence_length))
+        self.batches = data_lib.Batches(data_lib.make_source(held_out, cfg.model.vocab), sharding, cfg.mesh.context)
+        self.pending: dict[int, tuple] = {}
+
+    def dispatch(self, step: int, state: dict) -> None:
+        """Start evaluating `state` (after `step`) without waiting for it."""
+        sums = [self.trainer.eval_step(state["params"], self.batches(self.first + i))
+                for i in range(self.cfg.training.eval.batches)]
+        self.pending[step] = sums
+
+    def values(self, step: int) -> dict:
+        """The evaluation after `step` (blocks until it is done), or nothing if none was started."""
+        sums = self.pending.pop(step, None)
+        if sums is None:
+            return {}
+        total, count = (sum(float(v) for v in vs) for vs in zip(*jax.device_get(sums)))
+        loss = total / max(count, 1.0)
+        return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0))}
+
+    def hook(self):
+        from .train import Hook
+
+        return Hook(self.cfg.training.eval.interval, on_state=self.dispatch, values=self.values)
