@@ -76,7 +76,8 @@ def _train(config: str, clock) -> None:
     status = metrics.Status(cfg.training.steps, jax.process_count(), progress=lambda: clock.snapshot().model_dump())
     main = jax.process_index() == 0
     # Only process 0 serves HTTP, so only process 0 traces a profile asked for (profiling.py).
-    profiler = profiling.for_config(cfg, train.tensorboard_dir(cfg, env.run_dir), status) if main else None
+    profiler = profiling.for_config(cfg, train.tensorboard_dir(cfg, env.run_dir), status,
+                                     metrics.emit) if main else None
     # Process 0 serves /status and /metrics from start-up (compile included) until it exits.
     server = metrics.serve(status, port, profile=profiler.answer) if main else None
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 
 import jax
 from etils import epath
@@ -35,8 +36,10 @@ class Profiler:
     """One request at a time: a new one replaces one still pending, waits for one being captured, and
     the same one asked for again is answered as before (the operator may send it again after a restart)."""
 
-    def __init__(self, total_steps: int, logdir: str | None, status: Status | None = None):
+    def __init__(self, total_steps: int, logdir: str | None, status: Status | None = None,
+                 emit: Callable[[dict], None] | None = None):
         self.total, self.logdir, self.status = total_steps, logdir, status
+        self.emit = emit  # process 0's JSON lines: a `{"profile": ...}` line once a trace is done or failed
         self._lock = threading.Lock()
         self._range: StepRange | None = None  # pending or being captured: what the loop's hook looks at
         self._report: ProfileReport | None = None
@@ -96,6 +99,8 @@ class Profiler:
         self._range, self._report = wanted, report
         if self.status is not None:
             self.status.update(profile=report.model_dump(exclude_none=True))
+        if self.emit is not None and report.state in ("done", "failed"):
+            self.emit({"profile": report.model_dump(exclude_none=True)})
 
     # --- the loop ---------------------------------------------------------------------------------------
 
@@ -192,13 +197,13 @@ def _traces(logdir: str) -> list[str]:
     return [str(p) for p in root.glob("*/*.xplane.pb")] if root.exists() else []
 
 
-def for_config(cfg, tensorboard_dir: str | None, status: Status | None) -> Profiler:
+def for_config(cfg, tensorboard_dir: str | None, status: Status | None,
+               emit: Callable[[dict], None] | None = None) -> Profiler:
     """The process's profiler; the config's `profile_steps` (a local run's --profile) already asked for."""
-    profiler = Profiler(cfg.training.steps, tensorboard_dir, status)
+    profiler = Profiler(cfg.training.steps, tensorboard_dir, status, emit)
     if cfg.profile_steps:
         code, report = profiler.request(cfg.profile_steps)
         if code != 200:
             log.warning("profile: %s", report.message)
-            if status is not None:
-                status.update(profile=report.model_dump(exclude_none=True))
+            profiler._set(None, report)  # shown like any other outcome: /status and the JSON line
     return profiler
