@@ -111,6 +111,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     except TooLargeForLocal as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    if args.profile is not None:
+        from .api.profiling import parse_steps
+
+        try:
+            args.profile = str(parse_steps(args.profile, job.spec.training.steps))
+        except ValueError as exc:
+            print(f"error: --profile: {exc}", file=sys.stderr)
+            return EXIT_INVALID
     print_plan(original)  # the job as written, for its real slice
     run_dir = Path(args.run_dir or f"runs/{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     # SIGTERM (e.g. from a test or a container runtime) stops the processes like Ctrl-C does; and so does
@@ -119,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
-        outcome, _ = run_local(job, run_dir)
+        outcome, _ = run_local(job, run_dir, profile=args.profile)
     except TooLargeForLocal as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
@@ -207,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True, help="job YAML, or - for stdin")
     p.add_argument("--local", action="store_true", help="run on this machine: one process per TPU host")
     p.add_argument("--run-dir", help="logs, checkpoints, metrics and status (default runs/<name>-<time>)")
+    p.add_argument("--profile", metavar="FIRST-LAST",
+                   help="trace these steps (from 1) with the JAX profiler into the run's TensorBoard directory")
     p.add_argument("--scale-down", action="store_true",
                    help="shrink a job too large for this machine to a tiny model on a 2-host slice")
     p.set_defaults(func=cmd_run)

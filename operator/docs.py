@@ -236,6 +236,9 @@ def event_table() -> list[Reason]:
         Reason("Normal", "", "Resumed", "the JobSet is resumed."),
         Reason("Normal", "", "Succeeded", "the job succeeded."),
         Reason("Warning", "", "Failed", "the job failed."),
+        Reason("Normal", "", "Profiled", "the trace asked for with the profile annotation is written (its path)."),
+        Reason("Warning", "", "ProfileRefused", "the profile annotation's value is not valid, or the trainer refused "
+               "the request (steps already run, another trace being captured)."),
     ]
 
 

@@ -168,3 +168,11 @@ def test_scale_down_keeps_gradient_accumulation():
     check_fits(job)
     assert job.spec.training.microbatches == 4 and job.spec.training.global_batch == 4 * 16
     assert any("in 4 microbatches" in c for c in changes)
+
+
+@pytest.mark.parametrize("steps, reason", [("5-2", "the first step (5) is after the last (2)"),
+                                           ("3-7", "the job has 6 steps"), ("x", "not a step range")])
+def test_a_bad_profile_range_is_refused_before_anything_runs(tmp_path, steps, reason):
+    result = _run(tmp_path, _job(tmp_path), "--profile", steps)
+    assert result.returncode == 2 and "error: --profile: " in result.stderr and reason in result.stderr
+    assert not (tmp_path / "run").exists()

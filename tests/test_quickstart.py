@@ -35,3 +35,20 @@ def test_quickstart_runs_locally_and_checkpoints(tmp_path):
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["quickstart-slice-0-0.log",
                                                                     "quickstart-slice-0-1.log"]
     assert (run_dir / "report.png").stat().st_size > 10_000
+
+
+def test_local_run_profiles_the_steps_asked_for(tmp_path):
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    doc["spec"]["training"]["steps"] = 5
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f", str(job),
+                             "--run-dir", str(run_dir), "--profile", "2-3"], capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    traces = list((run_dir / "checkpoints" / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0  # process 0's trace: only it is asked
+    status = yaml.safe_load((run_dir / "status.yaml").read_text())["status"]
+    assert status["profile"] == {"request": "steps:2-3", "steps": "2-3", "state": "done", "path": str(traces[0])}
+    assert f"profile of steps 2-3: {traces[0]}" in result.stdout
+    assert f"tensorboard --logdir {run_dir / 'checkpoints' / 'tensorboard'}" in result.stdout

@@ -66,7 +66,7 @@ def _train(config: str, clock) -> None:
     from jax.experimental import multihost_utils
 
     absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags on first use
-    from . import faults, preemption, train
+    from . import faults, preemption, profiling, train
 
     if jax.process_count() > 1:  # a peer that joined and died at once would block the first step for good
         with exits.deadline(env.init_timeout_s, "the first collective across all processes", clock.snapshot):
@@ -74,16 +74,24 @@ def _train(config: str, clock) -> None:
     compile_cache.enable(cfg)
     port = env.metrics_port if env.metrics_port is not None else cfg.metrics_port
     status = metrics.Status(cfg.training.steps, jax.process_count(), progress=lambda: clock.snapshot().model_dump())
+    main = jax.process_index() == 0
+    # Only process 0 serves HTTP, so only process 0 traces a profile asked for (profiling.py).
+    profiler = profiling.for_config(cfg, train.tensorboard_dir(cfg, env.run_dir), status,
+                                     metrics.emit) if main else None
     # Process 0 serves /status and /metrics from start-up (compile included) until it exits.
-    server = metrics.serve(status, port) if jax.process_index() == 0 else None
+    server = metrics.serve(status, port, profile=profiler.answer) if main else None
     try:
         train.run(cfg, peak_flops_per_device=runtime.peak_flops_per_device(env, cfg.peak_flops_per_device),
                   run_dir=env.run_dir, status=status, clock=clock,
                   extra_hooks=lambda run: [preemption.StopOnSigterm(run).hook(),
-                                           *faults.hooks(run, jax.process_index())])
+                                           *faults.hooks(run, jax.process_index()),
+                                           *(profiler.hooks(run) if profiler else [])])
     except Exception:
         status.update(state="failed")
         raise
+    finally:
+        if profiler is not None:
+            profiler.close(status.snapshot().get("step"))
     if server is not None:
         if env.linger_s > 0:
             logging.getLogger("tpu_workload").info("serving final metrics for %.0f s", env.linger_s)

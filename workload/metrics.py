@@ -75,14 +75,28 @@ class Status:
 
 
 Respond = Callable[[str], "tuple[int, bytes, str]"]  # path -> (HTTP status, body, content type)
+Accept = Callable[[str, bytes], "tuple[int, bytes, str]"]  # path, request body -> (HTTP status, body, type)
+MAX_POST_BYTES = 4096  # a POST here is a small JSON request (/profile)
 
 
-def serve_http(respond: Respond, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """Answer GET requests with `respond(path)` from a daemon thread (port 0 picks a free one)."""
+def serve_http(respond: Respond, port: int, host: str = "0.0.0.0", accept: Accept | None = None) -> ThreadingHTTPServer:
+    """Answer GET requests with `respond(path)`, and POST requests with `accept(path, body)` where given, from
+    a daemon thread (port 0 picks a free one)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            code, body, ctype = respond(self.path.split("?")[0])
+            self._send(*respond(self.path.split("?")[0]))
+
+        def do_POST(self):  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            if accept is None:
+                self._send(405, b"method not allowed\n", "text/plain")
+            elif length > MAX_POST_BYTES:
+                self._send(413, b"request body too large\n", "text/plain")
+            else:
+                self._send(*accept(self.path.split("?")[0], self.rfile.read(length)))
+
+        def _send(self, code: int, body: bytes, ctype: str) -> None:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -98,8 +112,10 @@ def serve_http(respond: Respond, port: int, host: str = "0.0.0.0") -> ThreadingH
     return server
 
 
-def serve(status: Status, port: int) -> ThreadingHTTPServer | None:
-    """Serve /status (JSON) and /metrics (Prometheus) on `port` (0 picks a free one)."""
+def serve(status: Status, port: int, profile: Callable[[bytes], "tuple[int, dict]"] | None = None
+          ) -> ThreadingHTTPServer | None:
+    """Serve /status (JSON) and /metrics (Prometheus) on `port` (0 picks a free one), and `POST /profile`
+    with `profile(body)` where given (profiling.py)."""
 
     def respond(path: str) -> tuple[int, bytes, str]:
         if path == "/status":
@@ -108,8 +124,14 @@ def serve(status: Status, port: int) -> ThreadingHTTPServer | None:
             return 200, status.prometheus(), CONTENT_TYPE_LATEST
         return 404, b"not found\n", "text/plain"
 
+    def accept(path: str, body: bytes) -> tuple[int, bytes, str]:
+        if path == "/profile" and profile is not None:
+            code, answer = profile(body)
+            return code, json.dumps(answer).encode(), "application/json"
+        return 404, b"not found\n", "text/plain"
+
     try:
-        server = serve_http(respond, port)
+        server = serve_http(respond, port, accept=accept)
     except OSError as exc:
         # Training matters more than its metrics: carry on; the operator reports them unreachable.
         log.error("metrics: cannot serve on port %d (%s); training continues without /status", port, exc)

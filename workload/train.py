@@ -430,6 +430,12 @@ def _report(run: Run, hooks: list[Hook], step: int, metrics: dict, t_prev: float
     return record, now
 
 
+def tensorboard_dir(cfg: TrainerConfig, run_dir: str | None) -> str | None:
+    """Where process 0 writes TensorBoard's files (scalars here, profiles in profiling.py)."""
+    base = cfg.checkpoint.directory or run_dir
+    return f"{base.rstrip('/')}/tensorboard" if base else None
+
+
 def run(cfg: TrainerConfig, *, peak_flops_per_device: float, run_dir: str | None = None,
         status: metrics_lib.Status | None = None, clock: Clock | None = None,
         extra_hooks: Callable[[Run], list[Hook]] | None = None) -> Summary:
@@ -438,8 +444,7 @@ def run(cfg: TrainerConfig, *, peak_flops_per_device: float, run_dir: str | None
     main = jax.process_index() == 0
     status = status or metrics_lib.Status(cfg.training.steps, jax.process_count())
     prepared = setup(cfg, peak_flops_per_device=peak_flops_per_device, clock=clock)
-    base = cfg.checkpoint.directory or run_dir
-    tb = metrics_lib.TensorBoard(f"{base.rstrip('/')}/tensorboard" if base and main else None)
+    tb = metrics_lib.TensorBoard(tensorboard_dir(cfg, run_dir) if main else None)
     try:
         hooks = [*(extra_hooks(prepared) if extra_hooks else []), *reporting_hooks(prepared, status, tb, main)]
         summary = train(prepared, hooks)

@@ -7,6 +7,7 @@
   presets     named model shapes
   plan        derived numbers: chips, hosts, devices, peak FLOP/s, the TrainerConfig
   names       deterministic names and labels of everything a job owns
+  profiling   profile requests (annotation, --profile, POST /profile) and the trainer's report (pydantic only)
   validation  reading files, parsing documents, collecting every problem
   problems    pydantic errors as `field.path: reason` lines
   crd         the CRD, generated from the models

@@ -296,6 +296,10 @@ class TrainerConfig(Base):
     kernels: KernelsSpec = _desc("Kernels.")
     checkpoint: CheckpointSpec = _desc("Checkpointing.")
     metrics_port: int = _desc("Metrics port of the coordinator.")
+    # Not from the job's spec: `tpujob run --local --profile` sets it; on a cluster the annotation asks the
+    # running trainer instead (api/profiling.py).
+    profile_steps: str | None = _desc("Steps to trace with the JAX profiler, FIRST-LAST (1-based, as reported).",
+                                      default=None, pattern=r"^[0-9]+(-[0-9]+)?$")
 
 
 # ---------------------------------------------------------------------------------------------

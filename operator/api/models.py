@@ -474,6 +474,19 @@ class PlanStatus(Base):
     checked_at: Timestamp | None = _desc("When the pre-flight finished.", default=None)
 
 
+class ProfileStatus(Base):
+    """A profile asked for with the annotation training.tpu-operator.dev/profile (api/profiling.py), as the
+    trainer answered it."""
+
+    request: str = _desc("The annotation's value this describes, e.g. steps:100-105.")
+    steps: str | None = _desc("The steps the trainer traces (those asked for, less any already run).", default=None)
+    state: Literal["pending", "capturing", "done", "failed"] = _desc(
+        "pending (sent; its first step not reached), capturing, done (the trace is at path), or failed (message).")
+    path: str | None = _desc("The trace file (.xplane.pb) under the job's TensorBoard directory, once written.",
+                             default=None)
+    message: str | None = _desc("Why it failed, or what the trainer changed (steps already run).", default=None)
+
+
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -516,6 +529,8 @@ class TPUTrainingJobStatus(Base):
                                   "the latest change (0..1).", default=None)
     badput: Badput | None = _desc("The rest of the wall time, in seconds, by cause.", default=None)
     accounting: Ledger | None = _desc("The goodput ledger the figures above are computed from.", default=None)
+    profile: ProfileStatus | None = _desc("The latest profile asked for with the annotation "
+                                          "training.tpu-operator.dev/profile, and where its trace is.", default=None)
 
     @property
     def finished(self) -> bool:

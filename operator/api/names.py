@@ -11,6 +11,9 @@ LABEL_JOB = "training.tpu-operator.dev/job"
 # On the JobSet: the spec it was rendered from (rendering.manifests.applied_spec), as JSON.
 APPLIED_SPEC = "training.tpu-operator.dev/applied-spec"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+# On a job, set by its user: `steps:A-B` asks the running trainer for a profiler trace of steps A..B
+# (api/profiling.py); the job's status.profile says where the trace is.
+PROFILE_ANNOTATION = "training.tpu-operator.dev/profile"
 # On a Kueue Workload the operator deactivated (spec.active=false) for the job's spec.suspend: it
 # reactivates only Workloads it deactivated itself, never one an administrator stopped.
 DEACTIVATED_FOR_SUSPEND = "training.tpu-operator.dev/deactivated-for-suspend"

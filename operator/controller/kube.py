@@ -76,6 +76,7 @@ class Kube(Protocol):
                     sub: str | None = None) -> Obj: ...  # JSON merge patch
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]: ...
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any: ...
+    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj) -> Any: ...
     async def delete(self, resource: Resource, namespace: str, name: str, body: Obj) -> Obj: ...  # DeleteOptions
     async def delete_all(self, resource: Resource, namespace: str, selector: str, body: Obj) -> Obj: ...
 
@@ -121,6 +122,10 @@ class AsyncKube:
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any:
         """GET through the API server's pod proxy; the decoded JSON body (or its text)."""
         return await self._call("GET", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}")
+
+    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj) -> Any:
+        """POST a JSON body through the API server's pod proxy (RBAC `create` on pods/proxy)."""
+        return await self._call("POST", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}", body)
 
     async def close(self) -> None:
         await self.api.close()

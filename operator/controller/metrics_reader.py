@@ -3,7 +3,7 @@
 Two ways to reach the pod (`--metrics-access`):
 - `direct`: http://<pod.status.podIP>:<port>/status, for an operator running in the cluster;
 - `proxy`: the API server's pod proxy, GET /api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/status,
-  which works from outside the cluster (needs RBAC `get` on `pods/proxy`).
+  which works from outside the cluster (needs RBAC `get` on `pods/proxy`; `create` for `post_profile`).
 
 Pod 0 is found with one label-selected list and remembered per JobSet: a running job costs no
 list per read. A read that fails forgets the pod and lists once more (a restarted slice has new
@@ -25,6 +25,7 @@ from typing import Any, Literal
 import aiohttp
 
 from ..api.lifecycle import Progress, TerminationRecord
+from ..api.profiling import ProfileReport
 from .kube import PODS, ApiError, Kube
 from .status import Sample
 
@@ -73,7 +74,8 @@ def to_sample(body: Any) -> Sample:
         if kind is float and not math.isfinite(value):
             continue
         values[field] = int(value) if kind is int else round(float(value), 6)
-    return Sample(**values, progress=Progress.lenient(body.get("progress")))
+    return Sample(**values, progress=Progress.lenient(body.get("progress")),
+                  profile=ProfileReport.lenient(body.get("profile")))
 
 
 class MetricsReader:
@@ -138,6 +140,37 @@ class MetricsReader:
         else:
             body = await self._get_direct(f"http://{ip}:{port}/status")
         return to_sample(body)
+
+    async def post_profile(self, namespace: str, jobset_name: str, port: int, steps: str) -> ProfileReport:
+        """`POST /profile {"steps": steps}` to process 0, the way `/status` is read: the trainer's answer,
+        accepted or refused (400, 409: a report with state failed and its reason); Unreachable otherwise."""
+        name, ip = await self._pod0(namespace, jobset_name)
+        body = {"steps": steps}
+        if self.access == "proxy":
+            try:
+                answer = await self.kube.proxy_post(namespace, name, port, "profile", body)
+            except ApiError as exc:
+                if exc.status in (400, 409):  # the trainer's refusal, passed on by the API server
+                    return ProfileReport(requested=steps, state="failed", message=exc.message)
+                self.forget(namespace, jobset_name)
+                raise Unreachable(f"pod proxy {namespace}/{name}:{port}/profile: {exc}") from None
+        else:
+            answer = await self._post_direct(f"http://{ip}:{port}/profile", body)
+        try:
+            return ProfileReport.model_validate(answer)
+        except ValueError:
+            raise Unreachable(f"/profile answered {str(answer)[:200]!r}, not a profile report") from None
+
+    async def _post_direct(self, url: str, body: dict) -> Any:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        try:
+            async with self._session.post(url, json=body) as response:
+                if response.status not in (200, 400, 409):
+                    raise Unreachable(f"{url} answered HTTP {response.status}")
+                return await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            raise Unreachable(f"{url}: {type(exc).__name__}: {exc}") from None
 
     async def _pod0(self, namespace: str, jobset_name: str) -> tuple[str, str]:
         key = (namespace, jobset_name)

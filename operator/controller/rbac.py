@@ -23,7 +23,8 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # termination message) or why it did not start. deletecollection: a failed or hung attempt's pods,
     # at once (children.replace_jobset).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "deletecollection"]},
-    {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},  # --metrics-access proxy only
+    # --metrics-access proxy only: get, the trainer's /status; create, a POST of a profile request (profiles.py).
+    {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get", "create"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # Kueue: list and watch the Workloads of queued JobSets (a kopf index); patch spec.active to carry a
     # queued job's spec.suspend (Kueue undoes a suspended JobSet whose Workload is admitted). Unused where

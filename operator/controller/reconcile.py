@@ -40,7 +40,7 @@ from ..api import names, timestamps
 from ..api.models import TPUTrainingJob, TPUTrainingJobStatus
 from ..api.timestamps import Clock
 from ..api.validation import InvalidJob, parse_job
-from . import children, diagnosis, kueue, phases, preflight, restarts, status as status_lib, steps
+from . import children, diagnosis, kueue, phases, preflight, profiles, restarts, status as status_lib, steps
 from .children import NameConflict, owner_of
 from .kube import JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 from .metrics_reader import LABEL_JOBSET, MetricsReader
@@ -264,6 +264,12 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
                                       view.condition_message("Failed"))
     if seen.look_at_pods and diagnosis.needs_pods(view):  # one list per JobSet event or resync, never per pod
         pods = await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
+    profile, old = None, status_of(job_obj)
+    request = profiles.requested(job_obj["metadata"].get("annotations"))
+    read = sample is not None and sample.error is None
+    if reader is not None and profiles.to_send(request, old, sample.profile if read else None, read):
+        profile = await profiles.send(reader, namespace, name, job.spec.runtime.metrics_port, request,
+                                      job.spec.training.steps, old.phase == "Running")
     return steps.Observed(
         now=now, generation=job_obj["metadata"].get("generation"), jobset_name=name,
         config_map=names.config_map_name(job.metadata.name), jobset_uid=uid, view=view,
@@ -271,7 +277,7 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
         policy=job.spec.failure_policy, total_steps=job.spec.training.steps,
         created_at=timestamps.parse_or_none(job_obj["metadata"].get("creationTimestamp")), created=made.created,
         refused=() if made.created else tuple(children.refused_changes(jobset, job)), queue=job.spec.queue_name,
-        workload=workload, pods=pods, sample=sample, failure=failure, planned=made.planned)
+        workload=workload, pods=pods, sample=sample, failure=failure, planned=made.planned, profile=profile)
 
 
 # --- act ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 from ..api.failures import RestartCounts
 from ..api.lifecycle import Progress
 from ..api.models import TPUTrainingJobStatus
+from ..api.profiling import ProfileReport
 from .conditions import set_condition
 from .phases import Notice
 
@@ -103,11 +104,12 @@ class Sample:
     mfu: float | None = None
     last_checkpoint_step: int | None = None
     progress: Progress | None = None  # the trainer's clock (goodput, hang detection: accounting.py)
+    profile: ProfileReport | None = None  # the trainer's word on a profile asked for (profiles.py)
     error: str | None = None
 
     def values(self) -> dict[str, Any]:
         """The status fields it sets."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("error", "progress") and v is not None}
+        return {k: v for k, v in self.__dict__.items() if k not in ("error", "progress", "profile") and v is not None}
 
 
 def with_sample(status: TPUTrainingJobStatus, sample: Sample, now: datetime.datetime,

@@ -11,6 +11,7 @@ The steps, in order (`STEPS`); each reads the draft the ones before it left:
 6. `restart`: a failed or hung attempt meets the restart policy (restarts.py).
 7. `phase`: the JobSet's status mapped onto the phase, with 6's decision (phases.py).
 8. `metrics`: the trainer's sample (status.with_sample).
+8b. `profiled`: a profile request sent now, or the trainer's word on it (profiles.py).
 9. `ledger_settled`: the ledger after this reconcile's transitions (accounting.py).
 10. `recovered`: Hung=False once a later attempt completes a step (restarts.py).
 11. `ready`: the Ready condition, from the phase (`ready_of`).
@@ -27,7 +28,7 @@ from collections.abc import Callable
 
 from ..api.failures import Failure
 from ..api.models import FailurePolicySpec, TPUTrainingJobStatus
-from . import accounting, diagnosis, kueue, phases, restarts, status as status_lib
+from . import accounting, diagnosis, kueue, phases, profiles, restarts, status as status_lib
 from .conditions import set_condition
 from .phases import Compute, JobSetView, Notice
 
@@ -54,6 +55,7 @@ class Observed:
     sample: status_lib.Sample | None = None  # the trainer's latest read
     failure: Failure | None = None  # why the JobSet failed (its pods), when it failed and was not counted
     planned: Compute | None = None  # the pre-flight's status change, when it decided now
+    profile: profiles.Answer | None = None  # the annotation's profile request, when sent (or refused) now
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +119,11 @@ def metrics(d: Draft, o: Observed) -> Draft:
     return d if o.sample is None else d.then(status_lib.with_sample(d.status, o.sample, o.now, o.generation))
 
 
+def profiled(d: Draft, o: Observed) -> Draft:
+    trainer = o.sample.profile if o.sample is not None else None
+    return d.then(*profiles.follow(d.status, o.profile, trainer))
+
+
 def ledger_settled(d: Draft, o: Observed) -> Draft:
     final = o.failure.progress if o.failure else None
     return d.then(accounting.settled(d.old, d.status, o.sample, final, o.created_at, o.now))
@@ -149,7 +156,7 @@ def accepted(d: Draft, o: Observed) -> Draft:
 
 
 STEPS: tuple[Step, ...] = (planned, reconciled, queued, diagnosed, ledger_observed, restart, phase, metrics,
-                           ledger_settled, recovered, ready, accepted)
+                           profiled, ledger_settled, recovered, ready, accepted)
 
 
 def compute(old: TPUTrainingJobStatus, observed: Observed) -> tuple[TPUTrainingJobStatus, list[Notice]]:

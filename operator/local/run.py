@@ -21,6 +21,7 @@ from ..api import goodput, names
 from ..api.failures import verdict
 from ..api.models import TPUTrainingJob, TPUTrainingJobStatus
 from ..api.plan import Plan
+from ..api.profiling import ANNOTATION_PREFIX
 from ..rendering.manifests import render
 from ..rendering.summary import summary
 from .accounting import LocalLedger
@@ -123,8 +124,25 @@ class Progress:
         self.out.flush()
 
 
+def with_profile(config_map: dict[str, Any], steps: str) -> dict[str, Any]:
+    """The ConfigMap with `profileSteps` in the trainer's config: what --profile asks of the trainer (on a
+    cluster the annotation asks the running trainer instead, the same request)."""
+    key = next(iter(config_map["data"]))  # the one config file
+    config = json.loads(config_map["data"][key])
+    return {**config_map, "data": {key: json.dumps({**config, "profileSteps": steps}, indent=2)}}
+
+
+def profile_status(report: dict[str, Any] | None, steps: str) -> dict[str, Any] | None:
+    """status.profile as the operator writes it, from the trainer's last word on the profile."""
+    if report is None:
+        return {"request": f"{ANNOTATION_PREFIX}{steps}", "state": "failed",
+                "message": "the trainer said nothing about the profile (it did not reach its steps)"}
+    return {"request": f"{ANNOTATION_PREFIX}{steps}", "steps": report.get("steps"), "state": report["state"],
+            "path": report.get("path"), "message": report.get("message") or None}
+
+
 def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTrainingJob,
-              ledger: LocalLedger) -> TPUTrainingJobStatus:
+              ledger: LocalLedger, profile: dict[str, Any] | None = None) -> TPUTrainingJobStatus:
     """The status the operator would have written for this run."""
     last = outcome.last_metrics or {}
     phase = "Failed" if outcome.phase == "Interrupted" else outcome.phase
@@ -151,15 +169,20 @@ def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTr
         "message": outcome.message,
         "goodput": round(fraction, 4),
         "badput": goodput.rounded(badput, 2),
+        "profile": profile,
     })
 
 
-def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout) -> tuple[Outcome, TPUTrainingJobStatus]:
+def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout,
+              profile: str | None = None) -> tuple[Outcome, TPUTrainingJobStatus]:
+    """Run the job; `profile` (FIRST-LAST, checked by the caller) traces those steps with the JAX profiler."""
     check_fits(job)
     run_dir.mkdir(parents=True, exist_ok=True)
     job = localize(job, run_dir)
     plan = Plan(job)
     config_map, jobset = render(job)
+    if profile:
+        config_map = with_profile(config_map, profile)
     (run_dir / "manifests.yaml").write_text(yaml.safe_dump_all([config_map, jobset], sort_keys=False))
     out.write("\n".join(summary(plan)) + "\n")
     out.write(f"local run: {plan.total_hosts} process(es) x {plan.devices_per_host} CPU devices; logs, checkpoints "
@@ -175,13 +198,18 @@ def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout) -> t
     policy, ledger, progress = job.spec.failure_policy, LocalLedger(start.timestamp()), Progress(
         job.spec.training.steps, out)
 
+    reports: list[dict[str, Any]] = []  # the trainer's word on the profile, latest last
+
     def on_event(kind: str, **d) -> None:
         ledger(kind, **d)
         progress(kind, **d)
+        if kind == "profile":
+            reports.append(d["report"])
 
     outcome = supervise(make_pods, run_dir / "logs", decide=lambda counts, failure: verdict(policy, counts, failure),
                         grace_s=plan.termination_grace_period_seconds, on_event=on_event)
-    status = status_of(outcome, start, dt.datetime.now(dt.timezone.utc), job, ledger)
+    status = status_of(outcome, start, dt.datetime.now(dt.timezone.utc), job, ledger,
+                       profile_status(reports[-1] if reports else None, profile) if profile else None)
     with open(run_dir / "metrics.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in outcome.metrics)
     status_doc = {"status": status.model_dump(by_alias=True, exclude_none=True, mode="json")}
@@ -201,5 +229,10 @@ def _summary(outcome: Outcome, status: TPUTrainingJobStatus, run_dir: Path) -> s
     if status.goodput is not None:
         lines.append(f"goodput {100 * status.goodput:.1f}% of the wall time; badput " +
                      ", ".join(f"{b} {getattr(status.badput, b):.1f} s" for b in goodput.BUCKETS))
+    if status.profile is not None:
+        p = status.profile
+        lines.append(f"profile of steps {p.steps}: {p.path}\n  open it: tensorboard --logdir {Path(p.path).parents[3]} "
+                     f"(the Profile tab), or xprof --logdir {Path(p.path).parents[3]}" if p.state == "done" else
+                     f"profile ({p.request}) {p.state}: {p.message}")
     lines.append(f"logs: {run_dir / 'logs'}   picture: tpujob report {run_dir}")
     return "\n".join(lines) + "\n"

@@ -101,6 +101,8 @@ class _Running:
         elif "step" in record:
             self.metrics.append(record)
             self.on_event("metrics", record=record)
+        elif isinstance(record.get("profile"), dict):  # a profile's outcome (tpu_workload.profiling)
+            self.on_event("profile", report=record["profile"])
 
     def poll(self) -> tuple[LocalPod, int] | None | bool:
         """(pod, code) of the first failed pod, True when all succeeded, None while running."""

@@ -128,7 +128,7 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
 {{- if eq .Values.operator.metricsAccess "proxy" }}
 - apiGroups: [""]
   resources: ["pods/proxy"]
-  verbs: ["get"]
+  verbs: ["get", "create"]
 {{- end }}
 - apiGroups: [""]
   resources: ["events"]
