@@ -100,3 +100,19 @@ def test_files_added_under_the_data_path_are_a_change(tmp_path, capsys):
     more = trainer_config("tiny", mesh=FSDP8, steps=3, checkpoint=str(tmp_path / "ckpt"), interval=1, data=files)
     with pytest.raises(exits.UserError, match=r"spec\.training\.data\.files: 1 added \(.*b\.npy\)"):
         _records(more, capsys)
+
+
+def test_a_trace_reads_by_layer_and_block():
+    """The step's ops carry the model's named scopes, which a profile (docs/profiling.md) shows."""
+    import re
+
+    from tpu_workload import data as data_lib, sharding
+
+    for preset, block in (("tiny", "mlp"), ("tiny-moe", "moe")):
+        cfg = trainer_config(preset, steps=1, mesh=FSDP8)
+        trainer = train.build(cfg, sharding.make_mesh(cfg.mesh.shape, 1))
+        batch = data_lib.Batches(data_lib.make_source(cfg.training, cfg.model.vocab), trainer.batch_sharding, 1)(0)
+        text = trainer.step.lower(trainer.abstract_state, batch).as_text(debug_info=True)
+        # e.g. "jit(train_step)/jvp(embed)/shard_map", ".../checkpoint/layer/attention/dot_general"
+        names = set(re.findall(r'[(/](embed|layer/attention|layer/' + block + r'|lm_head_loss)[)/]', text))
+        assert names == {"embed", "layer/attention", f"layer/{block}", "lm_head_loss"}, preset
