@@ -163,7 +163,7 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
 
     def loss_and_grads(params, batch):
         def loss_of(params):
-            return model_lib.loss_fn(nnx.merge(graphdef, params), *batch)
+            return model_lib.loss_fn(nnx.merge(graphdef, params), batch.inputs, batch.targets, batch.positions)
 
         return jax.value_and_grad(loss_of, has_aux=True)(params)
 
@@ -172,7 +172,7 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         mean of the microbatches' means). Microbatch m takes rows m, m + M, ...: each device's rows
         split among the microbatches, so no row moves between devices."""
         split = lambda a_BT: a_BT.reshape(-1, micro, a_BT.shape[-1]).swapaxes(0, 1)  # noqa: E731
-        micro_batch = tuple(a[:cfg.training.microbatch] for a in batch)
+        micro_batch = jax.tree.map(lambda a: a[:cfg.training.microbatch], batch)
         (loss_parts, _) = jax.eval_shape(loss_and_grads, params, micro_batch)
         # The gradient sum is sharded as the parameters are (left free, XLA may replicate it).
         grads = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), s),
@@ -180,10 +180,10 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         zeros = (jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), loss_parts), grads)
 
         def one(acc, mb):
-            mb = tuple(jax.lax.with_sharding_constraint(a, micro_sharding) for a in mb)
+            mb = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, micro_sharding), mb)
             return jax.tree.map(jnp.add, acc, loss_and_grads(params, mb)), None
 
-        total, _ = jax.lax.scan(one, zeros, tuple(map(split, batch)))
+        total, _ = jax.lax.scan(one, zeros, jax.tree.map(split, batch))
         return jax.tree.map(lambda a: a / micro, total)
 
     def train_step(state, batch):
@@ -199,7 +199,7 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         cfg=cfg, sharder=sharder, param_shardings=param_shardings, state_shardings=state_shardings,
         abstract_state=abstract_like(abstract_state, state_shardings), batch_sharding=batch_sharding,
         init=jax.jit(init_state, out_shardings=state_shardings),
-        step=jax.jit(train_step, in_shardings=(state_shardings, (batch_sharding,) * 3),
+        step=jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),  # every array of the Batch
                      out_shardings=(state_shardings, replicated), donate_argnums=0))
 
 
@@ -217,6 +217,7 @@ class StepRecord:
     tokens_per_s: float
     mfu: float
     last_checkpoint_step: int | None
+    data_wait_s: float = 0.0  # the loop's wait for batches since the previous record
     progress: dict | None = None  # the trainer's clock (lifecycle.Progress) after this step
 
     def as_dict(self) -> dict:
@@ -275,6 +276,11 @@ class Run:
     flops_per_step: float
     peak_flops: float  # of all devices in the mesh
     clock: Clock = dataclasses.field(default_factory=Clock)
+    data_wait_s: float = 0.0  # since the last record
+
+    def waited_for_data(self, seconds: float) -> None:
+        self.data_wait_s += seconds
+        self.clock.data_waited(seconds)
 
     @property
     def tokens_per_step(self) -> int:
@@ -283,7 +289,8 @@ class Run:
     def record(self, step: int, loss: float, step_time_s: float) -> StepRecord:
         last_checkpoint = self.ckpt.last_complete_step() if self.ckpt else None
         self.clock.step_done(step, step_time_s, last_checkpoint)
-        return StepRecord(step=step, loss=loss, step_time_s=step_time_s,
+        waited, self.data_wait_s = self.data_wait_s, 0.0
+        return StepRecord(step=step, loss=loss, step_time_s=step_time_s, data_wait_s=waited,
                           tokens_per_s=self.tokens_per_step / step_time_s,
                           mfu=self.flops_per_step / step_time_s / self.peak_flops,
                           last_checkpoint_step=last_checkpoint, progress=self.clock.snapshot().model_dump())
@@ -307,7 +314,8 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | No
     log.info("starting at step %d of %d", start, t.steps)
     clock = clock or Clock()
     clock.start(start)
-    batches = data_lib.Batches(data_lib.make_source(t, cfg.model.vocab), trainer.batch_sharding, cfg.mesh.context)
+    batches = data_lib.Batches(data_lib.make_source(t, cfg.model.vocab), trainer.batch_sharding, cfg.mesh.context,
+                               workers=t.data.workers, prefetch=t.data.prefetch)
     return Run(cfg=cfg, trainer=trainer, state=state, start=start, batches=batches, ckpt=ckpt,
                flops_per_step=flops_lib.flops_per_step(cfg.model, t),
                peak_flops=peak_flops_per_device * mesh.size, clock=clock)
@@ -337,7 +345,10 @@ def train(run: Run, hooks: list[Hook]) -> Summary:
     state, times, record, pending = run.state, [], None, None
     t_prev = time.perf_counter()
     for step in range(run.start, total):
-        state, metrics = run.trainer.step(state, run.batches(step))
+        t_data = time.perf_counter()
+        batch = run.batches(step)
+        run.waited_for_data(time.perf_counter() - t_data)
+        state, metrics = run.trainer.step(state, batch)
         if pending is not None:  # before step+1's hooks: a save waits for its arrays
             record, t_prev = _report(run, hooks, *pending, t_prev, times)
         for hook in hooks:
@@ -380,6 +391,7 @@ def run(cfg: TrainerConfig, *, peak_flops_per_device: float, run_dir: str | None
         summary = train(prepared, hooks)
     finally:
         tb.close()
+        prepared.batches.close()
         if prepared.ckpt:
             prepared.ckpt.close()
     status.update(**{k: getattr(summary, k) for k in metrics_lib.STEP_KEYS if hasattr(summary, k)},
