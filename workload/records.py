@@ -13,10 +13,6 @@ import fsspec.implementations.local
 import grain
 import numpy as np
 
-# Options of the ArrayRecord reader for random access (its default reads ahead for scans).
-RANDOM_ACCESS = {"readahead_buffer_size": "0", "max_parallelism": "0"}
-
-
 def encode(document, dtype) -> bytes:
     """A record of `document` (how files for `format: arrayrecord` are written)."""
     return np.asarray(document, np.dtype(dtype).newbyteorder("<")).tobytes()
@@ -35,7 +31,7 @@ class Documents:
             protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
             files = fsspec.open_local([f"simplecache::{protocol}://{f}" for f in files])
         self.dtype = np.dtype(dtype).newbyteorder("<")
-        self.source = grain.sources.ArrayRecordDataSource(files, reader_options=RANDOM_ACCESS)
+        self.source = grain.sources.ArrayRecordDataSource(files)  # its readers are set up for random access
 
     def __len__(self) -> int:
         return len(self.source)
