@@ -120,3 +120,13 @@ def test_packing_needs_its_settings():
         DataSpec(source="files", path="/d", format="arrayrecord")
     cfg = trainer_config("tiny", data=dict(packing=True))
     assert isinstance(data.make_source(cfg.training, cfg.model.vocab), data.SyntheticDocuments)
+
+
+def test_a_packed_job_trains_with_accumulation(capsys):
+    """The step takes the packed Batch whole (segments and mask too), through the microbatch split."""
+    from tpu_workload import train
+
+    cfg = trainer_config("tiny", steps=2, batch=8, seq=32, microbatches=2, data=dict(packing=True),
+                         mesh=dict(data=1, fsdp=4, context=2, expert=1, tensor=1))
+    summary = train.run(cfg, peak_flops_per_device=5e10)
+    assert summary.step == 2 and np.isfinite(summary.loss)
