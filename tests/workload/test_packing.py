@@ -130,3 +130,21 @@ def test_a_packed_job_trains_with_accumulation(capsys):
                          mesh=dict(data=1, fsdp=4, context=2, expert=1, tensor=1))
     summary = train.run(cfg, peak_flops_per_device=5e10)
     assert summary.step == 2 and np.isfinite(summary.loss)
+
+
+def test_array_record_files_behind_a_url_are_read_from_a_local_copy(tmp_path):
+    """fsspec's in-memory filesystem stands in for gs:// (the ArrayRecord reader opens local paths only)."""
+    import uuid
+
+    import fsspec
+
+    local = tmp_path / "docs.array_record"
+    writer = ArrayRecordWriter(str(local), "group_size:1")
+    for doc in ([1, 2, 3], [4, 5]):
+        writer.write(records.encode(doc, np.uint16))
+    writer.close()
+    root = f"memory://docs-{uuid.uuid4().hex}"
+    fsspec.filesystem("memory").pipe(f"{root}/docs.array_record", local.read_bytes())
+    stored = records.Documents(root, np.uint16)
+    np.testing.assert_array_equal(stored.lengths(), [3, 2])
+    np.testing.assert_array_equal(stored.read(1, 2), [4, 5])
