@@ -290,13 +290,11 @@ class Batches:
 
     def _parts(self, seq) -> tuple[np.ndarray, ...]:
         """A block's host arrays, in Batch order, columns in the load-balance order."""
-        tokens = seq.tokens if self.source.packed else seq
-        parts = [tokens[:, :-1], tokens[:, 1:]]
-        if self.source.packed:
-            positions, mask = packing.positions_and_mask(seq.segments)
-            parts += [positions, seq.segments[:, :-1], mask]
-        else:
-            parts.append(np.broadcast_to(np.arange(self.shape[1], dtype=np.int32), parts[0].shape))
+        if not self.source.packed:  # the positions in load-balance order are the order itself
+            positions = np.broadcast_to(self.order, (len(seq), self.shape[1]))
+            return seq[:, :-1][:, self.order], seq[:, 1:][:, self.order], positions
+        positions, mask = packing.positions_and_mask(seq.segments)
+        parts = (seq.tokens[:, :-1], seq.tokens[:, 1:], positions, seq.segments[:, :-1], mask)
         return tuple(p[:, self.order] for p in parts)
 
     def __call__(self, step: int) -> Batch:
@@ -304,7 +302,7 @@ class Batches:
 
         def array(i):
             def cb(index):
-                return parts[index[0].indices(self.shape[0])[:2]][i][:, index[1]]
+                return np.ascontiguousarray(parts[index[0].indices(self.shape[0])[:2]][i][:, index[1]])
             return jax.make_array_from_callback(self.shape, self.sharding, cb)
 
         return Batch(*(array(i) for i in range(5 if self.source.packed else 3)))

@@ -104,8 +104,8 @@ def test_synthetic_packing_is_deterministic_and_varied():
     src = data.SyntheticDocuments(vocab=256, seq_len=64, batch=8, seed=1)
     rows = src.rows(7, range(0, 8))
     np.testing.assert_array_equal(rows.tokens, data.SyntheticDocuments(256, 64, 8, 1).rows(7, range(0, 8)).tokens)
-    np.testing.assert_array_equal(np.concatenate([src.rows(7, range(0, 3)).segments, src.rows(7, range(3, 8)).segments]),
-                                  rows.segments)
+    split = [src.rows(7, range(0, 3)).segments, src.rows(7, range(3, 8)).segments]
+    np.testing.assert_array_equal(np.concatenate(split), rows.segments)
     lengths = [int((row == s).sum()) for row in rows.segments for s in range(1, row.max() + 1)]
     assert len(set(lengths)) > 5 and min(lengths) >= 2
     assert (rows.segments.max(axis=1) >= 2).all()  # several documents a row
