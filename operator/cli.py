@@ -105,6 +105,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.scale_down:
         doc, changes = scale_down(doc)
         print("scaled down for this machine: " + "; ".join(changes))
+    if args.steps is not None:  # a short try of a long job
+        doc = {**doc, "spec": {**doc["spec"], "training": {**doc["spec"]["training"], "steps": args.steps}}}
     job = parse_job(doc)
     try:
         check_fits(job)
@@ -219,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trace these steps (from 1) with the JAX profiler into the run's TensorBoard directory")
     p.add_argument("--scale-down", action="store_true",
                    help="shrink a job too large for this machine to a tiny model on a 2-host slice")
+    p.add_argument("--steps", type=int, metavar="N", help="train N steps instead of the job's training.steps")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("report", help="write a PNG of loss, step time and MFU of a local run")
     p.add_argument("run_dir", help="the run directory of `tpujob run --local`")

@@ -52,3 +52,21 @@ def test_local_run_profiles_the_steps_asked_for(tmp_path):
     assert status["profile"] == {"request": "steps:2-3", "steps": "2-3", "state": "done", "path": str(traces[0])}
     assert f"profile of steps 2-3: {traces[0]}" in result.stdout
     assert f"tensorboard --logdir {run_dir / 'checkpoints' / 'tensorboard'}" in result.stdout
+
+
+def test_accumulation_packing_and_evaluation_run_together_locally(tmp_path):
+    """examples/packed-documents.yaml, scaled down to this machine: 4 microbatches of synthetic packed
+    documents and a held-out evaluation, trained on two processes."""
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "--scale-down", "--steps",
+                             "4", "-f", str(ROOT / "examples" / "packed-documents.yaml"), "--run-dir", str(run_dir)],
+                            capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "in 4 microbatches, synthetic packed documents" in result.stdout
+    status = yaml.safe_load((run_dir / "status.yaml").read_text())["status"]
+    assert status["phase"] == "Succeeded" and status["step"] == 4 and status["evalLoss"] > 0
+    records = [yaml.safe_load(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and records[-1]["eval_loss"] == status["evalLoss"]
+    config = yaml.safe_load((run_dir / "manifests.yaml").read_text().split("\n---\n")[0])
+    trainer = yaml.safe_load(config["data"]["config.json"])["training"]
+    assert trainer["microbatches"] == 4 and trainer["data"]["packing"] and trainer["eval"]["interval"] == 250

@@ -8,8 +8,9 @@ synthetic training data and no `eval.data`, synthetic batches of steps training 
 (HELD_OUT_STEP onwards), so no held-out sequence is one the model trained on.
 
 Evaluation reads only the parameters and changes nothing: the step's state is not donated to it
-and no random state advances. It is dispatched right after the step it follows, so it runs before
-the next step and its result is read with that step's metrics.
+and no random state advances. It runs right after the step it follows, before the next step is
+dispatched, and the loop waits for it: that time is the clock's evaluation time (goodput's `eval`
+bucket), not step time. Its result joins that step's record.
 """
 
 from __future__ import annotations
@@ -34,24 +35,21 @@ class Evaluator:
         held_out = t.model_copy(update={"data": spec.data or t.data, "global_batch": t.microbatch, "microbatches": 1})
         sharding = trainer.sharder.named(("batch", "length"), (t.microbatch, t.sequence_length))
         self.batches = data_lib.Batches(data_lib.make_source(held_out, cfg.model.vocab), sharding, cfg.mesh.context)
-        self.pending: dict[int, tuple] = {}
+        self.done: dict[int, dict] = {}
 
-    def dispatch(self, step: int, state: dict) -> None:
-        """Start evaluating `state` (after `step`) without waiting for it."""
+    def evaluate(self, step: int, state: dict) -> None:
+        """Evaluate `state` (after `step`) and wait for the result."""
         sums = [self.trainer.eval_step(state["params"], self.batches(self.first + i))
                 for i in range(self.cfg.training.eval.batches)]
-        self.pending[step] = sums
-
-    def values(self, step: int) -> dict:
-        """The evaluation after `step` (blocks until it is done), or nothing if none was started."""
-        sums = self.pending.pop(step, None)
-        if sums is None:
-            return {}
         total, count = (sum(float(v) for v in vs) for vs in zip(*jax.device_get(sums)))
         loss = total / max(count, 1.0)
-        return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0))}
+        self.done[step] = {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0))}
 
-    def hook(self):
+    def values(self, step: int) -> dict:
+        """The evaluation after `step`, or nothing if there was none."""
+        return self.done.pop(step, {})
+
+    def hook(self, clock):
         from .train import Hook
 
-        return Hook(self.cfg.training.eval.interval, on_state=self.dispatch, values=self.values)
+        return Hook(self.cfg.training.eval.interval, on_state=clock.timed(self.evaluate, "eval"), values=self.values)

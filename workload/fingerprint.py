@@ -13,9 +13,9 @@ Keys are paths under spec.training, so the refusal names the field to look at.
 
 from __future__ import annotations
 
-import fsspec
-
 from tpu_operator.api.contract import TrainingSpec
+
+from . import files as files_lib
 
 # DataSpec fields that change how the data is read, not what a step reads.
 NOT_ORDER = ("allowChange", "workers", "prefetch")
@@ -32,11 +32,9 @@ def of(training: TrainingSpec, files: list[tuple[str, int]] | None = None) -> di
 
 
 def listed_files(path: str, fmt: str) -> list[tuple[str, int]]:
-    """(path, bytes) of the token files under `path` (a directory or a glob, local or any fsspec URL),
-    sorted as the source reads them."""
-    fs, root = fsspec.core.url_to_fs(path)
-    pattern = root if any(c in root for c in "*?[") else root.rstrip("/") + f"/*.{fmt}"
-    return [(name, int(info["size"])) for name, info in sorted(fs.glob(pattern, detail=True).items())]
+    """(path, bytes) of the files the source reads (files.py), in the order it reads them."""
+    fs, _, files = files_lib.matching(path, fmt)
+    return [(name, int(fs.size(name))) for name in files]
 
 
 def changes(saved: dict, now: dict) -> list[str]:

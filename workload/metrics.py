@@ -31,6 +31,7 @@ PROMETHEUS = (("tpujob_step", "step", "Completed training steps."),
               ("tpujob_tflops_per_device", "tflops_per_device", "Model TFLOP/s per device."),
               ("tpujob_mfu", "mfu", "Model FLOPs utilisation at the job's precision, 0..1."),
               ("tpujob_mfu_bf16", "mfu_bf16", "Model FLOPs utilisation against the bf16 peak (fp8 jobs), 0..1."),
+              ("tpujob_data_wait_seconds", "data_wait_s", "Time the loop waited for batches since the previous report."),
               ("tpujob_eval_loss", "eval_loss", "Cross entropy on the held-out data at the latest evaluation."),
               ("tpujob_eval_perplexity", "eval_perplexity", "exp(eval loss)."),
               ("tpujob_last_checkpoint_step", "last_checkpoint_step", "Step of the latest complete checkpoint."))

@@ -105,16 +105,11 @@ class Memory:
 
 def build_step(cfg: TrainerConfig, devices: list):
     """The trainer's step over `devices`, lowered with abstract arguments; and the trainer."""
-    import jax
-    import numpy as np
-
-    from . import sharding, train
+    from . import data, sharding, train
 
     mesh = sharding.make_mesh(cfg.mesh.shape, cfg.slices, devices)
     trainer = train.build(cfg, mesh, interpret=False)
-    t = cfg.training
-    batch = jax.ShapeDtypeStruct((t.global_batch, t.sequence_length), np.int32, sharding=trainer.batch_sharding)
-    return trainer.step.lower(trainer.abstract_state, (batch, batch, batch)), trainer
+    return trainer.step.lower(trainer.abstract_state, data.abstract_batch(cfg.training, trainer.batch_sharding)), trainer
 
 
 def state_bytes(trainer) -> int:

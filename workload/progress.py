@@ -1,8 +1,8 @@
 """The trainer's own clock: what the operator's goodput and hang detection read (`lifecycle.Progress`).
 
-The loop tells it when each step completes and how long each blocking checkpoint took; the first
-step of a run (compilation) counts as start-up, and blocking checkpoint time is taken out of the
-step it fell in. Read from the HTTP thread (/status), written by the loop: one lock.
+The loop tells it when each step completes, how long each blocking checkpoint took and how long it
+waited for each batch; the first step of a run (compilation) counts as start-up, and blocking
+checkpoint and data-wait time is taken out of the step it fell in. Read from the HTTP thread (/status), written by the loop: one lock.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class Clock:
         self._blocked_in_step = 0.0
         self._set(**update)
 
-    def timed(self, fn: Callable[..., T]) -> Callable[..., T]:
-        """`fn` with its (blocking) time counted as checkpoint time."""
+    def timed(self, fn: Callable[..., T], bucket: str = "checkpoint") -> Callable[..., T]:
+        """`fn` with its (blocking) time counted as `bucket` time (checkpoint, eval), not step time."""
         def run(*args, **kwargs):
             t0 = time.perf_counter()
             try:
@@ -57,8 +57,17 @@ class Clock:
             finally:
                 spent = time.perf_counter() - t0
                 self._blocked_in_step += spent
-                self._set(checkpoint_seconds=self._p.checkpoint_seconds + spent)
+                field = f"{bucket}_seconds"
+                self._set(**{field: getattr(self._p, field) + spent})
         return run
+
+    def data_waited(self, seconds: float) -> None:
+        """The loop blocked `seconds` for a batch. Before the first step is done that is start-up (the
+        first batches are read while the step compiles), so only later waits count as data time."""
+        if self._p.first_step_at is None:
+            return
+        self._blocked_in_step += seconds
+        self._set(data_wait_seconds=self._p.data_wait_seconds + seconds)
 
     def finish_checkpoints(self, ckpt) -> int | None:
         """Wait for the checkpoints in flight (blocking: checkpoint time); the latest complete step."""

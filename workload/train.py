@@ -168,7 +168,8 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
 
     def loss_and_grads(params, batch):
         def loss_of(params):
-            return model_lib.loss_fn(nnx.merge(graphdef, params), *batch, weights=weights)
+            return model_lib.loss_fn(nnx.merge(graphdef, params), batch.inputs, batch.targets, batch.positions,
+                                     batch.segments, batch.mask, weights=weights)
 
         return jax.value_and_grad(loss_of, has_aux=True)(params)
 
@@ -176,12 +177,11 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         """The whole batch's loss and gradients, one microbatch at a time: microbatch m's share is its
         part of the tokens the loss counts (1 / M each without a mask). Microbatch m takes rows m, m + M,
         ...: each device's rows split among the microbatches, so no row moves between devices."""
-        split = lambda a_BT: None if a_BT is None else a_BT.reshape(-1, micro, a_BT.shape[-1]).swapaxes(0, 1)  # noqa: E731
-        micro_batches = tuple(map(split, batch))
-        mask_MbT = micro_batches[4] if len(batch) > 4 else None
-        counts_M = jnp.ones((micro,)) if mask_MbT is None else jnp.sum(mask_MbT, axis=(1, 2))
+        split = lambda a_BT: a_BT.reshape(-1, micro, a_BT.shape[-1]).swapaxes(0, 1)  # noqa: E731
+        micro_batches = jax.tree.map(split, batch)  # the Batch's None fields stay None
+        counts_M = jnp.ones((micro,)) if batch.mask is None else jnp.sum(micro_batches.mask, axis=(1, 2))
         shares_M = counts_M / jnp.maximum(jnp.sum(counts_M), 1.0)
-        micro_batch = tuple(None if a is None else a[:cfg.training.microbatch] for a in batch)
+        micro_batch = jax.tree.map(lambda a: a[:cfg.training.microbatch], batch)
         (loss_parts, _) = jax.eval_shape(loss_and_grads, params, micro_batch)
         # The gradient sum is sharded as the parameters are (left free, XLA may replicate it).
         grads = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), s),
@@ -190,7 +190,7 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
 
         def one(acc, xs):
             mb, share = xs
-            mb = tuple(None if a is None else jax.lax.with_sharding_constraint(a, micro_sharding) for a in mb)
+            mb = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, micro_sharding), mb)
             return jax.tree.map(lambda a, b: a + share * b, acc, loss_and_grads(params, mb)), None
 
         total, _ = jax.lax.scan(one, zeros, (micro_batches, shares_M))
@@ -199,9 +199,9 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
     def eval_step(params, batch):
         """The held-out batch's summed cross entropy and the tokens it counts (no aux or z-loss)."""
         with sharding.use(sharder):
-            _, parts = model_lib.loss_fn(nnx.merge(graphdef, params), *batch)
-        mask = batch[4] if len(batch) > 4 else None
-        count = jnp.float32(batch[1].size) if mask is None else jnp.sum(mask)
+            _, parts = model_lib.loss_fn(nnx.merge(graphdef, params), batch.inputs, batch.targets, batch.positions,
+                                         batch.segments, batch.mask)
+        count = jnp.float32(batch.targets.size) if batch.mask is None else jnp.sum(batch.mask)
         return parts["ce"] * count, count
 
     def train_step(state, batch):
@@ -219,7 +219,7 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         abstract_state=abstract_like(abstract_state, state_shardings), batch_sharding=batch_sharding,
         init=jax.jit(init_state, out_shardings=state_shardings),
         eval_step=jax.jit(eval_step, out_shardings=(replicated, replicated)),
-        step=jax.jit(train_step, in_shardings=(state_shardings, (batch_sharding,) * 3),
+        step=jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),  # every array of the Batch
                      out_shardings=(state_shardings, replicated), donate_argnums=0))
 
 
@@ -246,6 +246,7 @@ class StepRecord:
     mfu_bf16: float | None = None  # against the bf16 peak, where the job's precision has another (fp8)
     eval_loss: float | None = None  # cross entropy on the held-out data, on steps that evaluate
     eval_perplexity: float | None = None
+    data_wait_s: float = 0.0  # the loop's wait for batches since the previous record
     progress: dict | None = None  # the trainer's clock (lifecycle.Progress) after this step
 
     def as_dict(self) -> dict:
@@ -308,6 +309,11 @@ class Run:
     devices: int
     peak_bf16_flops: float | None = None  # of all devices, where the job's precision has another peak
     clock: Clock = dataclasses.field(default_factory=Clock)
+    data_wait_s: float = 0.0  # since the last record
+
+    def waited_for_data(self, seconds: float) -> None:
+        self.data_wait_s += seconds
+        self.clock.data_waited(seconds)
 
     @property
     def tokens_per_step(self) -> int:
@@ -318,7 +324,8 @@ class Run:
         last_checkpoint = self.ckpt.last_complete_step() if self.ckpt else None
         self.clock.step_done(step, step_time_s, last_checkpoint)
         flops_per_s = self.flops_per_step / step_time_s
-        return StepRecord(step=step, step_time_s=step_time_s, global_tokens_per_s=self.tokens_per_step / step_time_s,
+        waited, self.data_wait_s = self.data_wait_s, 0.0
+        return StepRecord(step=step, step_time_s=step_time_s, data_wait_s=waited, global_tokens_per_s=self.tokens_per_step / step_time_s,
                           tflops_per_device=flops_per_s / self.devices / 1e12, mfu=flops_per_s / self.peak_flops,
                           mfu_bf16=flops_per_s / self.peak_bf16_flops if self.peak_bf16_flops else None,
                           last_checkpoint_step=last_checkpoint, progress=self.clock.snapshot().model_dump(),
@@ -365,7 +372,8 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | No
     log.info("starting at step %d of %d", start, t.steps)
     clock = clock or Clock()
     clock.start(start)
-    batches = data_lib.Batches(data_lib.make_source(t, cfg.model.vocab), trainer.batch_sharding, cfg.mesh.context)
+    batches = data_lib.Batches(data_lib.make_source(t, cfg.model.vocab), trainer.batch_sharding, cfg.mesh.context,
+                               workers=t.data.workers, prefetch=t.data.prefetch)
     # The bf16 peak in proportion to the one given (which a CPU run or TPUJOB_PEAK_FLOPS_PER_DEVICE sets).
     bf16 = cfg.peak_bf16_flops_per_device
     return Run(cfg=cfg, trainer=trainer, state=state, start=start, batches=batches, ckpt=ckpt,
@@ -385,7 +393,7 @@ def reporting_hooks(run: Run, status: metrics_lib.Status, tb: metrics_lib.Tensor
     if run.ckpt:
         hooks.append(Hook(run.cfg.checkpoint.interval, on_state=run.clock.timed(run.ckpt.save)))
     if run.cfg.training.eval is not None:
-        hooks.insert(0, evaluation.Evaluator(run.cfg, run.trainer).hook())  # its values join the record
+        hooks.insert(0, evaluation.Evaluator(run.cfg, run.trainer).hook(run.clock))  # its values join the record
     return hooks
 
 
@@ -400,7 +408,10 @@ def train(run: Run, hooks: list[Hook]) -> Summary:
     state, times, record, pending = run.state, [], None, None
     t_prev = time.perf_counter()
     for step in range(run.start, total):
-        state, metrics = run.trainer.step(state, run.batches(step))
+        t_data = time.perf_counter()
+        batch = run.batches(step)
+        run.waited_for_data(time.perf_counter() - t_data)
+        state, metrics = run.trainer.step(state, batch)
         if pending is not None:  # before step+1's hooks: a save waits for its arrays
             record, t_prev = _report(run, hooks, *pending, t_prev, times)
         for hook in hooks:
@@ -450,6 +461,7 @@ def run(cfg: TrainerConfig, *, peak_flops_per_device: float, run_dir: str | None
         summary = train(prepared, hooks)
     finally:
         tb.close()
+        prepared.batches.close()
         if prepared.ckpt:
             prepared.ckpt.close()
     status.update(**{k: getattr(summary, k) for k in metrics_lib.STEP_KEYS if hasattr(summary, k)},

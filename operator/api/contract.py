@@ -95,10 +95,13 @@ class AdamSpec(Base):
 class DataSpec(Base):
     source: Literal["synthetic", "files"] = _desc("synthetic tokens, or tokenized files under `path`.",
                                                   default="synthetic")
-    path: str | None = _desc("Directory or glob of tokenized files (.npy or flat uint16/uint32 .bin) "
-                             "visible to every pod: a mounted path, or gs://bucket/prefix (read by byte "
-                             "range with the pod's Google credentials).", default=None)
-    format: Literal["npy", "bin"] = _desc("File format of `path`.", default="npy")
+    path: str | None = _desc("Directory or glob of tokenized files visible to every pod: a mounted path, or "
+                             "gs://bucket/prefix (flat files are read by byte range with the pod's Google "
+                             "credentials; ArrayRecord files are copied to local disk at start-up).", default=None)
+    format: Literal["npy", "bin", "arrayrecord"] = _desc(
+        "File format of `path`: npy or flat .bin (one stream of tokens, uint16 when model.vocab <= 65536 "
+        "else uint32, documents separated by `eosId`), or arrayrecord (one document per record, stored as "
+        "the raw little-endian bytes of its tokens in that same dtype; needs `packing`).", default="npy")
     shuffle: bool = _desc("Shuffle the sequences of `files`, a new permutation each pass over the data "
                           "(seeded by training.seed; the order stays a pure function of the step, so "
                           "resume is exact).", default=True)
@@ -106,6 +109,17 @@ class DataSpec(Base):
         "Resume even where what decides the data order (seed, global batch, sequence length, source, "
         "files, shuffle) differs from the checkpoint's: the run then reads other data than the "
         "interrupted run would have. Without it such a resume is refused, naming the field.", default=False)
+    workers: int = _desc("Threads that read the rows of `files` ahead of the training loop (each process "
+                         "reads only the rows its devices hold); 0 reads them on the training thread when "
+                         "the step needs them.", default=8, ge=0)
+    prefetch: int = _desc("Steps whose rows the `workers` read ahead of the step being trained.", default=2, ge=1)
+    packing: bool = _desc("Pack whole documents into each sequence (truncated to sequenceLength + 1 "
+                          "tokens, never split across sequences, the rest padded) instead of cutting one "
+                          "stream into windows; the batch then carries document ids and a loss mask. The "
+                          "packing plan is built once at start-up, which reads every document's length "
+                          "(all of the data once for npy/bin).", default=False)
+    eos_id: int | None = _desc("The token that ends each document in npy/bin files (it stays in the "
+                               "document); required with `packing` of npy/bin files.", default=None, ge=0)
 
     @model_validator(mode="after")
     def _path_for_files(self) -> "DataSpec":
@@ -113,6 +127,10 @@ class DataSpec(Base):
             raise ValueError("path: required when source is files")
         if self.source == "synthetic" and self.path:
             raise ValueError("path: only used when source is files")
+        if self.source == "files" and self.format == "arrayrecord" and not self.packing:
+            raise ValueError("packing: required with format arrayrecord (one document per record)")
+        if self.source == "files" and self.packing and self.format != "arrayrecord" and self.eos_id is None:
+            raise ValueError(f"eosId: required when packing {self.format} files (the token between documents)")
         return self
 
 

@@ -15,6 +15,12 @@ compiles and is counted as start-up. Everything else is badput, in seconds:
   checkpoint  blocking checkpoint time (the device-to-host    UNPRODUCTIVE_CHECKPOINT_SAVE_TIME
               part of each save, the final wait, the SIGTERM
               save)
+  eval        evaluation (training.eval), which blocks the    CUSTOM_BADPUT_EVENTS (its example
+              loop                                            event type is EVAL_STEP)
+  data        the training loop blocked waiting for a step's  DATA_LOADING_SYNC (reading ahead in
+              batch, after the attempt's first step (the      the background is that library's
+              reads the worker threads did not finish ahead   DATA_LOADING_ASYNC, which it leaves
+              of time)                                        out of badput, as this does)
   lost        steps a restart recomputed, and the part of a   WASTED_PROGRESS_FROM_DISRUPTION
               step in flight when a pod failed
   restarting  an attempt's failure seen → the next attempt's  INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION
@@ -25,11 +31,14 @@ compiles and is counted as start-up. Everything else is badput, in seconds:
               trainer's logging between steps, exit)
 
 How it is measured: the trainer reports its own clock (`lifecycle.Progress`: process start, first
-and latest step, step and blocking-checkpoint seconds, the step it started from) in /status, in
+and latest step, step, blocking-checkpoint, evaluation and data-wait seconds, the step it started from) in /status, in
 every JSON step line and in its termination record; the reader (operator or local runner) adds
 what only it sees: when pods ran, when an attempt ended and how. A `Ledger`, kept in the job's
 status, folds each attempt in as it ends, so the figures survive restarts of the pods, of the
 JobSet and of the operator.
+
+The badput types are those of ml-goodput-measurement's `BadputType` (AI-Hypercomputer/
+ml-goodput-measurement, ml_goodput_measurement/src/goodput_utils.py).
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from typing import Literal
 from .contract import Base, _desc
 from .lifecycle import Progress
 
-BUCKETS = ("queued", "startup", "checkpoint", "lost", "restarting", "hung", "other")
+BUCKETS = ("queued", "startup", "checkpoint", "eval", "data", "lost", "restarting", "hung", "other")
 # How an attempt ended. The first three are final; after the others the job runs again.
 Ending = Literal["succeeded", "failed", "user", "failure", "preemption", "hang", "suspended"]
 FINAL = ("succeeded", "failed", "user")
@@ -52,6 +61,9 @@ class Badput(Base):
     startup: float = _desc("Pods running → first step done, per attempt (start-up, restore, compile).",
                            default=0.0, ge=0)
     checkpoint: float = _desc("Blocking checkpoint saves.", default=0.0, ge=0)
+    eval: float = _desc("Evaluation on held-out data (training.eval).", default=0.0, ge=0)
+    data: float = _desc("The training loop waiting for a step's batch (after each attempt's first step).",
+                        default=0.0, ge=0)
     lost: float = _desc("Steps recomputed after a restart, and steps in flight at a failure.", default=0.0, ge=0)
     restarting: float = _desc("A failure seen → the next attempt's pods running.", default=0.0, ge=0)
     hung: float = _desc("The last completed step → the restart of a hung attempt.", default=0.0, ge=0)
@@ -131,7 +143,7 @@ def observe(ledger: Ledger, progress: Progress, at: float, created: float) -> Le
 
 
 def end_attempt(ledger: Ledger, at: float, how: Ending, final: Progress | None = None) -> Ledger:
-    """The attempt ended at `at`: fold its start-up, checkpoint time and steps into the ledger. Its
+    """The attempt ended at `at`: fold its start-up, checkpoint and data time and steps into the ledger. Its
     steps are settled now when the job is over, else when the next attempt reports."""
     a = ledger.attempt
     if a is None:
@@ -144,7 +156,8 @@ def end_attempt(ledger: Ledger, at: float, how: Ending, final: Progress | None =
     if p is None or p.first_step_at is None or p.start_step is None or p.step is None:
         badput = badput.add(**{"hung" if how == "hang" else "startup": at - a.running_since})
     else:
-        badput = badput.add(startup=p.first_step_at - a.running_since, checkpoint=p.checkpoint_seconds)
+        badput = badput.add(startup=p.first_step_at - a.running_since, checkpoint=p.checkpoint_seconds,
+                            eval=p.eval_seconds, data=p.data_wait_seconds)
         per = p.step_seconds / p.steps_timed if p.steps_timed else 0.0
         unsettled = Unsettled(first_step=p.start_step + 1, step=p.step, seconds_per_step=per,
                               last_checkpoint_step=max(p.last_checkpoint_step or 0, p.start_step))
@@ -172,7 +185,8 @@ def report(ledger: Ledger, created: float, as_of: float | None = None) -> tuple[
     if a is not None:
         p = a.progress
         if p is not None and p.first_step_at is not None:
-            badput = badput.add(startup=p.first_step_at - a.running_since, checkpoint=p.checkpoint_seconds)
+            badput = badput.add(startup=p.first_step_at - a.running_since, checkpoint=p.checkpoint_seconds,
+                                eval=p.eval_seconds, data=p.data_wait_seconds)
             productive += p.step_seconds
         else:
             badput = badput.add(startup=now - a.running_since)

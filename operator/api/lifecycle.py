@@ -65,11 +65,14 @@ class Progress(BaseModel):
     step: int | None = Field(None, description="Completed steps.")
     last_checkpoint_step: int | None = Field(None, description="The latest complete checkpoint.")
     step_seconds: float = Field(0.0, description="Time on this attempt's steps after its first (which counts "
-                                                 "as start-up), less blocking checkpoint time.")
+                                                 "as start-up), less blocking checkpoint and data-wait time.")
     steps_timed: int = Field(0, description="The steps `stepSeconds` covers.")
     median_step_seconds: float | None = Field(None, description="Median step time over the latest 100 steps.")
     checkpoint_seconds: float = Field(0.0, description="Blocking checkpoint time: saves in the loop, the final "
                                                        "wait, the SIGTERM save.")
+    eval_seconds: float = Field(0.0, description="Blocking evaluation time (training.eval).")
+    data_wait_seconds: float = Field(0.0, description="Time the training loop blocked waiting for a step's batch, "
+                                                      "after the first step (before it: start-up).")
 
     @classmethod
     def lenient(cls, value: object) -> "Progress | None":

@@ -109,6 +109,8 @@ def spec_problems(s: Sections) -> list[Problem]:
             problems.append(("training.microbatches", f"{t.microbatches} microbatches of {t.global_batch} sequences "
                                                       f"do not each split evenly over data x fsdp x expert = {shards}; "
                                                       f"globalBatch must be a multiple of {shards * t.microbatches}"))
+    if dims is not None and t is not None and t.data.eos_id is not None and t.data.eos_id >= dims.vocab:
+        problems.append(("training.data.eosId", f"{t.data.eos_id} is not a token of model.vocab ({dims.vocab})"))
     context = mesh["context"]
     # Load-balanced causal context parallelism splits each shard's sequence in two halves.
     if t is not None and context is not None and context > 1 and t.sequence_length % (2 * context):

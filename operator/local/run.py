@@ -78,11 +78,17 @@ def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     micro = min(job.spec.training.microbatches, 4)  # accumulation kept, its batch one row per device each
     spec["training"].update({"sequenceLength": 256 if context > 1 else 128, "globalBatch": devices * micro,
                              "microbatches": micro})
-    spec["training"].pop("data", None)
+    # Synthetic data (this machine has not the job's files); packed documents stay packed, and an
+    # evaluation reads synthetic held-out data.
+    packed = job.spec.training.data.packing
+    spec["training"]["data"] = {"packing": True} if packed else {}
+    if job.spec.training.eval is not None:
+        spec["training"]["eval"] = {k: v for k, v in spec["training"]["eval"].items() if k != "data"}
     said = [f"topology {job.spec.tpu.topology} x {job.spec.tpu.slices} -> {small} x {slices}",
             f"model -> preset {'tiny-moe' if moe else 'tiny'}", f"parallelism -> context {context}, expert {expert}",
             f"batch -> {devices * micro} x {spec['training']['sequenceLength']} tokens"
-            + (f" in {micro} microbatches" if micro > 1 else "") + ", synthetic data, attention xla"
+            + (f" in {micro} microbatches" if micro > 1 else "")
+            + (", synthetic packed documents" if packed else ", synthetic data") + ", attention xla"
             + (", moe matmul ragged_dot" if moe else "")]
     return doc, said
 

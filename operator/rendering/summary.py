@@ -46,8 +46,9 @@ def summary(plan: Plan) -> list[str]:
         f"{dims.head_dim}, mlp {dims.mlp_dim}, vocab {dims.vocab}, {kind}",
         f"mesh:       {spec.mesh}",
         f"training:   {spec.training.steps} steps, batch {spec.training.global_batch} x "
-        f"{spec.training.sequence_length} tokens, {spec.training.precision}, remat {spec.training.remat.policy}, "
-        f"attention {spec.kernels.attention}" + (f", moe {spec.kernels.moe_matmul}" if dims.is_moe else ""),
+        f"{spec.training.sequence_length} tokens" + _batch_extras(spec.training) + f", {spec.training.precision}, "
+        f"remat {spec.training.remat.policy}, attention {spec.kernels.attention}"
+        + (f", moe {spec.kernels.moe_matmul}" if dims.is_moe else ""),
         f"offload:    SparseCore {', '.join(offload) if offload else 'off'}",
         f"flags:      LIBTPU_INIT_ARGS={' '.join(flags) or '(none)'}",
         f"checkpoint: {ckpt_line}",
@@ -59,3 +60,11 @@ def summary(plan: Plan) -> list[str]:
         f"pods:       {names.hostname(job.metadata.name, 0, 0)} .. "
         f"{names.longest_hostname(job.metadata.name, plan.slices, sl.hosts)}",
     ]
+
+
+def _batch_extras(t) -> str:
+    """Accumulation, packing and evaluation, where the job uses them."""
+    extras = [f" in {t.microbatches} microbatches" if t.microbatches > 1 else "",
+              ", packed documents" if t.data.packing else "",
+              f", eval every {t.eval.interval} steps ({t.eval.batches} batches)" if t.eval is not None else ""]
+    return "".join(extras)

@@ -80,7 +80,7 @@ def test_url_files_are_read_by_byte_range_like_local_ones(tmp_path, fmt):
 
 
 def test_no_files_and_too_few_tokens_are_clear_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no \.bin token files match .*\*\.bin"):
+    with pytest.raises(FileNotFoundError, match=r"no bin files match .*\*\.bin"):
         data.FileTokens(str(tmp_path), "bin", vocab=1000, seq_len=16, batch=8)
     np.save(tmp_path / "short.npy", np.arange(10, dtype=np.uint16))
     with pytest.raises(ValueError, match="fewer than one sequence of 17"):
@@ -94,8 +94,10 @@ def test_trainer_batches_come_from_the_grain_source(tmp_path):
     mesh = sharding.make_mesh(cfg.mesh.shape)
     batch_sharding = sharding.Sharder(mesh).named(("batch", "length"), (8, 128))
     src = data.make_source(cfg.training, cfg.model.vocab)
-    inputs, targets, positions = data.Batches(src, batch_sharding, context=2)(4)
     seq = src.rows(4, range(0, 8))
-    order = np.asarray(positions)[0]
-    np.testing.assert_array_equal(np.asarray(inputs), seq[:, :-1][:, order])
-    np.testing.assert_array_equal(np.asarray(targets), seq[:, 1:][:, order])
+    for workers in (0, 3):  # on the training thread, and read ahead by worker threads
+        batch = data.Batches(src, batch_sharding, context=2, workers=workers, prefetch=2)(4)
+        assert batch.segments is None and batch.mask is None  # unpacked: the step is unchanged
+        order = np.asarray(batch.positions)[0]
+        np.testing.assert_array_equal(np.asarray(batch.inputs), seq[:, :-1][:, order])
+        np.testing.assert_array_equal(np.asarray(batch.targets), seq[:, 1:][:, order])

@@ -116,3 +116,32 @@ def test_a_trace_reads_by_layer_and_block():
         # e.g. "jit(train_step)/jvp(embed)/shard_map", ".../checkpoint/layer/attention/dot_general"
         names = set(re.findall(r'[(/](embed|layer/attention|layer/' + block + r'|lm_head_loss)[)/]', text))
         assert names == {"embed", "layer/attention", f"layer/{block}", "lm_head_loss"}, preset
+
+
+def test_a_packed_row_trains_as_its_documents_would_alone():
+    """Two documents and padding in one row: the loss is the token-weighted mean of each document's
+    own loss (attention never crosses a document, positions restart, padding and a document's last
+    token count for nothing)."""
+    from flax import nnx
+
+    from tpu_operator.api.contract import KernelsSpec, ModelDims
+    from tpu_workload import model as model_lib
+
+    dims = ModelDims(layers=2, model_dim=64, heads=4, kv_heads=2, head_dim=16, mlp_dim=128, vocab=256)
+    model = model_lib.Decoder(model_lib.ModelConfig(dims=dims, kernels=KernelsSpec(attention="xla")), nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(1, 256, 40), rng.integers(1, 256, 25)
+    row = np.concatenate([a, b, np.zeros(16, int)])  # 81 tokens: 80 inputs and their 80 targets
+    seg = np.concatenate([np.full(40, 1), np.full(25, 2), np.zeros(15, int)])
+    pos = np.concatenate([np.arange(40), np.arange(25), np.zeros(15, int)])
+    mask = np.concatenate([np.ones(39), [0], np.ones(24), [0], np.zeros(15)])
+    as_row = lambda x, dtype=jnp.int32: jnp.asarray(x, dtype)[None]  # noqa: E731
+    packed, parts = model_lib.loss_fn(model, as_row(row[:80]), as_row(row[1:]), as_row(pos), as_row(seg),
+                                      as_row(mask, jnp.float32))
+
+    def alone(doc):
+        n = len(doc) - 1
+        return float(model_lib.loss_fn(model, as_row(doc[:-1]), as_row(doc[1:]), as_row(np.arange(n)))[0]), n
+
+    (la, na), (lb, nb) = alone(a), alone(b)
+    np.testing.assert_allclose(float(parts["ce"]), (la * na + lb * nb) / (na + nb), rtol=2e-3)

@@ -1,0 +1,19 @@
+"""Which files a `files` data source reads: one rule for the sources (data.py, records.py) and for
+the data-order fingerprint (fingerprint.py)."""
+
+from __future__ import annotations
+
+import fsspec
+
+SUFFIX = {"npy": "*.npy", "bin": "*.bin", "arrayrecord": "*.array_record*"}
+
+
+def matching(path: str, fmt: str) -> tuple[fsspec.AbstractFileSystem, str, list[str]]:
+    """(the filesystem, the glob, the matching files in sorted order, the order they are read in) of
+    `path`: a glob as given, or a directory's files of the format; local or any fsspec URL (gs://)."""
+    fs, root = fsspec.core.url_to_fs(path)
+    pattern = root if any(c in root for c in "*?[") else root.rstrip("/") + "/" + SUFFIX[fmt]
+    files = sorted(fs.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no {fmt} files match {path if pattern == root else pattern}")
+    return fs, pattern, files
