@@ -509,6 +509,14 @@ class ProfileStatus(Base):
     message: str | None = _desc("Why it failed, or what the trainer changed (steps already run).", default=None)
 
 
+class SliceStatus(Base):
+    """How many slices the job asks for and how many its JobSet runs (fewer after an elastic shrink)."""
+
+    desired: int = _desc("spec.tpu.slices.", ge=1)
+    running: int = _desc("Slices of the current JobSet: spec.tpu.slices, or fewer after an elastic shrink "
+                         "(docs/elastic.md).", ge=0)
+
+
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -524,6 +532,8 @@ class TPUTrainingJobStatus(Base):
                                               default=())
     observed_generation: int | None = _desc("metadata.generation the status describes.", default=None)
     job_set_name: str | None = _desc("The JobSet running this job.", default=None)
+    slices: SliceStatus | None = _desc("Slices asked for and running (an elastic job may run on fewer).",
+                                       default=None)
     restarts: RestartCounts | None = _desc("Whole-job restarts by cause; they survive JobSet re-creations. A "
                                            "Kueue eviction counts under preemption.", default=None)
     last_restart: LastRestart | None = _desc("The latest restart: its cause and the trainer's last error line.",
