@@ -515,6 +515,13 @@ class SliceStatus(Base):
     desired: int = _desc("spec.tpu.slices.", ge=1)
     running: int = _desc("Slices of the current JobSet: spec.tpu.slices, or fewer after an elastic shrink "
                          "(docs/elastic.md).", ge=0)
+    shown: str = _desc("running/desired, for kubectl's Slices column (a printer column shows one field).",
+                       default="")
+
+    @model_validator(mode="after")
+    def _shown(self) -> "SliceStatus":
+        object.__setattr__(self, "shown", f"{self.running}/{self.desired}")  # frozen; always derived
+        return self
 
 
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]

@@ -122,9 +122,6 @@ class _Running:
     def last_checkpoint(self) -> int | None:
         return self.metrics[-1].get("last_checkpoint_step") if self.metrics else None
 
-    def slice_of(self, hostname: str) -> int | None:
-        return next((p.slice_index for p in self.pods if p.hostname == hostname), None)
-
     def poll(self) -> tuple[LocalPod, int] | None | bool:
         """(pod, code) of the first failed pod, True when all succeeded, None while running."""
         codes = [p.poll() for p in self.procs]
@@ -163,7 +160,7 @@ class _Running:
             if not text and code != 0:
                 text = self._log_tail(i)
             found.append(PodExit(pod=pod.hostname, code=code, record=TerminationRecord.parse(text, code),
-                                 finished_at=self.finished.get(i)))
+                                 finished_at=self.finished.get(i), slice_index=pod.slice_index))
         return found
 
     def _log_tail(self, i: int) -> str:
@@ -237,7 +234,7 @@ def supervise(make_pods: Callable[[int, int | None], Sequence[LocalPod]], log_di
         on_event("restarting", restarts=restarts, cause=verdict.cause, delay_s=verdict.delay_s,
                  message=verdict.message)
         if tpu is not None:
-            resize = elastic.after_failure(tpu, slices, running.slice_of(failure.pod))
+            resize = elastic.after_failure(tpu, slices, failure.slice_index)
             if resize.reason is not None:
                 on_event("resized", at=failed_at, resize=resize, progress=None, message=resize.message)
             slices = resize.slices
