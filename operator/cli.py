@@ -55,12 +55,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     worst = 0
     for job in load_jobs(args.file):
-        result = run_plan(job)
-        if args.json:
-            print(result.model_dump_json(by_alias=True))
-        else:
-            print("\n".join(lines(result, job)))
-        worst = max(worst, result.exit_code)
+        # An elastic job may run on any count from minSlices up: each shape must fit before a TPU is spent.
+        counts = list(reversed(job.spec.tpu.slice_counts))
+        for running in counts:
+            result = run_plan(job, running=running)
+            if args.json:
+                print(result.model_dump_json(by_alias=True))
+            else:
+                if len(counts) > 1:
+                    print(f"on {running} of {job.spec.tpu.slices} slices (elastic):")
+                print("\n".join(lines(result, job)))
+            worst = max(worst, result.exit_code)
     return worst
 
 

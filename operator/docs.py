@@ -231,6 +231,8 @@ def event_table() -> list[Reason]:
         Reason("Warning", "", "Evicted", "Kueue evicted the job; it is queued again (counted under "
                "restarts.preemption)."),
         Reason("Warning", "", "Restarted", "a failed, preempted or hung attempt is restarted after its backoff."),
+        Reason("Warning / Normal", "", "Resized", "an elastic job's next JobSet runs on another slice count: fewer "
+                                                  "after a lost slice (Warning), all of them again (Normal)."),
         Reason("Warning", "", "Hung", "no progress for the hang timeout."),
         Reason("Normal", "", "Suspended", "the JobSet is suspended."),
         Reason("Normal", "", "Resumed", "the JobSet is resumed."),

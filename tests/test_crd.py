@@ -25,7 +25,7 @@ def test_crd_identity_columns_and_status():
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Phase", "Topology", "Step", "MFU", "Step Time", "Age"]
+    assert columns == ["Phase", "Topology", "Slices", "Step", "MFU", "Step Time", "Age"]
 
 
 def _schema():

@@ -167,3 +167,17 @@ def test_every_full_size_example_fits(tmp_path, name):
     assert code == 0 and result["verdict"] == "Fits", result
     if name == "llama3-8b-fsdp.yaml":
         assert result["hbmPerDeviceGiB"] <= 14.5
+
+
+@needs_libtpu
+def test_an_elastic_job_plans_every_slice_count_it_may_run_on(tmp_path):
+    doc = tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2, "elastic": {"minSlices": 1}},
+                   training={"steps": 10, "globalBatch": 16, "sequenceLength": 128})
+    path = tmp_path / "elastic.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    p = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(path), "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    results = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    # Two slices (16 devices), then one (8 devices: the same batch in twice the microbatches).
+    assert [(r["verdict"], r["devices"]) for r in results] == [("Fits", 16), ("Fits", 8)], results

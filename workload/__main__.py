@@ -52,6 +52,11 @@ def _train(config: str, clock) -> None:
     try:
         env = runtime.read_env()
         runtime.join_plan(env)
+        if env.slices is not None and env.slices != cfg.slices:
+            # An elastic job on fewer slices: the same global batch in more microbatches (docs/elastic.md).
+            whole, cfg = cfg.slices, cfg.at_slices(env.slices)
+            logging.getLogger("tpu_workload").info("running on %d of %d slices: mesh %s, %d microbatches",
+                                                   env.slices, whole, cfg.mesh, cfg.training.microbatches)
     except ValueError as exc:
         raise exits.UserError(f"environment contract: {exc}") from exc
     try:

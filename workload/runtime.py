@@ -14,6 +14,8 @@ Environment (set by the rendered pods and by the local runner):
   TPUJOB_INIT_TIMEOUT_SECONDS  limit on jax.distributed start-up and on the first collective after
                                it (default 300); past it the trainer exits 42 (exits.py)
   TPUJOB_TERMINATION_LOG       where the exit record goes (default /dev/termination-log; exits.py)
+  TPUJOB_SLICES                the slices that run, for an elastic job on fewer than its config's
+                               (TrainerConfig.at_slices; docs/elastic.md)
 
 How the process joins the others (`join_plan`, a pure function of `Env`):
   1. TPUJOB_COORDINATOR_ADDRESS set: jax.distributed.initialize with it, the process count and id.
@@ -62,6 +64,7 @@ class Env:
     linger_s: float
     tpu_signs: tuple[str, ...] = ()  # the TPU variables set and TPU device nodes found
     init_timeout_s: int = DEFAULT_INIT_TIMEOUT_S
+    slices: int | None = None  # TPUJOB_SLICES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +115,8 @@ def read_env(env: Mapping[str, str] | None = None, *,
                metrics_port=_int(env, "TPUJOB_METRICS_PORT"), peak_flops=float(peak) if peak else None,
                run_dir=env.get("TPUJOB_RUN_DIR") or None,
                linger_s=float(env.get("TPUJOB_LINGER_SECONDS") or 0), tpu_signs=tpu_signs(env, glob),
-               init_timeout_s=_int(env, "TPUJOB_INIT_TIMEOUT_SECONDS") or DEFAULT_INIT_TIMEOUT_S)
+               init_timeout_s=_int(env, "TPUJOB_INIT_TIMEOUT_SECONDS") or DEFAULT_INIT_TIMEOUT_S,
+               slices=_int(env, "TPUJOB_SLICES"))
 
 
 def on_tpu_host(env: Env) -> bool:

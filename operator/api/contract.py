@@ -181,6 +181,21 @@ class TrainingSpec(Base):
         return self.global_batch // self.microbatches
 
 
+def microbatches_at(global_batch: int, microbatches: int, slices: int, running: int, shards_per_slice: int) -> int | None:
+    """Microbatches of a step on `running` of `slices` slices, the global batch kept: the fewest that are
+    at least microbatches x slices / running (so a device's rows per microbatch are no more than on every
+    slice, and the compiled step fits as the full one does) and split the batch evenly over
+    running x `shards_per_slice` (the batch axes data x fsdp x expert). None when none does (the batch is
+    not a multiple of running x shards_per_slice). Gradient accumulation averages the microbatches, so the
+    loss and the update are the whole batch's whatever the count (train.py `accumulated`)."""
+    shards = running * shards_per_slice
+    if global_batch % shards:
+        return None
+    least = -(-microbatches * slices // running)
+    return next(m for m in range(least, global_batch // shards + 1) if global_batch % (shards * m) == 0) \
+        if least <= global_batch // shards else None
+
+
 # ---------------------------------------------------------------------------------------------
 # The mesh
 
@@ -318,6 +333,23 @@ class TrainerConfig(Base):
     # running trainer instead (api/profiling.py).
     profile_steps: str | None = _desc("Steps to trace with the JAX profiler, FIRST-LAST (1-based, as reported).",
                                       default=None, pattern=r"^[0-9]+(-[0-9]+)?$")
+
+    def at_slices(self, running: int) -> "TrainerConfig":
+        """This config run on `running` of its slices (an elastic job that lost some, docs/elastic.md): the
+        mesh's `data` degree is the slices that run, the global batch is kept, and the microbatches grow
+        (`microbatches_at`) so that no device holds more rows at a time than on every slice. Pure; the
+        operator renders the count into the pods ($TPUJOB_SLICES) and the trainer applies it to the one
+        ConfigMap, which never changes."""
+        if running == self.slices:
+            return self
+        t, m = self.training, self.mesh
+        per_slice = m.data // self.slices
+        micro = microbatches_at(t.global_batch, t.microbatches, self.slices, running, per_slice * m.fsdp * m.expert)
+        if micro is None:
+            raise ValueError(f"slices: the global batch {t.global_batch} cannot be split over {running} slice(s)")
+        return self.model_copy(update={
+            "slices": running, "mesh": m.model_copy(update={"data": per_slice * running}),
+            "training": t.model_copy(update={"microbatches": micro})})
 
 
 # ---------------------------------------------------------------------------------------------

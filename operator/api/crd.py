@@ -19,6 +19,7 @@ CRD_FILE = "tputrainingjob.yaml"
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Topology", "type": "string", "jsonPath": ".spec.tpu.topology"},
+    {"name": "Slices", "type": "string", "jsonPath": ".status.slices.shown"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
     {"name": "MFU", "type": "number", "jsonPath": ".status.mfu"},
     {"name": "Step Time", "type": "number", "jsonPath": ".status.stepTimeSeconds"},

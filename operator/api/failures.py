@@ -86,6 +86,7 @@ class PodExit:
     record: TerminationRecord | None = None
     finished_at: str | float | None = None  # ordering only
     disrupted: bool = False  # the cluster marked it (DisruptionTarget): a preemption whatever its code
+    slice_index: int | None = None  # its slice (JobSet's job index): an elastic job drops that slice (elastic.py)
 
     @property
     def error(self) -> str:
@@ -101,6 +102,7 @@ class Failure:
     pod: str
     error: str
     progress: Progress | None = None
+    slice_index: int | None = None  # the slice of `pod`, when known
 
     def describe(self) -> str:
         code = f"exited with code {self.code} ({CLASSES.get(self.code, 'unclassified')})" \
@@ -123,7 +125,8 @@ def root_cause(exits: list[PodExit]) -> Failure | None:
     else:
         cause = "failure"
     progress = next((e.record.progress for e in [first, *failed] if e.record and e.record.progress), None)
-    return Failure(cause=cause, code=first.code, pod=first.pod, error=first.error, progress=progress)
+    return Failure(cause=cause, code=first.code, pod=first.pod, error=first.error, progress=progress,
+                   slice_index=first.slice_index)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -110,12 +110,27 @@ class TPUCapacity(Base):
         return duration_seconds(self.max_run_duration) if self.max_run_duration else None
 
 
+class ElasticSpec(Base):
+    """A multi-slice job that keeps training on fewer slices when it loses some (docs/elastic.md)."""
+
+    min_slices: int = _desc(
+        "The fewest slices the job trains on: when a slice is lost and at least this many remain, the job is "
+        "re-created on the slices left (the global batch kept, its microbatches raised) instead of waiting for "
+        "all of them.", ge=1, le=256)
+    grow_back: bool = _desc(
+        "After a shrink, go back to spec.tpu.slices at the next checkpoint once the larger job can be placed "
+        "(the smaller one keeps running until then).", default=False)
+
+
 class TPUSpec(TPUCapacity):
     generation: Literal[GENERATION_SPELLINGS] = _desc(  # type: ignore[valid-type]
         "TPU generation: v7x (Ironwood; GKE spelling tpu7x), v6e or v5p.", default="v7x")
     topology: str = _desc("Slice topology AxBxC (AxB on v6e), e.g. 4x4x4 = 64 v7x chips.",
                           pattern=r"^[1-9][0-9]*x[1-9][0-9]*(x[1-9][0-9]*)?$")
     slices: int = _desc("Number of identical slices (multi-slice over DCN).", default=1, ge=1, le=256)
+    elastic: ElasticSpec | None = _desc("Train on fewer slices when some are lost (at least elastic.minSlices), "
+                                        "and optionally grow back. Unset: a lost slice restarts the whole job.",
+                                        default=None)
 
     @field_validator("generation", mode="before")
     @classmethod
@@ -129,7 +144,14 @@ class TPUSpec(TPUCapacity):
         err = catalogue.generation(self.generation).topology_error(self.topology)
         if err:
             raise ValueError(f"topology: {err}")
+        if self.elastic is not None and self.elastic.min_slices > self.slices:
+            raise ValueError(f"elastic.minSlices: {self.elastic.min_slices} is more than slices ({self.slices})")
         return self
+
+    @property
+    def slice_counts(self) -> range:
+        """Every slice count the job may run on: minSlices..slices for an elastic job, else slices alone."""
+        return range(self.elastic.min_slices if self.elastic else self.slices, self.slices + 1)
 
     @property
     def slice(self) -> catalogue.Slice:
@@ -487,6 +509,21 @@ class ProfileStatus(Base):
     message: str | None = _desc("Why it failed, or what the trainer changed (steps already run).", default=None)
 
 
+class SliceStatus(Base):
+    """How many slices the job asks for and how many its JobSet runs (fewer after an elastic shrink)."""
+
+    desired: int = _desc("spec.tpu.slices.", ge=1)
+    running: int = _desc("Slices of the current JobSet: spec.tpu.slices, or fewer after an elastic shrink "
+                         "(docs/elastic.md).", ge=0)
+    shown: str = _desc("running/desired, for kubectl's Slices column (a printer column shows one field).",
+                       default="")
+
+    @model_validator(mode="after")
+    def _shown(self) -> "SliceStatus":
+        object.__setattr__(self, "shown", f"{self.running}/{self.desired}")  # frozen; always derived
+        return self
+
+
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -502,6 +539,8 @@ class TPUTrainingJobStatus(Base):
                                               default=())
     observed_generation: int | None = _desc("metadata.generation the status describes.", default=None)
     job_set_name: str | None = _desc("The JobSet running this job.", default=None)
+    slices: SliceStatus | None = _desc("Slices asked for and running (an elastic job may run on fewer).",
+                                       default=None)
     restarts: RestartCounts | None = _desc("Whole-job restarts by cause; they survive JobSet re-creations. A "
                                            "Kueue eviction counts under preemption.", default=None)
     last_restart: LastRestart | None = _desc("The latest restart: its cause and the trainer's last error line.",

@@ -19,7 +19,15 @@ GRACE_MARGIN_S = 60
 
 @dataclass(frozen=True)
 class Plan:
+    """`running`: the slices an elastic job runs on now (docs/elastic.md); unset, all of spec.tpu.slices."""
+
     job: TPUTrainingJob
+    running: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.running is not None and self.running not in self.job.spec.tpu.slice_counts:
+            raise ValueError(f"slices: {self.running} is not a slice count this job may run on "
+                             f"({list(self.job.spec.tpu.slice_counts)})")
 
     @property
     def gen(self) -> catalogue.Generation:
@@ -31,7 +39,12 @@ class Plan:
 
     @property
     def slices(self) -> int:
-        return self.job.spec.tpu.slices
+        """The slices that run (fewer than spec.tpu.slices after an elastic shrink)."""
+        return self.running if self.running is not None else self.job.spec.tpu.slices
+
+    @property
+    def resized(self) -> bool:
+        return self.slices != self.job.spec.tpu.slices
 
     @property
     def total_chips(self) -> int:
@@ -78,11 +91,16 @@ class Plan:
         per_host = self.parameters * CHECKPOINT_BYTES_PER_PARAM / self.total_hosts
         return 30 * math.ceil((GRACE_MARGIN_S + per_host / GRACE_WRITE_BYTES_PER_S) / 30)
 
+    def running_config(self) -> TrainerConfig:
+        """What the trainer runs: the ConfigMap's config at the slices that run (TrainerConfig.at_slices)."""
+        return self.trainer_config().at_slices(self.slices)
+
     def trainer_config(self) -> TrainerConfig:
+        """The ConfigMap's config: always the whole job (every slice), whatever runs now."""
         spec = self.job.spec
         return TrainerConfig(
             name=self.job.metadata.name, namespace=self.job.metadata.namespace, generation=self.gen.name,
-            topology=spec.tpu.topology, slices=self.slices, hosts_per_slice=self.slice.hosts,
+            topology=spec.tpu.topology, slices=spec.tpu.slices, hosts_per_slice=self.slice.hosts,
             devices_per_host=self.devices_per_host, peak_flops_per_device=self.peak_flops_per_device,
             peak_bf16_flops_per_device=(self.gen.peak_flops("bf16") / self.gen.devices_per_chip
                                         if spec.training.precision != "bf16" else None),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import catalogue
-from .contract import SLICE_AXES, KernelsSpec, Mesh, ModelDims, TrainingSpec
+from .contract import SLICE_AXES, KernelsSpec, Mesh, ModelDims, TrainingSpec, microbatches_at
 from .names import longest_hostname
 
 if TYPE_CHECKING:  # the models import this module; the rules only read them
@@ -111,6 +111,8 @@ def spec_problems(s: Sections) -> list[Problem]:
                                                       f"globalBatch must be a multiple of {shards * t.microbatches}"))
     if dims is not None and t is not None and t.data.eos_id is not None and t.data.eos_id >= dims.vocab:
         problems.append(("training.data.eosId", f"{t.data.eos_id} is not a token of model.vocab ({dims.vocab})"))
+    if t is not None and s.tpu is not None and s.tpu.elastic is not None and None not in batch_axes:
+        problems += _elastic_problems(s.tpu, t, batch_axes[1] * batch_axes[2])
     context = mesh["context"]
     # Load-balanced causal context parallelism splits each shard's sequence in two halves.
     if t is not None and context is not None and context > 1 and t.sequence_length % (2 * context):
@@ -133,6 +135,19 @@ def spec_problems(s: Sections) -> list[Problem]:
         problems.append(("workloadPriorityClassName", "only Kueue reads it; set queueName too, or use "
                                                       "priorityClassName for the pods' priority"))
     return problems
+
+
+def _elastic_problems(tpu: TPUSpec, t: TrainingSpec, shards_per_slice: int) -> list[Problem]:
+    """Every slice count an elastic job may shrink to must split the global batch (contract.microbatches_at)."""
+    if microbatches_at(t.global_batch, t.microbatches, tpu.slices, tpu.slices, shards_per_slice) != t.microbatches:
+        return []  # the whole job's own batch problem is reported above
+    bad = [k for k in tpu.slice_counts[:-1]
+           if microbatches_at(t.global_batch, t.microbatches, tpu.slices, k, shards_per_slice) is None]
+    if not bad:
+        return []
+    return [("tpu.elastic.minSlices", f"on {bad[0]} slice(s) the global batch {t.global_batch} does not split over "
+                                      f"{bad[0]} x fsdp x expert = {bad[0] * shards_per_slice} shards; raise minSlices "
+                                      f"above {bad[-1]} or make globalBatch a multiple of it")]
 
 
 GMM_MIN = 128  # the Mosaic grouped matmul takes no dimension below 128 (tokamax)

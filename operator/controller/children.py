@@ -66,10 +66,12 @@ async def ensure_all(kube: Kube, owner_uid: str, *children: tuple[Resource, Obj]
 
 
 async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | None, config_map_exists: bool = False,
-                          gate: Any = None) -> tuple[Obj, bool]:
+                          gate: Any = None, running: int | None = None) -> tuple[Obj, bool]:
     """The ConfigMap (unless known to exist: the pre-flight made it) and the JobSet (through `gate`, e.g.
     the pre-flight's admission gate, when given): (the JobSet, whether it was created now)."""
-    made_config_map, jobset = render(job, default_image)
+    if running is not None and running not in job.spec.tpu.slice_counts:  # the spec changed under it: all slices
+        running = None
+    made_config_map, jobset = render(job, default_image, running)
     if gate is not None:
         jobset = gate(jobset)
     children = [] if config_map_exists else [(CONFIGMAPS, made_config_map)]

@@ -74,6 +74,11 @@ TYPES: tuple[ConditionType, ...] = (
         _r("Immutable", "False: fields other than spec.suspend changed; the JobSet is kept as it is"),
         _r("InvalidSpec", "False: the edited spec does not validate; the JobSet runs on"),
     )),
+    ConditionType("Resized", "False", "an elastic job runs on fewer slices than spec.tpu.slices (docs/elastic.md)", (
+        _r("SliceLost", "True: a slice was lost; the JobSet was re-created on the slices left, the global batch kept"),
+        _r("Restarted", "False: restarted on every slice (fewer than elastic.minSlices were left)"),
+        _r("GrewBack", "False: back on every slice after a checkpoint"),
+    )),
     ConditionType("Admitted", "True", "Kueue admitted the job's Workload (jobs with a queueName)", (
         _r("Admitted", "True: admitted by its ClusterQueue"),
         _r("NoWorkload", "False: Kueue has not made the JobSet's Workload yet"),

@@ -234,8 +234,10 @@ async def converge(means: Means, job: TPUTrainingJob, job_obj: Obj, seen: Seen,
             lifted = await kube.patch(JOBSETS, job.metadata.namespace, jobset["metadata"]["name"],
                                       preflight.lift_patch(jobset))
             return Converged(lifted, False, False, planned.compute if planned else None)
+        slices = status_of(job_obj).slices  # an elastic job re-created on the slices left (restarts.decide)
         made, created = await children.ensure_children(kube, job, means.config.default_image,
-                                                       planned is not None and planned.config_map_exists)
+                                                       planned is not None and planned.config_map_exists,
+                                                       running=slices.running if slices and slices.running else None)
         return Converged(made, created, True, planned.compute if planned else None)
     except NameConflict as exc:
         message = str(exc)
@@ -277,7 +279,8 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
         policy=job.spec.failure_policy, total_steps=job.spec.training.steps,
         created_at=timestamps.parse_or_none(job_obj["metadata"].get("creationTimestamp")), created=made.created,
         refused=() if made.created else tuple(children.refused_changes(jobset, job)), queue=job.spec.queue_name,
-        workload=workload, pods=pods, sample=sample, failure=failure, planned=made.planned, profile=profile)
+        workload=workload, pods=pods, sample=sample, failure=failure, planned=made.planned, profile=profile,
+        tpu=job.spec.tpu)
 
 
 # --- act ---------------------------------------------------------------------------------------------

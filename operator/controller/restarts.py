@@ -22,14 +22,16 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from ..api import elastic
 from ..api.failures import Failure, PodExit, RestartCounts, LastRestart, Verdict, root_cause, verdict
 from ..api.lifecycle import TerminationRecord
-from ..api.models import FailurePolicySpec, TPUTrainingJobStatus
+from ..api.models import FailurePolicySpec, SliceStatus, TPUSpec, TPUTrainingJobStatus
 from .conditions import set_condition
 from .phases import Notice
 from .status import Sample
 
 CONTAINER = "trainer"
+JOB_INDEX = "jobset.sigs.k8s.io/job-index"  # JobSet's label (and annotation) on each pod: its slice
 MIN_HANG_TIMEOUT_S = 600
 HANG_STEP_FACTOR = 20
 
@@ -46,7 +48,10 @@ def pod_exits(pods: list[dict[str, Any]]) -> list[PodExit]:
         if terminated is None and not disrupted and status.get("phase") != "Failed":
             continue
         code = terminated.get("exitCode") if terminated else None
+        index = ((pod["metadata"].get("labels") or {}).get(JOB_INDEX)
+                 or (pod["metadata"].get("annotations") or {}).get(JOB_INDEX))
         exits.append(PodExit(pod=pod["metadata"]["name"], code=code, disrupted=disrupted,
+                             slice_index=int(index) if index is not None and str(index).isdigit() else None,
                              record=TerminationRecord.parse((terminated or {}).get("message"), code),
                              finished_at=(terminated or {}).get("finishedAt")))
     return exits
@@ -88,8 +93,9 @@ def hang(status: TPUTrainingJobStatus, policy: FailurePolicySpec, total_steps: i
 
 def decide(status: TPUTrainingJobStatus, jobset_uid: str | None, failure: Failure | None, hung: str | None,
            policy: FailurePolicySpec, now: datetime.datetime,
-           generation: int | None = None) -> tuple[TPUTrainingJobStatus, Verdict, list[Notice]]:
-    """The status after a failed (`failure`) or hung (`hung`) attempt of the JobSet `jobset_uid`."""
+           generation: int | None = None, tpu: TPUSpec | None = None) -> tuple[TPUTrainingJobStatus, Verdict, list[Notice]]:
+    """The status after a failed (`failure`) or hung (`hung`) attempt of the JobSet `jobset_uid`; for an elastic
+    job (`tpu`), also the slices the next JobSet runs on (api/elastic.py), in status.slices."""
     counts = status.restarts or RestartCounts()
     v = verdict(policy, counts, failure, hung)
     conds, notices = status.conditions, []
@@ -101,8 +107,17 @@ def decide(status: TPUTrainingJobStatus, jobset_uid: str | None, failure: Failur
         return status.model_copy(update=dict(conditions=conds, message=v.message)), v, notices
     last = LastRestart(cause=v.cause, exit_code=code, message=v.message, job_set_uid=jobset_uid, time=now)
     notices.append(Notice("Warning", "Restarted", v.message))
+    slices = status.slices
+    if tpu is not None and tpu.elastic is not None:
+        running = slices.running if slices is not None and slices.running else tpu.slices
+        resize = elastic.after_failure(tpu, running, failure.slice_index if failure else None)
+        slices = SliceStatus(desired=tpu.slices, running=resize.slices)
+        if resize.reason is not None:
+            resized = "True" if resize.slices < tpu.slices else "False"
+            conds = set_condition(conds, "Resized", resized, resize.reason, resize.message, now, generation)
+            notices.append(Notice("Warning" if resized == "True" else "Normal", "Resized", resize.message))
     return status.model_copy(update=dict(
-        conditions=conds, restarts=counts.plus(v.cause), last_restart=last,
+        conditions=conds, restarts=counts.plus(v.cause), last_restart=last, slices=slices,
         next_restart_time=now + datetime.timedelta(seconds=v.delay_s), message=v.message)), v, notices
 
 

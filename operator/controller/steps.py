@@ -5,6 +5,7 @@ The steps, in order (`STEPS`); each reads the draft the ones before it left:
 
 1. `planned`: the pre-flight's word for this generation, when it decided something now (preflight.py).
 2. `reconciled`: the JobSet exists and matches the spec, or refuses changes (status.py).
+2b. `sliced`: status.slices, desired and running (an elastic job's restart may run fewer: 6).
 3. `queued`: the Kueue Workload's admission, for a job with a queue (kueue.py).
 4. `diagnosed`: the pods as last listed, or all ready (diagnosis.py).
 5. `ledger_observed`: the trainer's latest report into the goodput ledger, which 6 reads (accounting.py).
@@ -27,7 +28,7 @@ import datetime
 from collections.abc import Callable
 
 from ..api.failures import Failure
-from ..api.models import FailurePolicySpec, TPUTrainingJobStatus
+from ..api.models import FailurePolicySpec, SliceStatus, TPUSpec, TPUTrainingJobStatus
 from . import accounting, diagnosis, kueue, phases, profiles, restarts, status as status_lib
 from .conditions import set_condition
 from .phases import Compute, JobSetView, Notice
@@ -56,6 +57,7 @@ class Observed:
     failure: Failure | None = None  # why the JobSet failed (its pods), when it failed and was not counted
     planned: Compute | None = None  # the pre-flight's status change, when it decided now
     profile: profiles.Answer | None = None  # the annotation's profile request, when sent (or refused) now
+    tpu: TPUSpec | None = None  # spec.tpu: the slices asked for, and elastic (api/elastic.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +87,13 @@ def reconciled(d: Draft, o: Observed) -> Draft:
                                          o.generation, o.now))
 
 
+def sliced(d: Draft, o: Observed) -> Draft:
+    """status.slices: every slice until an elastic restart decides fewer (restarts.decide)."""
+    if o.tpu is None or (d.status.slices is not None and d.status.slices.desired == o.tpu.slices):
+        return d
+    return d.then(d.status.model_copy(update=dict(slices=SliceStatus(desired=o.tpu.slices, running=o.tpu.slices))))
+
+
 def queued(d: Draft, o: Observed) -> Draft:
     if o.queue is None:
         return d
@@ -106,7 +115,8 @@ def restart(d: Draft, o: Observed) -> Draft:
         if o.failure is None and restarts.answered(o.sample) else None
     if o.failure is None and hung is None:
         return d
-    new, verdict, notices = restarts.decide(d.status, o.jobset_uid, o.failure, hung, o.policy, o.now, o.generation)
+    new, verdict, notices = restarts.decide(d.status, o.jobset_uid, o.failure, hung, o.policy, o.now, o.generation,
+                                            o.tpu)
     return d.then(new, notices, restart="replaced" if verdict.restart else "given-up")
 
 
@@ -155,7 +165,7 @@ def accepted(d: Draft, o: Observed) -> Draft:
     return d.then(status_lib.accepted(d.status, o.generation, o.now))
 
 
-STEPS: tuple[Step, ...] = (planned, reconciled, queued, diagnosed, ledger_observed, restart, phase, metrics,
+STEPS: tuple[Step, ...] = (planned, reconciled, sliced, queued, diagnosed, ledger_observed, restart, phase, metrics,
                            profiled, ledger_settled, recovered, ready, accepted)
 
 

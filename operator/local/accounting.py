@@ -28,6 +28,8 @@ class LocalLedger:
         elif kind == "pod_failed":
             how = "user" if d["failure"].cause == "user" else d["failure"].cause
             self.ledger = ledger_lib.end_attempt(self.ledger, d["at"], how, d["failure"].progress)
+        elif kind == "resized" and d["resize"].reason == "GrewBack":  # stopped as a preemption, to grow back
+            self.ledger = ledger_lib.end_attempt(self.ledger, d["at"], "preemption", d["progress"])
         elif kind == "succeeded":
             final = next((e.record.progress for e in d["exits"] if e.record and e.record.progress), None)
             self.ledger = ledger_lib.end_attempt(self.ledger, d["at"], "succeeded", final)

@@ -27,14 +27,15 @@ def available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("jax", "libtpu"))
 
 
-def run_plan(job: TPUTrainingJob, timeout_s: float = 1800) -> PlanResult:
-    """The job's plan, as the pre-flight would find it; never raises for a plan that went wrong."""
+def run_plan(job: TPUTrainingJob, timeout_s: float = 1800, running: int | None = None) -> PlanResult:
+    """The job's plan, as the pre-flight would find it; never raises for a plan that went wrong. `running`: an
+    elastic job's plan on that many of its slices (its microbatches raised, api/plan.py `running_config`)."""
     headroom = job.spec.plan.hbm_headroom
     if importlib.util.find_spec("jax") is None:
         return PlanResult(verdict="NoLibtpu", message=NO_WORKLOAD, headroom=headroom)
     with tempfile.TemporaryDirectory(prefix="tpujob-plan-") as tmp:
         config = Path(tmp) / "config.json"
-        config.write_text(Plan(job).trainer_config().model_dump_json(by_alias=True))
+        config.write_text(Plan(job, running).running_config().model_dump_json(by_alias=True))
         env = {**os.environ, **plan_env(job)}
         try:
             proc = subprocess.run([sys.executable, "-m", "tpu_workload.plan", *plan_args(job, str(config))],

@@ -125,6 +125,8 @@ class Progress:
             self.out.write(f"{chr(10) if tty else ''}{d['pod'].hostname} exited with code {d['code']}\n")
         elif kind == "restarting":
             self.out.write(f"{d['message']}; training resumes from the latest checkpoint\n")
+        elif kind == "resized":
+            self.out.write(f"{chr(10) if tty else ''}resized ({d['resize'].reason}): {d['message']}\n")
         elif kind == "succeeded" and tty:
             self.out.write("\n")
         self.out.flush()
@@ -148,7 +150,8 @@ def profile_status(report: dict[str, Any] | None, steps: str) -> dict[str, Any] 
 
 
 def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTrainingJob,
-              ledger: LocalLedger, profile: dict[str, Any] | None = None) -> TPUTrainingJobStatus:
+              ledger: LocalLedger, profile: dict[str, Any] | None = None,
+              running: int | None = None) -> TPUTrainingJobStatus:
     """The status the operator would have written for this run."""
     last = outcome.last_metrics or {}
     phase = "Failed" if outcome.phase == "Interrupted" else outcome.phase
@@ -160,6 +163,7 @@ def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTr
                         "lastTransitionTime": stamp}],
         "observedGeneration": 1,
         "jobSetName": names.jobset_name(job.metadata.name),
+        "slices": {"desired": job.spec.tpu.slices, "running": running or job.spec.tpu.slices},
         "restarts": outcome.restarts,
         "step": last.get("step"),
         "stepTimeSeconds": last.get("step_time_s"),
@@ -194,9 +198,11 @@ def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout,
     out.write(f"local run: {plan.total_hosts} process(es) x {plan.devices_per_host} CPU devices; logs, checkpoints "
               f"and metrics in {run_dir}\n")
 
-    def make_pods(attempt: int):
-        # Fresh ports per attempt: a killed coordinator's port may linger in TIME_WAIT.
-        return local_pods(jobset, {config_map["metadata"]["name"]: config_map["data"]}, run_dir,
+    def make_pods(attempt: int, slices: int | None):
+        # Fresh ports per attempt: a killed coordinator's port may linger in TIME_WAIT. An elastic job's
+        # attempt runs on the slices the supervisor says, rendered as the operator would (render(running=)).
+        shaped = jobset if slices in (None, plan.slices) else render(job, running=slices)[1]
+        return local_pods(shaped, {config_map["metadata"]["name"]: config_map["data"]}, run_dir,
                           cpu_devices=plan.devices_per_host, coordinator_port=free_port(),
                           metrics_port=free_port(), base_env=os.environ)
 
@@ -205,17 +211,23 @@ def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout,
         job.spec.training.steps, out)
 
     reports: list[dict[str, Any]] = []  # the trainer's word on the profile, latest last
+    slice_history: list[tuple[float, int]] = []  # (when an attempt started, its slices): report.png
 
     def on_event(kind: str, **d) -> None:
         ledger(kind, **d)
         progress(kind, **d)
         if kind == "profile":
             reports.append(d["report"])
+        if kind == "started":
+            slice_history.append((d["at"], d.get("slices") or plan.slices))
 
     outcome = supervise(make_pods, run_dir / "logs", decide=lambda counts, failure: verdict(policy, counts, failure),
-                        grace_s=plan.termination_grace_period_seconds, on_event=on_event)
+                        grace_s=plan.termination_grace_period_seconds, on_event=on_event,
+                        tpu=job.spec.tpu if job.spec.tpu.elastic is not None else None)
     status = status_of(outcome, start, dt.datetime.now(dt.timezone.utc), job, ledger,
-                       profile_status(reports[-1] if reports else None, profile) if profile else None)
+                       profile_status(reports[-1] if reports else None, profile) if profile else None,
+                       slice_history[-1][1] if slice_history else None)
+    (run_dir / "slices.json").write_text(json.dumps({"desired": plan.slices, "history": slice_history}))
     with open(run_dir / "metrics.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in outcome.metrics)
     status_doc = {"status": status.model_dump(by_alias=True, exclude_none=True, mode="json")}

@@ -11,6 +11,12 @@ dead one have nothing to save and only sit in a collective that never returns (t
 such pods with gracePeriodSeconds 0). A process with no termination record leaves the tail of its
 log of this attempt instead (`terminationMessagePolicy: FallbackToLogsOnError`).
 
+An elastic job (`tpu`, api/elastic.py) runs each slice as its own group of processes: a failure whose
+root cause is one slice's process restarts on the slices left when there are at least `minSlices`, and
+with `growBack` the smaller attempt is stopped as a preemption is (SIGTERM: the step in flight is saved)
+once it has written a checkpoint, and the next attempt runs on every slice again (on one machine the
+larger job can always be placed). A resize is said with a `resized` event.
+
 The caller sees what happens through `on_event(kind, **details)` calls, so the same supervisor
 drives `tpujob run --local` (a progress line and the goodput ledger) and the end-to-end tests' node
 agent (JobSet and pod status).
@@ -26,11 +32,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from ..api import elastic
 from ..api.failures import Failure, PodExit, RestartCounts, Verdict, root_cause
 from ..api.lifecycle import ExitCode, TerminationRecord, exit_code
 from .pods import LocalPod
+
+if TYPE_CHECKING:
+    from ..api.models import TPUSpec
 
 EventHandler = Callable[..., None]
 Decide = Callable[[RestartCounts, Failure], Verdict]
@@ -104,6 +114,14 @@ class _Running:
         elif isinstance(record.get("profile"), dict):  # a profile's outcome (tpu_workload.profiling)
             self.on_event("profile", report=record["profile"])
 
+    def resumed_from(self) -> int | None:
+        """The step this attempt restored (its trainer's clock), once it has reported a step."""
+        progress = self.metrics[0].get("progress") if self.metrics else None
+        return progress.get("start_step") if progress else None
+
+    def last_checkpoint(self) -> int | None:
+        return self.metrics[-1].get("last_checkpoint_step") if self.metrics else None
+
     def poll(self) -> tuple[LocalPod, int] | None | bool:
         """(pod, code) of the first failed pod, True when all succeeded, None while running."""
         codes = [p.poll() for p in self.procs]
@@ -142,7 +160,7 @@ class _Running:
             if not text and code != 0:
                 text = self._log_tail(i)
             found.append(PodExit(pod=pod.hostname, code=code, record=TerminationRecord.parse(text, code),
-                                 finished_at=self.finished.get(i)))
+                                 finished_at=self.finished.get(i), slice_index=pod.slice_index))
         return found
 
     def _log_tail(self, i: int) -> str:
@@ -160,17 +178,25 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def supervise(make_pods: Callable[[int], Sequence[LocalPod]], log_dir: Path, *, decide: Decide | None,
-              grace_s: float, on_event: EventHandler = lambda kind, **_: None, poll_seconds: float = 0.1) -> Outcome:
-    """Run attempts until success, a failure `decide` does not restart, or Ctrl-C."""
+def supervise(make_pods: Callable[[int, int | None], Sequence[LocalPod]], log_dir: Path, *, decide: Decide | None,
+              grace_s: float, on_event: EventHandler = lambda kind, **_: None, poll_seconds: float = 0.1,
+              tpu: TPUSpec | None = None) -> Outcome:
+    """Run attempts until success, a failure `decide` does not restart, or Ctrl-C. `make_pods(attempt,
+    slices)`; `tpu`, for an elastic job, decides the slices of each attempt (None: every attempt is whole)."""
     restarts, history, attempt = RestartCounts(), [], 0
+    slices = tpu.slices if tpu is not None else None
     while True:
         running = _Running(log_dir, attempt, on_event)
+        grew = False
         try:  # a Ctrl-C at any moment once a process may exist stops every one started
-            running.start(make_pods(attempt))
+            running.start(make_pods(attempt, slices))
             on_event("started", attempt=attempt, pods=running.pods, pids=[p.pid for p in running.procs],
-                     at=time.time())
+                     at=time.time(), slices=slices)
             while (state := running.poll()) is None:
+                if tpu is not None and elastic.grow_back_due(tpu, slices, running.resumed_from(),
+                                                             running.last_checkpoint()):
+                    grew = True
+                    break
                 time.sleep(poll_seconds)
         except KeyboardInterrupt:
             running.stop(grace_s)
@@ -178,6 +204,16 @@ def supervise(make_pods: Callable[[int], Sequence[LocalPod]], log_dir: Path, *, 
             on_event("interrupted", at=time.time())
             return Outcome("Interrupted", restarts, "interrupted by the user; every process was stopped",
                            _last(history), None, history)
+        if grew:  # stopped as a preemption is, so the step in flight is saved; not a restart
+            stopped_at = time.time()
+            running.stop(grace_s)
+            history += running.metrics
+            resize = elastic.grow_back(tpu, slices)
+            cause = root_cause(running.exits())
+            on_event("resized", at=stopped_at, resize=resize, progress=cause.progress if cause else None,
+                     message=resize.message)
+            slices, attempt = resize.slices, attempt + 1
+            continue
         if state is True:
             running.join()
             history += running.metrics
@@ -197,6 +233,11 @@ def supervise(make_pods: Callable[[int], Sequence[LocalPod]], log_dir: Path, *, 
         restarts, attempt = restarts.plus(verdict.cause), attempt + 1
         on_event("restarting", restarts=restarts, cause=verdict.cause, delay_s=verdict.delay_s,
                  message=verdict.message)
+        if tpu is not None:
+            resize = elastic.after_failure(tpu, slices, failure.slice_index)
+            if resize.reason is not None:
+                on_event("resized", at=failed_at, resize=resize, progress=None, message=resize.message)
+            slices = resize.slices
         try:
             time.sleep(verdict.delay_s)
         except KeyboardInterrupt:

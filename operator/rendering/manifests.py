@@ -72,6 +72,10 @@ def _env(plan: Plan) -> list[dict[str, Any]]:
         {"name": "TPUJOB_HOST_ID", **field(COMPLETION_INDEX)},
         {"name": "TPUJOB_METRICS_PORT", "value": str(spec.runtime.metrics_port)},
     ]
+    if spec.tpu.elastic is not None:
+        # The slices that run now: the trainer applies it to the ConfigMap's whole-job config
+        # (TrainerConfig.at_slices: mesh data degree and microbatches), so the ConfigMap never changes.
+        env.append({"name": "TPUJOB_SLICES", "value": str(plan.slices)})
     if plan.slices > 1:
         # Set by hand: GKE's webhook does not set these for multi-slice JobSets reliably.
         env += [
@@ -118,10 +122,12 @@ def applied_spec(job: TPUTrainingJob) -> dict[str, Any]:
     return job.spec.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude=set(MUTABLE_SPEC_FIELDS))
 
 
-def context(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, Any]:
+def context(job: TPUTrainingJob, default_image: str | None = None, running: int | None = None) -> dict[str, Any]:
     """Everything the templates read. `default_image` (the operator's setting) replaces the
-    built-in image only where the job does not name one."""
-    plan = Plan(job)
+    built-in image only where the job does not name one. `running`: the slices an elastic job runs on
+    (unset: all); the JobSet's replicas and the pods' process count and MEGASCALE_* follow it, the
+    ConfigMap does not."""
+    plan = Plan(job, running)
     spec, name = job.spec, job.metadata.name
     image = default_image if default_image and "image" not in spec.model_fields_set else spec.image
     volumes, mounts = _volumes(plan)
@@ -160,9 +166,10 @@ def context(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, 
     }
 
 
-def render(job: TPUTrainingJob, default_image: str | None = None) -> list[dict[str, Any]]:
-    """The manifests of `job`, in creation order (the ConfigMap before the pods that mount it)."""
-    ctx = context(job, default_image)
+def render(job: TPUTrainingJob, default_image: str | None = None, running: int | None = None) -> list[dict[str, Any]]:
+    """The manifests of `job`, in creation order (the ConfigMap before the pods that mount it); `running`
+    as in `context`."""
+    ctx = context(job, default_image, running)
     return [_render(t, ctx) for t in TEMPLATES]
 
 

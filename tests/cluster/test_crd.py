@@ -50,11 +50,11 @@ def test_kubectl_get_wide_prints_the_columns(crd: Cluster):
     crd.apply(job("columns"), namespace=ns)
     table = crd.kubectl("get", "tpujobs", "-n", ns, "-o", "wide").stdout.splitlines()
     header = re.split(r"\s{2,}", table[0].strip())
-    assert header == ["NAME", "PHASE", "TOPOLOGY", "STEP", "MFU", "STEP TIME", "TOKENS/S", "RESTARTS",
+    assert header == ["NAME", "PHASE", "TOPOLOGY", "SLICES", "STEP", "MFU", "STEP TIME", "TOKENS/S", "RESTARTS",
                       "PREEMPTIONS", "GOODPUT", "AGE", "MESSAGE"], table[0]
     assert table[1].split()[:2] == ["columns", "2x2x1"], table  # no status yet: Phase is empty
     short = crd.kubectl("get", "tpujob", "-n", ns).stdout.splitlines()[0].split()
-    assert short == ["NAME", "PHASE", "TOPOLOGY", "STEP", "MFU", "STEP", "TIME", "AGE"], short
+    assert short == ["NAME", "PHASE", "TOPOLOGY", "SLICES", "STEP", "MFU", "STEP", "TIME", "AGE"], short
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)

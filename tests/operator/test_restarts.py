@@ -169,3 +169,57 @@ def test_a_hung_job_is_marked_restarted_and_goodput_lands_in_status_and_metrics(
     assert 'tpu_operator_job_badput_seconds{bucket="hung",job="tiny",namespace="default"} 31.0' in text
     assert 'tpu_operator_job_restarts{cause="hang",job="tiny",namespace="default"} 1.0' in text
     assert json.dumps(status.to_wire()["badput"])  # serialisable as the API stores it
+
+
+def test_an_elastic_job_that_loses_a_slice_is_recreated_on_the_slices_left_fake_jobset_and_kubelet():
+    """FakeKube stands in for JobSet and the kubelet: slice 1's pod exits 137 (its host lost); the operator
+    re-creates the JobSet on one slice (replicas, process count, $TPUJOB_SLICES), says so in status.slices,
+    the Resized condition and an Event; the same ConfigMap stays."""
+    kube = FakeKube()
+    kube.add_job(tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2,
+                               "elastic": {"minSlices": 1}},
+                          training={"steps": 10, "globalBatch": 16, "sequenceLength": 128},
+                          failurePolicy={"backoffSeconds": 10}))
+    kube.objects[next(iter(kube.objects))]["metadata"]["creationTimestamp"] = T0
+    run(kube, at(0), None)
+    status = job_status(kube)
+    assert status.slices.model_dump() == {"desired": 2, "running": 2, "shown": "2/2"}
+    assert kube.jobset()["spec"]["replicatedJobs"][0]["replicas"] == 2
+    running(kube)
+    run(kube, at(5))
+    js = kube.objects[JOBSETS.path("default", "tiny")]
+    js["status"] = {"terminalState": "Failed", "conditions": [{"type": "Failed", "status": "True"}]}
+    for i, code in enumerate((137, 42)):  # slice 1's host lost first, slice 0's collective fails after it
+        name = f"tiny-slice-{1 - i}-0-{js['metadata']['uid']}"
+        kube.objects[PODS.path("default", name)] = {
+            "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny",
+                                                  "jobset.sigs.k8s.io/job-index": str(1 - i)}},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+                "exitCode": code, "message": "", "finishedAt": at(10 + i)}}}]}}
+    _, events = run(kube, at(20))
+    status = job_status(kube)
+    assert status.phase == "Restarting" and status.restarts.failure == 1
+    assert status.slices.model_dump() == {"desired": 2, "running": 1, "shown": "1/2"}
+    resized = status.condition("Resized")
+    assert (resized.status, resized.reason) == ("True", "SliceLost")
+    assert resized.message.startswith("slice 1 was lost: training goes on on 1 of 2 slices"), resized.message
+    assert events == ["Restarted", "Resized"]
+    config_map = json.dumps(kube.objects[next(p for p in kube.objects if "/configmaps/" in p)], sort_keys=True)
+    run(kube, at(30), None)
+    spec = kube.jobset()["spec"]["replicatedJobs"][0]
+    env = {e["name"]: e.get("value") for e in spec["template"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert spec["replicas"] == 1 and env["TPUJOB_SLICES"] == "1" and env["TPUJOB_NUM_PROCESSES"] == "1"
+    assert "MEGASCALE_NUM_SLICES" not in env
+    assert json.dumps(kube.objects[next(p for p in kube.objects if "/configmaps/" in p)], sort_keys=True) == config_map
+    # Lost again with one slice left: fewer than minSlices 1 would remain, so every slice restarts.
+    js = kube.objects[JOBSETS.path("default", "tiny")]
+    js["status"] = {"terminalState": "Failed", "conditions": [{"type": "Failed", "status": "True"}]}
+    name = f"tiny-slice-0-0-{js['metadata']['uid']}"
+    kube.objects[PODS.path("default", name)] = {
+        "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny",
+                                              "jobset.sigs.k8s.io/job-index": "0"}},
+        "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+            "exitCode": 42, "message": "", "finishedAt": at(40)}}}]}}
+    run(kube, at(45))
+    status = job_status(kube)
+    assert status.slices.running == 2 and status.condition("Resized").reason == "Restarted"
