@@ -517,6 +517,9 @@ class SliceStatus(Base):
                          "(docs/elastic.md).", ge=0)
     shown: str = _desc("running/desired, for kubectl's Slices column (a printer column shows one field).",
                        default="")
+    replaces: str | None = _desc("The uid of the smaller JobSet a grow-back replaces: it is being stopped as a "
+                                 "preemption stops it, and the JobSet on every slice follows (docs/elastic.md).",
+                                 default=None)
 
     @model_validator(mode="after")
     def _shown(self) -> "SliceStatus":

@@ -26,6 +26,12 @@ def jobset_name(job: str) -> str:
     return job
 
 
+def growback_name(job: str) -> str:
+    """The probe JobSet that asks the cluster whether an elastic job's missing slices can be placed
+    (controller/growback.py). Its pods get no DNS hostnames, so the suffix costs no hostname length."""
+    return f"{job}-grow"
+
+
 def config_map_name(job: str) -> str:
     return f"{job}-config"
 

@@ -4,8 +4,8 @@ Attempt boundaries come from the phase the reconcile computed and its restart de
 - an attempt starts when the job becomes Running with none open (the trainer's own start time
   replaces that observation once it reports);
 - the trainer's reports (`Sample.progress`) update it; a report from an older process is ignored;
-- it ends when a restart is decided (cause failure, preemption or hang), or the job Succeeds, Fails
-  or is Suspended; `final` is the best last word of the attempt (the failed pods' termination
+- it ends when a restart is decided (cause failure, preemption or hang), a grow-back stops the smaller
+  JobSet (as a preemption), or the job Succeeds, Fails or is Suspended; `final` is the best last word of the attempt (the failed pods' termination
   records, or the final /status read on completion).
 The figures in the status (`goodput`, `badput`) are recomputed only when the ledger changes, as of
 that change, so a reconcile that learns nothing writes nothing.
@@ -30,6 +30,9 @@ def ending(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus) -> ledger_lib.E
     """How the attempt in progress ended in this reconcile, if it did."""
     if new.last_restart is not None and new.last_restart != old.last_restart:
         return new.last_restart.cause
+    replaces = new.slices.replaces if new.slices else None
+    if replaces is not None and replaces != (old.slices.replaces if old.slices else None):
+        return "preemption"  # a grow-back stops the smaller JobSet as a preemption does (growback.py)
     if new.phase != old.phase:
         if new.phase == "Succeeded":
             return "succeeded"

@@ -215,7 +215,8 @@ class Manager:
                     raise
                 jobset = None
         seen = Seen(jobset, self.samples.pop(key, None), self.workloads_of(key),
-                    list(self.preflights.get(key) or ()), look_at_pods=bool(reasons & LOOK_AT_PODS))
+                    list(self.preflights.get(key) or ()), look_at_pods=bool(reasons & LOOK_AT_PODS),
+                    probe=_first(self.jobsets.get((key[0], names.growback_name(key[1])))))
         outcome = await reconcile(self.means, job, seen)
         if outcome.job is not None:
             if outcome.job is not job:  # a status write: the version it was computed from is older now

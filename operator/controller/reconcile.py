@@ -40,7 +40,7 @@ from ..api import names, timestamps
 from ..api.models import TPUTrainingJob, TPUTrainingJobStatus
 from ..api.timestamps import Clock
 from ..api.validation import InvalidJob, parse_job
-from . import children, diagnosis, kueue, phases, preflight, profiles, restarts, status as status_lib, steps
+from . import children, diagnosis, growback, kueue, phases, preflight, profiles, restarts, status as status_lib, steps
 from .children import NameConflict, owner_of
 from .kube import JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 from .metrics_reader import LABEL_JOBSET, MetricsReader
@@ -94,6 +94,7 @@ class Seen:
     workloads: Sequence[Obj] = ()  # the Kueue Workloads seen under the JobSet's name
     preflights: Sequence[Obj] = ()  # its pre-flight Jobs as the watch saw them
     look_at_pods: bool = False  # a JobSet event or a resync: the pods may be listed once
+    probe: Obj | None = None  # the job's grow-back probe JobSet as watched (growback.py), None: none known
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,21 +281,27 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
         created_at=timestamps.parse_or_none(job_obj["metadata"].get("creationTimestamp")), created=made.created,
         refused=() if made.created else tuple(children.refused_changes(jobset, job)), queue=job.spec.queue_name,
         workload=workload, pods=pods, sample=sample, failure=failure, planned=made.planned, profile=profile,
-        tpu=job.spec.tpu)
+        tpu=job.spec.tpu, jobset_created=timestamps.parse_or_none(jobset["metadata"].get("creationTimestamp")),
+        probe_ready=growback.ready(seen.probe))
 
 
 # --- act ---------------------------------------------------------------------------------------------
 
 
-async def act(means: Means, job_obj: Obj, observed: steps.Observed, made: Converged) -> Outcome:
-    """Write the status computed from `observed`; then delete the JobSet if a restart replaces it."""
+async def act(means: Means, job: TPUTrainingJob, job_obj: Obj, observed: steps.Observed, made: Converged,
+              probe: Obj | None = None) -> Outcome:
+    """Write the status computed from `observed`; then delete the JobSet if a restart or a grow-back replaces
+    it, and make the grow-back probe (`probe`: as seen) exist exactly while the status wants it."""
     kube = means.kube
     done = await write_status(kube, job_obj, lambda s, g: steps.compute(s, dataclasses.replace(observed, generation=g)),
                               means.emit)
     written = status_of(done or {})
     if done is not None and restarts.replaced(written, observed.jobset_uid):
-        await children.replace_jobset(kube, job_obj["metadata"].get("namespace", "default"), made.jobset,
-                                      written.last_restart.cause)
+        # A grow-back stops the smaller JobSet as a preemption does: its trainers save the step in flight.
+        cause = "preemption" if growback.replacing(written, observed.jobset_uid) else written.last_restart.cause
+        await children.replace_jobset(kube, job_obj["metadata"].get("namespace", "default"), made.jobset, cause)
+    if done is not None and (probe is not None or written.slices is not None):
+        await growback.follow(kube, job, means.config.default_image, written, observed.jobset_created, probe)
     return Outcome("created" if made.created else "adopted" if made.ensured else "followed", done,
                    jobset=made.jobset if made.ensured else None)
 
@@ -323,4 +330,4 @@ async def reconcile(means: Means, job_obj: Obj, seen: Seen = Seen()) -> Outcome:
     workload = kueue.pick(list(seen.workloads), made.jobset["metadata"].get("uid")) if job.spec.queue_name else None
     made = dataclasses.replace(made, jobset=await apply_suspend(means.kube, job, made.jobset, workload))
     observed = await observe(means, job, job_obj, made, seen, workload, t)
-    return await act(means, job_obj, observed, made)
+    return await act(means, job, job_obj, observed, made, seen.probe)

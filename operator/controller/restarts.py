@@ -122,8 +122,12 @@ def decide(status: TPUTrainingJobStatus, jobset_uid: str | None, failure: Failur
 
 
 def replaced(status: TPUTrainingJobStatus, uid: str | None) -> bool:
-    """The JobSet of this uid is one a restart replaces (counted already): to be deleted, never followed."""
-    return bool(uid) and status.last_restart is not None and status.last_restart.job_set_uid == uid
+    """The JobSet of this uid is one a restart (counted already) or a grow-back (growback.py, never counted)
+    replaces: to be deleted, never followed."""
+    if not uid:
+        return False
+    return (status.last_restart is not None and status.last_restart.job_set_uid == uid) or \
+        (status.slices is not None and status.slices.replaces == uid)
 
 
 def wait_s(status: TPUTrainingJobStatus, now: datetime.datetime) -> float:

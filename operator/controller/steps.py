@@ -10,6 +10,7 @@ The steps, in order (`STEPS`); each reads the draft the ones before it left:
 4. `diagnosed`: the pods as last listed, or all ready (diagnosis.py).
 5. `ledger_observed`: the trainer's latest report into the goodput ledger, which 6 reads (accounting.py).
 6. `restart`: a failed or hung attempt meets the restart policy (restarts.py).
+6b. `grown`: an elastic job on fewer slices goes back to all once its probe is placed (growback.py).
 7. `phase`: the JobSet's status mapped onto the phase, with 6's decision (phases.py).
 8. `metrics`: the trainer's sample (status.with_sample).
 8b. `profiled`: a profile request sent now, or the trainer's word on it (profiles.py).
@@ -29,7 +30,7 @@ from collections.abc import Callable
 
 from ..api.failures import Failure
 from ..api.models import FailurePolicySpec, SliceStatus, TPUSpec, TPUTrainingJobStatus
-from . import accounting, diagnosis, kueue, phases, profiles, restarts, status as status_lib
+from . import accounting, diagnosis, growback, kueue, phases, profiles, restarts, status as status_lib
 from .conditions import set_condition
 from .phases import Compute, JobSetView, Notice
 
@@ -58,6 +59,8 @@ class Observed:
     planned: Compute | None = None  # the pre-flight's status change, when it decided now
     profile: profiles.Answer | None = None  # the annotation's profile request, when sent (or refused) now
     tpu: TPUSpec | None = None  # spec.tpu: the slices asked for, and elastic (api/elastic.py)
+    jobset_created: datetime.datetime | None = None  # the JobSet's creationTimestamp
+    probe_ready: bool = False  # the grow-back probe's pods are all placed and running (growback.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +123,13 @@ def restart(d: Draft, o: Observed) -> Draft:
     return d.then(new, notices, restart="replaced" if verdict.restart else "given-up")
 
 
+def grown(d: Draft, o: Observed) -> Draft:
+    if d.restart is not None or not o.probe_ready or not growback.due(d.status, o.tpu, o.jobset_created):
+        return d
+    new, notices = growback.decide(d.status, o.tpu, o.jobset_uid, o.now, o.generation)
+    return d.then(new, notices, restart="replaced")
+
+
 def phase(d: Draft, o: Observed) -> Draft:
     return d.then(*phases.follow(d.status, o.view, o.now, o.intent, diagnosis.trouble(d.status), d.restart,
                                  o.generation))
@@ -165,7 +175,7 @@ def accepted(d: Draft, o: Observed) -> Draft:
     return d.then(status_lib.accepted(d.status, o.generation, o.now))
 
 
-STEPS: tuple[Step, ...] = (planned, reconciled, sliced, queued, diagnosed, ledger_observed, restart, phase, metrics,
+STEPS: tuple[Step, ...] = (planned, reconciled, sliced, queued, diagnosed, ledger_observed, restart, grown, phase, metrics,
                            profiled, ledger_settled, recovered, ready, accepted)
 
 

@@ -6,7 +6,10 @@ Two kinds of kubelet:
 - kwok (annotation `kwok.x-k8s.io/node: fake`) plays the kubelet of the `4x4x4` pool (16 hosts: one 4x4x4
   slice) and of eight single-host `2x2x1` pools; its Stages (stages.yaml) run their pods;
 - the project's process kubelet (kubelet.py) runs the pods bound to the `2x2x2` pool (2 hosts: the
-  quickstart's slice) and to the CPU node as local processes: the real trainer, the real pre-flight.
+  quickstart's slice), to two single-host `2x2x1` pools (a two-slice elastic job: test_elastic.py) and to
+  the CPU node as local processes: the real trainer, the real pre-flight. The `2x2x1` ones are tainted
+  `PROCESS_TAINT` so that only a job that asks for them (its toleration and node selector) lands there,
+  never one of the kwok `2x2x1` jobs of the other tests.
 
 Only the process kubelet's nodes are untainted CPU nodes, so the operator's pre-flight pods always run
 for real.
@@ -25,6 +28,8 @@ KWOK = "kwok.x-k8s.io/node"
 TPU = "google.com/tpu"
 KUBELET_LABEL = "training.tpu-operator.dev/test-kubelet"  # kwok | process: which kubelet runs this node
 SINGLE_HOST_POOLS = 8  # kwok's 2x2x1 pools: as many single-host jobs can run at once
+PROCESS_SINGLE_HOST_POOLS = 2  # the process kubelet's 2x2x1 pools: one two-slice job of the real trainer
+PROCESS_TAINT = {"key": KUBELET_LABEL, "value": "process", "effect": "NoSchedule"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class Node:
     tpu_chips: int = 0
     cpu: str = "8"
     memory: str = "32Gi"
+    taints: tuple[dict[str, str], ...] = ()  # beside the TPU taint
 
     def manifest(self, kubelet_version: str) -> dict[str, Any]:
         resources = {"cpu": self.cpu, "memory": self.memory, "pods": "110",
@@ -46,7 +52,8 @@ class Node:
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": self.name, "labels": labels,
                          "annotations": {KWOK: "fake"} if self.kubelet == "kwok" else {}},
-            "spec": {"taints": [{"key": TPU, "value": "present", "effect": "NoSchedule"}] if self.tpu_chips else []},
+            "spec": {"taints": ([{"key": TPU, "value": "present", "effect": "NoSchedule"}] if self.tpu_chips else [])
+                     + list(self.taints)},
             "status": {"capacity": resources, "allocatable": resources,
                        "addresses": [{"type": "InternalIP", "address": self.ip}, {"type": "Hostname", "address": self.name}],
                        "nodeInfo": {"kubeletVersion": kubelet_version, "kubeProxyVersion": "", "architecture": "amd64",
@@ -73,5 +80,8 @@ def cluster_nodes(node_ip: str = "127.0.0.1") -> list[Node]:
         nodes += tpu_pool(f"tpu7x-2x2x1-{i}", "2x2x1", 1, "kwok", (0, 3 + i))
     nodes += [Node(n.name, node_ip, "process", n.labels, n.tpu_chips, n.cpu, n.memory)
               for n in tpu_pool("tpu7x-2x2x2", "2x2x2", 2, "process", (0, 0))]
+    for i in range(PROCESS_SINGLE_HOST_POOLS):
+        nodes += [Node(n.name, node_ip, "process", n.labels, n.tpu_chips, n.cpu, n.memory, (PROCESS_TAINT,))
+                  for n in tpu_pool(f"tpu7x-2x2x1-p{i}", "2x2x1", 1, "process", (0, 1))]
     nodes.append(Node("cpu-0", node_ip, "process", {NODEPOOL: "cpu"}, cpu="2", memory="16Gi"))
     return nodes
