@@ -9,7 +9,7 @@ The steps, in order (`STEPS`); each reads the draft the ones before it left:
 3. `queued`: the Kueue Workload's admission, for a job with a queue (kueue.py).
 4. `diagnosed`: the pods as last listed, or all ready (diagnosis.py).
 5. `ledger_observed`: the trainer's latest report into the goodput ledger, which 6 reads (accounting.py).
-6. `restart`: a failed or hung attempt meets the restart policy (restarts.py).
+6. `restart`: a failed or hung attempt, or one on an unhealthy node, meets the restart policy (restarts.py).
 7. `phase`: the JobSet's status mapped onto the phase, with 6's decision (phases.py).
 8. `metrics`: the trainer's sample (status.with_sample).
 8b. `profiled`: a profile request sent now, or the trainer's word on it (profiles.py).
@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from ..api.failures import Failure
 from ..api.models import FailurePolicySpec, SliceStatus, TPUSpec, TPUTrainingJobStatus
-from . import accounting, diagnosis, kueue, phases, profiles, restarts, status as status_lib
+from . import accounting, diagnosis, health, kueue, phases, profiles, restarts, status as status_lib
 from .conditions import set_condition
 from .phases import Compute, JobSetView, Notice
 
@@ -58,6 +58,7 @@ class Observed:
     planned: Compute | None = None  # the pre-flight's status change, when it decided now
     profile: profiles.Answer | None = None  # the annotation's profile request, when sent (or refused) now
     tpu: TPUSpec | None = None  # spec.tpu: the slices asked for, and elastic (api/elastic.py)
+    hardware: health.HardwareLoss | None = None  # a node of the running pods GKE says is unhealthy (health.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,11 +112,12 @@ def ledger_observed(d: Draft, o: Observed) -> Draft:
 def restart(d: Draft, o: Observed) -> Draft:
     if restarts.replaced(d.status, o.jobset_uid):
         return dataclasses.replace(d, restart="replaced")
+    failure = o.failure or health.failure(o.hardware)  # an unhealthy node: stopped before any pod failed
     hung = restarts.hang(d.status, o.policy, o.total_steps, o.now) \
-        if o.failure is None and restarts.answered(o.sample) else None
-    if o.failure is None and hung is None:
+        if failure is None and restarts.answered(o.sample) else None
+    if failure is None and hung is None:
         return d
-    new, verdict, notices = restarts.decide(d.status, o.jobset_uid, o.failure, hung, o.policy, o.now, o.generation,
+    new, verdict, notices = restarts.decide(d.status, o.jobset_uid, failure, hung, o.policy, o.now, o.generation,
                                             o.tpu)
     return d.then(new, notices, restart="replaced" if verdict.restart else "given-up")
 
