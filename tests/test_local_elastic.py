@@ -100,7 +100,10 @@ def test_a_lost_slice_shrinks_the_run_which_grows_back_on_the_same_loss_curve(tm
     assert status["phase"] == "Succeeded" and status["step"] == STEPS
     assert status["slices"] == {"desired": 2, "running": 2, "shown": "2/2"}
     assert status["restarts"]["failure"] == 1 and status["restarts"]["total"] == 1  # the grow-back is no restart
+    # The gap before the run on one slice is shrinking, the grow-back's gap growing; neither is restarting.
+    assert status["badput"]["shrinking"] > 0 and status["badput"]["growing"] > 0, status["badput"]
+    assert status["badput"]["restarting"] == 0, status["badput"]
     history = json.loads((run_dir / "slices.json").read_text())["history"]
     assert [n for _, n in history] == [2, 1, 2]
     print(f"worst relative loss difference {worst:.2e} over {len(got)} reported steps; "
-          f"one slice ran steps {one[0]['step']}-{one[-1]['step']}")
+          f"one slice ran steps {one[0]['step']}-{one[-1]['step']}; badput {status['badput']}")

@@ -66,7 +66,7 @@ def test_killed_host_then_sigterm_restart_resume_and_goodput_accounts_for_the_ti
     assert "exited with code 143 (stopped by SIGTERM)" in text and "restart 2 (preemption)" in text, text
     status = yaml.safe_load((run_dir / "status.yaml").read_text())["status"]
     assert status["phase"] == "Succeeded" and status["step"] == 18
-    assert status["restarts"] == {"failure": 1, "preemption": 1, "hang": 0, "total": 2}
+    assert status["restarts"] == {"failure": 1, "preemption": 1, "hang": 0, "hardware": 0, "total": 2}
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     attempts: dict[float, list[dict]] = {}

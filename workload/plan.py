@@ -285,6 +285,18 @@ def check(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float,
                     host_capacity_gib=host_capacity_gib)
 
 
+def worst(results: list[tuple[int, PlanResult]]) -> PlanResult:
+    """One result for plans at several slice counts (an elastic job): the first that does not fit or could not
+    be checked, else the one that needs the most HBM per device; with the slice count it is for, every
+    count's HBM per device, and the compile time of all of them."""
+    by = {str(k): r.hbm_per_device_gib for k, r in results if r.hbm_per_device_gib is not None}
+    bad = [(k, r) for k, r in results if r.verdict != "Fits"]
+    k, r = bad[0] if bad else max(results, key=lambda kr: kr[1].hbm_per_device_gib or 0.0)
+    total = sum(x.compile_seconds or 0.0 for _, x in results)
+    return r.model_copy(update=dict(slices=k, hbm_by_slices=by, compile_seconds=round(total, 1) if total else None,
+                                    message=f"on {k} slice(s): {r.message}" if len(results) > 1 else r.message))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpu_workload.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="TrainerConfig JSON file (the one the pods mount)")
@@ -295,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--headroom", type=float, default=0.10, help="fraction of HBM (and host memory) to keep "
                                                                      "free (default 0.10)")
     parser.add_argument("--termination-log", help="also write the result here (e.g. /dev/termination-log)")
+    parser.add_argument("--slice-counts", help="an elastic job: compile at each of these slice counts (e.g. 2,1; the "
+                                               "config applied with TrainerConfig.at_slices) and report the worst")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before JAX is imported: nothing may initialise libtpu before the flags are checked, and several
@@ -309,8 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags on first use
     except ImportError:
         pass
-    result = check(cfg, capacity_gib=args.hbm_capacity_gib, headroom=args.headroom,
-                   host_capacity_gib=args.host_capacity_gib)
+    counts = [int(c) for c in args.slice_counts.split(",")] if args.slice_counts else [cfg.slices]
+    results = [(k, check(cfg if k == cfg.slices else cfg.at_slices(k), capacity_gib=args.hbm_capacity_gib,
+                         headroom=args.headroom, host_capacity_gib=args.host_capacity_gib)) for k in counts]
+    result = worst(results) if args.slice_counts else results[0][1]
     print(result.model_dump_json(by_alias=True, exclude_defaults=True), flush=True)
     if args.termination_log:
         with open(args.termination_log, "w") as f:

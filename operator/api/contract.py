@@ -394,6 +394,10 @@ class PlanResult(Base):
     change: list[str] = _desc("Fields to change (paths under spec).", default_factory=list)
     largest: list[str] = _desc("The largest allocations XLA reports, largest first.", default_factory=list)
     rejected_flags: list[RejectedFlag] = _desc("LIBTPU_INIT_ARGS flags libtpu refused.", default_factory=list)
+    slices: int | None = _desc("The slice count this result is for (an elastic job's plan at every count: the "
+                               "worst of them).", default=None)
+    hbm_by_slices: dict[str, float] = Field(default_factory=dict, alias="hbmPerDeviceGiBBySlices",
+                                            description="An elastic job: HBM per device at each slice count compiled.")
 
     @property
     def fits(self) -> bool | None:

@@ -12,7 +12,9 @@ The rule (`verdict`), first match wins:
 1. A user error (exit code 3) anywhere fails the job at once: retrying cannot fix it.
 2. SIGTERM (143, or a pod the cluster marked as disrupted) is a preemption: restarted, counted
    under `preemption`, and not charged against `maxRestarts` (Kubernetes' pod failure policy
-   `Ignore` on DisruptionTarget does the same: a preempted job is not at fault).
+   `Ignore` on DisruptionTarget does the same: a preempted job is not at fault). A node of a running
+   slice that GKE says is unhealthy (controller/health.py) is likewise restarted, counted under
+   `hardware`, and not charged: the operator stopped the job with SIGTERM to save the step in flight.
 3. An exit code outside `restartOnExitCodes` fails the job at once (the default list is the
    retryable classes: 42, 137, 143; an empty list restarts every code but 3).
 4. A failure or a hang when `failure + hang` restarts already reach `maxRestarts` fails the job.
@@ -40,7 +42,7 @@ from .timestamps import Timestamp
 if TYPE_CHECKING:  # models imports this module for its defaults
     from .models import FailurePolicySpec
 
-Cause = Literal["failure", "preemption", "hang"]
+Cause = Literal["failure", "preemption", "hang", "hardware"]
 DEFAULT_RESTART_ON_EXIT_CODES = (int(ExitCode.RETRYABLE), int(ExitCode.KILLED), int(ExitCode.STOPPED))
 NEVER_RESTARTED = (int(ExitCode.USER),)
 CLASSES = {int(ExitCode.OK): "finished", int(ExitCode.UNEXPECTED): "unexpected error",
@@ -55,6 +57,9 @@ class RestartCounts(Base):
     preemption: int = _desc("Restarts after SIGTERM (preemption, maintenance, eviction); not charged "
                             "against maxRestarts.", default=0, ge=0)
     hang: int = _desc("Restarts after no step completed within the hang timeout.", default=0, ge=0)
+    hardware: int = _desc("Restarts after a node of a running slice turned unhealthy (GKE's TPU partition-state "
+                          "label or the node's Ready condition); the step in flight was saved first; not "
+                          "charged against maxRestarts.", default=0, ge=0)
     total: int = _desc("All restarts.", default=0, ge=0)
 
     @property
@@ -69,7 +74,7 @@ class RestartCounts(Base):
 class LastRestart(Base):
     """The latest restart the operator decided: why, and which JobSet it replaced."""
 
-    cause: Cause = _desc("failure, preemption or hang.")
+    cause: Cause = _desc("failure, preemption, hang or hardware.")
     exit_code: int | None = _desc("Exit code of the pod that failed first, if one did.", default=None)
     message: str = _desc("What happened, with the trainer's last error line.", default="")
     job_set_uid: str | None = _desc("uid of the JobSet that was replaced (a restart is counted once per JobSet).",
@@ -97,7 +102,7 @@ class PodExit:
 class Failure:
     """Why an attempt failed: the pod that speaks for it, and every pod's progress it could give."""
 
-    cause: Cause | Literal["user"]
+    cause: Cause | Literal["user"]  # hardware: an unhealthy node, before any pod failed
     code: int | None
     pod: str
     error: str
@@ -105,6 +110,8 @@ class Failure:
     slice_index: int | None = None  # the slice of `pod`, when known
 
     def describe(self) -> str:
+        if self.cause == "hardware":  # no pod failed: the operator stops the job (controller/health.py)
+            return self.error
         code = f"exited with code {self.code} ({CLASSES.get(self.code, 'unclassified')})" \
             if self.code is not None else "was lost (no exit code)"
         return f"{self.pod} {code}" + (f": {self.error}" if self.error else "")
@@ -152,6 +159,9 @@ def verdict(policy: FailurePolicySpec, restarts: RestartCounts, failure: Failure
         if failure.cause == "user":
             return Verdict(False, None, 0, f"{what}; a user error is never retried")
         cause = failure.cause
+        if cause == "hardware":  # the operator stopped it (controller/health.py): no exit code to judge
+            delay = backoff_s(policy, restarts)
+            return Verdict(True, cause, delay, f"{what}; restart {restarts.total + 1} ({cause}) in {delay:g} s")
         listed = policy.restart_on_exit_codes
         if cause == "failure" and listed and failure.code not in listed:
             return Verdict(False, None, 0, f"{what}; not in restartOnExitCodes {sorted(listed)}")

@@ -25,6 +25,11 @@ compiles and is counted as start-up. Everything else is badput, in seconds:
               step in flight when a pod failed
   restarting  an attempt's failure seen → the next attempt's  INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION
               pods running (backoff, deletion, scheduling)
+  shrinking   instead of restarting when the next attempt     INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION
+              runs on fewer slices (elastic: a slice lost →   (the library has no resize type)
+              running on the slices left)
+  growing     a grow-back's stop (SIGTERM after a checkpoint) (none: no resize type there; OTHER
+              → the attempt on every slice running again     at most)
   hung        the last completed step → the restart of a      (none: it lands in OTHER there)
               hung attempt
   other       the rest: what no bucket above explains (the    OTHER
@@ -38,7 +43,13 @@ status, folds each attempt in as it ends, so the figures survive restarts of the
 JobSet and of the operator.
 
 The badput types are those of ml-goodput-measurement's `BadputType` (AI-Hypercomputer/
-ml-goodput-measurement, ml_goodput_measurement/src/goodput_utils.py).
+ml-goodput-measurement, ml_goodput_measurement/src/goodput_utils.py: TPU_INITIALIZATION, TRAINING_PREP,
+PROGRAM_STARTUP, DATA_LOADING_SYNC, DATA_LOADING_ASYNC, UNPRODUCTIVE_CHECKPOINT_SAVE_TIME,
+UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME, WASTED_PROGRESS_FROM_DISRUPTION,
+INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION, CUSTOM_BADPUT_EVENTS, OTHER). It has no elastic or resize type,
+so `shrinking` and `growing` are this project's own: the time a resize costs, kept apart from
+`restarting` so the price of elasticity can be read. Steps trained on fewer slices are goodput (they
+survive); `tpujob report` shows when they ran.
 """
 
 from __future__ import annotations
@@ -48,9 +59,11 @@ from typing import Literal
 from .contract import Base, _desc
 from .lifecycle import Progress
 
-BUCKETS = ("queued", "startup", "checkpoint", "eval", "data", "lost", "restarting", "hung", "other")
+BUCKETS = ("queued", "startup", "checkpoint", "eval", "data", "lost", "restarting", "shrinking", "growing",
+           "hung", "other")
 # How an attempt ended. The first three are final; after the others the job runs again.
-Ending = Literal["succeeded", "failed", "user", "failure", "preemption", "hang", "suspended"]
+Ending = Literal["succeeded", "failed", "user", "failure", "preemption", "hang", "hardware", "suspended"]
+Resize = Literal["shrink", "grow"]  # the next attempt runs on fewer slices, or on every slice again
 FINAL = ("succeeded", "failed", "user")
 
 
@@ -66,6 +79,10 @@ class Badput(Base):
                         default=0.0, ge=0)
     lost: float = _desc("Steps recomputed after a restart, and steps in flight at a failure.", default=0.0, ge=0)
     restarting: float = _desc("A failure seen → the next attempt's pods running.", default=0.0, ge=0)
+    shrinking: float = _desc("A slice lost → the next attempt's pods running on the slices left (elastic).",
+                             default=0.0, ge=0)
+    growing: float = _desc("A grow-back's stop → the attempt on every slice running (elastic).",
+                                default=0.0, ge=0)
     hung: float = _desc("The last completed step → the restart of a hung attempt.", default=0.0, ge=0)
     other: float = _desc("Wall time no other bucket explains.", default=0.0, ge=0)
 
@@ -108,6 +125,8 @@ class Ledger(Base):
                                         default=None)
     ended_at: float | None = _desc("When the latest attempt ended.", default=None)
     ended_by: Ending | None = _desc("How it ended.", default=None)  # type: ignore[valid-type]
+    resize: Resize | None = _desc("The next attempt runs on another slice count: its gap is shrinking or "
+                                  "growing, not restarting.", default=None)  # type: ignore[valid-type]
     as_of: float | None = _desc("When the ledger last changed: the figures are as of then.", default=None)
 
 
@@ -120,8 +139,12 @@ def start_attempt(ledger: Ledger, at: float, created: float) -> Ledger:
 
 
 def _add_gap(ledger: Ledger, seconds: float) -> Badput:
-    """The time between attempts: queued before the first and after a suspension, else restarting."""
-    bucket = "queued" if ledger.ended_at is None or ledger.ended_by == "suspended" else "restarting"
+    """The time between attempts: queued before the first and after a suspension, shrinking or growing
+    before an attempt on another slice count, else restarting."""
+    if ledger.ended_at is None or ledger.ended_by == "suspended":
+        bucket = "queued"
+    else:
+        bucket = {"shrink": "shrinking", "grow": "growing"}.get(ledger.resize or "", "restarting")
     return ledger.badput.model_copy(update={bucket: max(0.0, getattr(ledger.badput, bucket) + seconds)})
 
 
@@ -142,9 +165,16 @@ def observe(ledger: Ledger, progress: Progress, at: float, created: float) -> Le
     return ledger.model_copy(update=dict(update, attempt=a.model_copy(update=dict(progress=progress))))
 
 
-def end_attempt(ledger: Ledger, at: float, how: Ending, final: Progress | None = None) -> Ledger:
+def resized(ledger: Ledger, resize: Resize | None) -> Ledger:
+    """The attempt that just ended is followed by one on another slice count (or not: None)."""
+    return ledger if ledger.resize == resize else ledger.model_copy(update=dict(resize=resize))
+
+
+def end_attempt(ledger: Ledger, at: float, how: Ending, final: Progress | None = None,
+                resize: Resize | None = None) -> Ledger:
     """The attempt ended at `at`: fold its start-up, checkpoint and data time and steps into the ledger. Its
-    steps are settled now when the job is over, else when the next attempt reports."""
+    steps are settled now when the job is over, else when the next attempt reports. `resize`: the next
+    attempt runs on fewer slices (shrink) or on every slice again (grow)."""
     a = ledger.attempt
     if a is None:
         return ledger.model_copy(update=dict(ended_by=how if how in FINAL else ledger.ended_by, as_of=at))
@@ -170,7 +200,7 @@ def end_attempt(ledger: Ledger, at: float, how: Ending, final: Progress | None =
             kept, lost = unsettled.split(p.step if how == "succeeded" else unsettled.last_checkpoint_step)
             productive, badput, unsettled = productive + kept, badput.add(lost=lost), None
     return Ledger(productive=productive, badput=badput, attempt=None, unsettled=unsettled, ended_at=at,
-                  ended_by=how, as_of=at)
+                  ended_by=how, resize=resize, as_of=at)
 
 
 def report(ledger: Ledger, created: float, as_of: float | None = None) -> tuple[float, float, Badput]:

@@ -493,6 +493,12 @@ class PlanStatus(Base):
     fits: bool | None = _desc("Fits with the headroom asked for; unset when it could not be checked.", default=None)
     compile_seconds: float | None = _desc("Time in the TPU compiler.", default=None)
     libtpu_version: str | None = _desc("The libtpu that compiled it.", default=None)
+    slices: int | None = _desc("The slice count the figures are for: an elastic job is compiled at every count from "
+                               "spec.tpu.slices down to elastic.minSlices, and the worst is shown (the first that "
+                               "does not fit or could not be checked, else the most HBM per device).", default=None)
+    hbm_by_slices: dict[str, float] | None = Field(
+        default=None, alias="hbmPerDeviceGiBBySlices",
+        description="An elastic job: HBM per device at each slice count compiled (slice count -> GiB).")
     checked_at: Timestamp | None = _desc("When the pre-flight finished.", default=None)
 
 

@@ -4,9 +4,10 @@ Attempt boundaries come from the phase the reconcile computed and its restart de
 - an attempt starts when the job becomes Running with none open (the trainer's own start time
   replaces that observation once it reports);
 - the trainer's reports (`Sample.progress`) update it; a report from an older process is ignored;
-- it ends when a restart is decided (cause failure, preemption or hang), a grow-back stops the smaller
-  JobSet (as a preemption), or the job Succeeds, Fails or is Suspended; `final` is the best last word of the attempt (the failed pods' termination
-  records, or the final /status read on completion).
+- it ends when a restart is decided (cause failure, preemption, hang or hardware), a grow-back stops the
+  smaller JobSet (as a preemption), or the job Succeeds, Fails or is Suspended; `final` is the best last
+  word of the attempt (the failed pods' termination records, or the final /status read on completion);
+  the gap to the next attempt is `shrinking` or `growing` when that attempt runs on another slice count.
 The figures in the status (`goodput`, `badput`) are recomputed only when the ledger changes, as of
 that change, so a reconcile that learns nothing writes nothing.
 """
@@ -43,6 +44,18 @@ def ending(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus) -> ledger_lib.E
     return None
 
 
+def resize(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus) -> ledger_lib.Resize | None:
+    """The next attempt runs on fewer slices (an elastic restart, restarts.decide), or on all of them again by a
+    grow-back (a restart back onto every slice is restarting, not growing)."""
+    before = old.slices.running if old.slices is not None else None
+    after = new.slices.running if new.slices is not None else None
+    if not before or not after or before == after:
+        return None
+    if after < before:
+        return "shrink"
+    return "grow" if new.last_restart == old.last_restart else None
+
+
 def _ledger(status: TPUTrainingJobStatus, sample: Sample | None, t: float, t0: float) -> ledger_lib.Ledger:
     ledger = status.accounting or ledger_lib.Ledger()
     if status.phase == "Running":
@@ -71,7 +84,7 @@ def settled(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus, sample: Sample
     ledger = _ledger(new, sample, t, t0)
     how = ending(old, new)
     if how is not None:
-        ledger = ledger_lib.end_attempt(ledger, t, how, final)
+        ledger = ledger_lib.end_attempt(ledger, t, how, final, resize(old, new))
     if ledger == old.accounting or (old.accounting is None and ledger == ledger_lib.Ledger()):
         return new
     fraction, _, badput = ledger_lib.report(ledger, t0)

@@ -103,14 +103,14 @@ async def delete_unstarted(kube: Kube, jobset: Obj) -> None:
 async def replace_jobset(kube: Kube, namespace: str, jobset: Obj, cause: str) -> None:
     """Delete a JobSet a restart replaces (foreground: its pods go first; only this uid). Its DELETED
     event brings the job back, and the reconcile creates the JobSet again once the backoff is over.
-    Unless the restart is for a preemption (its pods are saving the step in flight), the pods go at
+    Unless the restart is for a preemption or an unhealthy node (its pods are saving the step in flight), the pods go at
     once (gracePeriodSeconds 0): a JAX process cannot save without all of its peers, so a failed or
     hung attempt's survivors would only sit out their grace period in a collective."""
     meta = jobset["metadata"]
     if meta.get("deletionTimestamp"):
         return
     try:
-        if cause != "preemption":
+        if cause not in ("preemption", "hardware"):  # hardware: stopped to save the step in flight (health.py)
             await kube.delete_all(PODS, namespace, f"{LABEL_JOBSET}={meta['name']}",
                                   {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
         await kube.delete(JOBSETS, namespace, meta["name"], {

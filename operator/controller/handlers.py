@@ -1,5 +1,7 @@
 """Every kopf handler of the operator, each a line or two that hands over to the manager.
 
+- An index of GKE's TPU nodes (label `cloud.google.com/gke-tpu-accelerator`) that are unhealthy, with why
+  (health.py); a node event that says unhealthy has every Running job look at where its pods are.
 - Indices of TPUTrainingJobs, of the JobSets labelled `training.tpu-operator.dev/job`, of the
   pre-flight batch Jobs (preflight.py), and of the Kueue Workloads a JobSet owns: the manager's
   caches, filled from kopf's watches (kopf runs the other handlers only once all are filled from
@@ -27,7 +29,7 @@ import kopf
 from ..api import names
 from ..api.models import GROUP, PLURAL, VERSION
 from ..rendering.preflight import LABEL_ROLE, ROLE
-from . import kueue, preflight
+from . import health, kueue, preflight
 from .kube import BATCH_JOBS, JOBSETS
 from .manager import Manager
 
@@ -37,6 +39,8 @@ OURS = {names.LABEL_JOB: kopf.PRESENT}
 WORKLOAD = {"group": kueue.GROUP, "plural": kueue.PLURAL}  # any served version: the preferred one
 PREFLIGHT = (BATCH_JOBS.group, BATCH_JOBS.version, BATCH_JOBS.plural)
 OUR_PREFLIGHTS = {names.LABEL_JOB: kopf.PRESENT, LABEL_ROLE: ROLE}
+NODE = ("", "v1", "nodes")
+TPU_NODES = {health.ACCELERATOR_LABEL: kopf.PRESENT}  # GKE's TPU nodes only: no other node is cached
 
 
 def _owned_by_a_jobset(body: kopf.Body, **_: Any) -> bool:
@@ -72,6 +76,15 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, login: Any) -> N
         key = preflight.job_key(body)
         return {key: preflight.trim(_plain(body))} if key else {}
 
+    @kopf.index(*NODE, id="nodes", labels=TPU_NODES, registry=registry)
+    async def nodes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        reason = health.unhealthy_reason(body)  # only the unhealthy ones are kept: a name and a sentence each
+        return {name: reason} if reason else {}
+
+    @kopf.on.event(*NODE, id="node", labels=TPU_NODES, registry=registry)
+    async def node_event(body: kopf.Body, **_: Any) -> None:
+        manager.node_seen(body)
+
     @kopf.on.event(*JOB, id="job", registry=registry)
     async def job_event(namespace: str, name: str, **_: Any) -> None:
         manager.add((namespace, name), "job")
@@ -90,8 +103,8 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, login: Any) -> N
 
     @kopf.on.startup(id="manager", registry=registry)
     async def start(jobs: kopf.Index, jobsets: kopf.Index, workloads: kopf.Index, preflights: kopf.Index,
-                    **_: Any) -> None:
-        manager.start(jobs, jobsets, workloads, preflights)
+                    nodes: kopf.Index, **_: Any) -> None:
+        manager.start(jobs, jobsets, workloads, preflights, nodes)
 
     @kopf.on.cleanup(id="manager", registry=registry)
     async def stop(**_: Any) -> None:

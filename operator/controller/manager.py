@@ -35,7 +35,7 @@ from typing import Any
 
 from ..api import names, timestamps
 from ..api.models import RuntimeSpec, TPUTrainingJobStatus
-from . import kueue, preflight
+from . import health, kueue, preflight
 from .children import owner_of
 from .kube import JOBSETS, ApiError, Kube, Obj
 from .metrics_reader import MetricsReader
@@ -48,8 +48,9 @@ log = logging.getLogger("tpu_operator")
 Key = tuple[str, str]  # (namespace, job name)
 Index = Mapping[Hashable, Any]  # kopf.Index: key -> a store of the values indexed under it
 # The reason a reconcile ran, for the operator's metrics: the first of these it was queued for.
-TRIGGERS = ("job", "jobset", "workload", "preflight", "resync", "metrics", "retry")
+TRIGGERS = ("job", "jobset", "workload", "preflight", "node", "resync", "metrics", "retry")
 LOOK_AT_PODS = {"jobset", "resync"}  # the only triggers that may list a JobSet's pods
+LOOK_AT_NODES = {"node", "jobset", "resync"}  # ... and, while a TPU node is unhealthy, a Running job's (health.py)
 
 
 def _first(store: Any) -> Obj | None:
@@ -72,6 +73,7 @@ class Manager:
         self.jobsets: Index = {}
         self.workloads: Index = {}
         self.preflights: Index = {}
+        self.nodes: Index = {}  # TPU node name -> why it is unhealthy (only unhealthy ones: health.py)
         self.written: dict[Key, Obj] = {}
         self.superseded: dict[Key, set[str | None]] = {}  # resourceVersions older than `written`'s
         self.made: dict[Key, Obj] = {}  # JobSets created or adopted here that the watch has not delivered yet
@@ -86,9 +88,11 @@ class Manager:
 
     # --- what sets reconciles going ---------------------------------------------------------------
 
-    def start(self, jobs: Index, jobsets: Index, workloads: Index, preflights: Index | None = None) -> None:
+    def start(self, jobs: Index, jobsets: Index, workloads: Index, preflights: Index | None = None,
+              nodes: Index | None = None) -> None:
         self.jobs, self.jobsets, self.workloads = jobs, jobsets, workloads
         self.preflights = preflights if preflights is not None else {}
+        self.nodes = nodes if nodes is not None else {}
         self.tasks = [asyncio.create_task(self.queue.run_timers(), name="queue-timers"),
                       asyncio.create_task(self._ticker(), name="ticker"),
                       *(asyncio.create_task(self._worker(), name=f"worker-{i}") for i in range(self.workers))]
@@ -112,6 +116,17 @@ class Manager:
         key = preflight.job_key(job)
         if key is not None:
             self.queue.add(key, "preflight")
+
+    def node_seen(self, node: Obj) -> None:
+        """A TPU node changed: if GKE says it is unhealthy, every Running job looks at where its pods are (one pod
+        list each; the jobs on healthy nodes change nothing). Which jobs run on a node is not cached: pods are
+        never watched (rbac.py)."""
+        if health.unhealthy_reason(node) is not None:
+            for key in list(self.due_metrics):  # the Running jobs
+                self.queue.add(key, "node")
+
+    def unhealthy(self) -> dict[str, str]:
+        return {name: reason for name, store in self.nodes.items() for reason in store}
 
     def workload_seen(self, workload: Obj) -> None:
         """A Workload changed: reconcile the job whose JobSet owns it (if the JobSet is one of ours)."""
@@ -216,7 +231,8 @@ class Manager:
                 jobset = None
         seen = Seen(jobset, self.samples.pop(key, None), self.workloads_of(key),
                     list(self.preflights.get(key) or ()), look_at_pods=bool(reasons & LOOK_AT_PODS),
-                    probe=_first(self.jobsets.get((key[0], names.growback_name(key[1])))))
+                    probe=_first(self.jobsets.get((key[0], names.growback_name(key[1])))),
+                    unhealthy=self.unhealthy(), look_at_nodes=bool(reasons & LOOK_AT_NODES))
         outcome = await reconcile(self.means, job, seen)
         if outcome.job is not None:
             if outcome.job is not job:  # a status write: the version it was computed from is older now

@@ -213,7 +213,9 @@ def decide(found: Obj | None, pods: Sequence[Obj] | None, age_s: float, timing: 
 def plan_status(result: PlanResult | None, capacity: float, now: datetime.datetime) -> PlanStatus:
     r = result or PlanResult(verdict="CompileError", message="")
     return PlanStatus(hbm_per_device_gib=r.hbm_per_device_gib, hbm_capacity_gib=r.hbm_capacity_gib or capacity,
-                      host_per_device_gib=r.host_per_device_gib or None, fits=r.fits, compile_seconds=r.compile_seconds, libtpu_version=r.libtpu_version, checked_at=now)
+                      host_per_device_gib=r.host_per_device_gib or None, fits=r.fits, compile_seconds=r.compile_seconds,
+                      libtpu_version=r.libtpu_version, slices=r.slices, hbm_by_slices=r.hbm_by_slices or None,
+                      checked_at=now)
 
 
 def compiling(status: TPUTrainingJobStatus, name: str, where: str, generation: int | None,

@@ -35,6 +35,10 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # retries its namespace watch as long as it runs (a 403 every few seconds, seen in the audit log).
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    # TPU node health (health.py): a kopf index of the nodes labelled cloud.google.com/gke-tpu-accelerator, to
+    # see GKE's partition-state label and the Ready condition of the nodes a running job's pods are on.
+    # Cluster-scoped, so granted by the ClusterRole even with rbac.namespaced.
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
     # kopf peering, only without --standalone (kopf's KopfPeering CRDs installed).
     {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings", "clusterkopfpeerings"],
      "verbs": ["get", "list", "watch", "patch"]},

@@ -33,14 +33,15 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from ..api import names, timestamps
 from ..api.models import TPUTrainingJob, TPUTrainingJobStatus
 from ..api.timestamps import Clock
 from ..api.validation import InvalidJob, parse_job
-from . import children, diagnosis, growback, kueue, phases, preflight, profiles, restarts, status as status_lib, steps
+from . import (children, diagnosis, growback, health, kueue, phases, preflight, profiles, restarts,
+               status as status_lib, steps)
 from .children import NameConflict, owner_of
 from .kube import JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 from .metrics_reader import LABEL_JOBSET, MetricsReader
@@ -95,6 +96,8 @@ class Seen:
     preflights: Sequence[Obj] = ()  # its pre-flight Jobs as the watch saw them
     look_at_pods: bool = False  # a JobSet event or a resync: the pods may be listed once
     probe: Obj | None = None  # the job's grow-back probe JobSet as watched (growback.py), None: none known
+    unhealthy: Mapping[str, str] | None = None  # TPU node -> why GKE says it is unhealthy (health.py)
+    look_at_nodes: bool = False  # a node event, a JobSet event or a resync: a Running job's pods may be listed once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +270,11 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
                                       view.condition_message("Failed"))
     if seen.look_at_pods and diagnosis.needs_pods(view):  # one list per JobSet event or resync, never per pod
         pods = await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
+    hardware = None  # only while some TPU node is unhealthy: then a Running job's pods say which nodes it is on
+    if seen.unhealthy and seen.look_at_nodes and failure is None and status_of(job_obj).phase == "Running" \
+            and not restarts.replaced(status_of(job_obj), uid):
+        pods = pods if pods is not None else await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
+        hardware = health.lost(pods, seen.unhealthy)
     profile, old = None, status_of(job_obj)
     request = profiles.requested(job_obj["metadata"].get("annotations"))
     read = sample is not None and sample.error is None
@@ -282,7 +290,7 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
         refused=() if made.created else tuple(children.refused_changes(jobset, job)), queue=job.spec.queue_name,
         workload=workload, pods=pods, sample=sample, failure=failure, planned=made.planned, profile=profile,
         tpu=job.spec.tpu, jobset_created=timestamps.parse_or_none(jobset["metadata"].get("creationTimestamp")),
-        probe_ready=growback.ready(seen.probe))
+        probe_ready=growback.ready(seen.probe), hardware=hardware)
 
 
 # --- act ---------------------------------------------------------------------------------------------

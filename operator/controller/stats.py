@@ -37,12 +37,12 @@ class Stats:
             self.goodput.labels(*key).set(status.goodput)
         for bucket in BADPUT_BUCKETS if status.badput is not None else ():
             self.badput.labels(*key, bucket).set(getattr(status.badput, bucket))
-        for cause in ("failure", "preemption", "hang") if status.restarts is not None else ():
+        for cause in ("failure", "preemption", "hang", "hardware") if status.restarts is not None else ():
             self.restarts.labels(*key, cause).set(getattr(status.restarts, cause))
 
     def forget_job(self, key: tuple[str, str]) -> None:
         for gauge, extra in ((self.goodput, ((),)), (self.badput, [(b,) for b in BADPUT_BUCKETS]),
-                             (self.restarts, [(c,) for c in ("failure", "preemption", "hang")])):
+                             (self.restarts, [(c,) for c in ("failure", "preemption", "hang", "hardware")])):
             for labels in extra:
                 try:
                     gauge.remove(*key, *labels)

@@ -9,7 +9,7 @@ The steps, in order (`STEPS`); each reads the draft the ones before it left:
 3. `queued`: the Kueue Workload's admission, for a job with a queue (kueue.py).
 4. `diagnosed`: the pods as last listed, or all ready (diagnosis.py).
 5. `ledger_observed`: the trainer's latest report into the goodput ledger, which 6 reads (accounting.py).
-6. `restart`: a failed or hung attempt meets the restart policy (restarts.py).
+6. `restart`: a failed or hung attempt, or one on an unhealthy node, meets the restart policy (restarts.py).
 6b. `grown`: an elastic job on fewer slices goes back to all once its probe is placed (growback.py).
 7. `phase`: the JobSet's status mapped onto the phase, with 6's decision (phases.py).
 8. `metrics`: the trainer's sample (status.with_sample).
@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from ..api.failures import Failure
 from ..api.models import FailurePolicySpec, SliceStatus, TPUSpec, TPUTrainingJobStatus
-from . import accounting, diagnosis, growback, kueue, phases, profiles, restarts, status as status_lib
+from . import accounting, diagnosis, growback, health, kueue, phases, profiles, restarts, status as status_lib
 from .conditions import set_condition
 from .phases import Compute, JobSetView, Notice
 
@@ -61,6 +61,7 @@ class Observed:
     tpu: TPUSpec | None = None  # spec.tpu: the slices asked for, and elastic (api/elastic.py)
     jobset_created: datetime.datetime | None = None  # the JobSet's creationTimestamp
     probe_ready: bool = False  # the grow-back probe's pods are all placed and running (growback.py)
+    hardware: health.HardwareLoss | None = None  # a node of the running pods GKE says is unhealthy (health.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,11 +115,12 @@ def ledger_observed(d: Draft, o: Observed) -> Draft:
 def restart(d: Draft, o: Observed) -> Draft:
     if restarts.replaced(d.status, o.jobset_uid):
         return dataclasses.replace(d, restart="replaced")
+    failure = o.failure or health.failure(o.hardware)  # an unhealthy node: stopped before any pod failed
     hung = restarts.hang(d.status, o.policy, o.total_steps, o.now) \
-        if o.failure is None and restarts.answered(o.sample) else None
-    if o.failure is None and hung is None:
+        if failure is None and restarts.answered(o.sample) else None
+    if failure is None and hung is None:
         return d
-    new, verdict, notices = restarts.decide(d.status, o.jobset_uid, o.failure, hung, o.policy, o.now, o.generation,
+    new, verdict, notices = restarts.decide(d.status, o.jobset_uid, failure, hung, o.policy, o.now, o.generation,
                                             o.tpu)
     return d.then(new, notices, restart="replaced" if verdict.restart else "given-up")
 

@@ -29,7 +29,9 @@ class LocalLedger:
             how = "user" if d["failure"].cause == "user" else d["failure"].cause
             self.ledger = ledger_lib.end_attempt(self.ledger, d["at"], how, d["failure"].progress)
         elif kind == "resized" and d["resize"].reason == "GrewBack":  # stopped as a preemption, to grow back
-            self.ledger = ledger_lib.end_attempt(self.ledger, d["at"], "preemption", d["progress"])
+            self.ledger = ledger_lib.end_attempt(self.ledger, d["at"], "preemption", d["progress"], "grow")
+        elif kind == "resized" and d["resize"].reason == "SliceLost":  # after the failure that ended the attempt
+            self.ledger = ledger_lib.resized(self.ledger, "shrink")
         elif kind == "succeeded":
             final = next((e.record.progress for e in d["exits"] if e.record and e.record.progress), None)
             self.ledger = ledger_lib.end_attempt(self.ledger, d["at"], "succeeded", final)

@@ -1,6 +1,7 @@
 """`tpujob report RUN_DIR`: training and eval loss, step time, time waiting for data and MFU over
 steps, and where the wall time went (goodput and each badput bucket, from the run's status.yaml), as
-one PNG."""
+one PNG. An elastic run's steps trained on fewer slices than the job asks for are shaded on every panel
+(from the run's slices.json: when each attempt started, on how many slices)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         axes[0].plot([r["step"] for r in evaluated], [r["eval_loss"] for r in evaluated], marker="o",
                      linewidth=1.2, color="tab:orange", label="eval")
         axes[0].legend()
+    for first, last, n, desired in _fewer_slices(run_dir, records):
+        for i, ax in enumerate(axes[:len(panels)]):
+            ax.axvspan(first - 0.5, last + 0.5, color="tab:orange", alpha=0.15,
+                       label=f"on {n} of {desired} slices" if i == 1 else None)
+        axes[1].legend()
     # A restart shows as a step that does not exceed the one before it.
     for prev, cur in zip(records, records[1:]):
         if cur["step"] <= prev["step"]:
@@ -46,6 +52,26 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _fewer_slices(run_dir: Path, records: list[dict]) -> list[tuple[int, int, int, int]]:
+    """(first step, last step, slices, desired) of each attempt that ran on fewer slices than desired. An
+    attempt's records are those whose trainer started at or after it and before the next attempt."""
+    path = run_dir / "slices.json"
+    if not path.exists():
+        return []
+    doc = json.loads(path.read_text())
+    history, desired = doc.get("history") or [], doc.get("desired")
+    spans = []
+    for i, (started, n) in enumerate(history):
+        if desired is None or n >= desired:
+            continue
+        until = history[i + 1][0] if i + 1 < len(history) else float("inf")
+        steps = [r["step"] for r in records
+                 if started <= ((r.get("progress") or {}).get("started_at") or -1) < until]
+        if steps:
+            spans.append((min(steps), max(steps), n, desired))
+    return spans
 
 
 def _status(run_dir: Path) -> dict:

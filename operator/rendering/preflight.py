@@ -35,6 +35,14 @@ def plan_args(job: TPUTrainingJob, config_path: str) -> list[str]:
             "--host-capacity-gib", f"{plan.host_gib_per_device:.1f}", "--headroom", f"{job.spec.plan.hbm_headroom:g}"]
 
 
+def slice_counts_args(job: TPUTrainingJob) -> list[str]:
+    """An elastic job's pre-flight compiles every count it may run on (spec.tpu.slices down to minSlices), so
+    every shape it may take is known to fit before any TPU is spent; `tpujob plan` does the same, one child
+    process per count (local/plan.py)."""
+    counts = sorted(job.spec.tpu.slice_counts, reverse=True)
+    return ["--slice-counts", ",".join(map(str, counts))] if len(counts) > 1 else []
+
+
 def plan_env(job: TPUTrainingJob) -> dict[str, str]:
     """The flags the pods get, which the compile must see: LIBTPU_INIT_ARGS and XLA_FLAGS."""
     spec = job.spec
@@ -58,8 +66,8 @@ def render_preflight(job: TPUTrainingJob, generation: int, default_image: str | 
     """The batch/v1 Job that plans `job` (its ConfigMap must exist: the pod mounts it)."""
     spec, name = job.spec, job.metadata.name
     image = default_image if default_image and "image" not in spec.model_fields_set else spec.image
-    command = [*PLAN_MODULE, *plan_args(job, f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"), "--termination-log",
-               TERMINATION_LOG]
+    command = [*PLAN_MODULE, *plan_args(job, f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"), *slice_counts_args(job),
+               "--termination-log", TERMINATION_LOG]
     env = [{"name": k, "value": v} for k, v in plan_env(job).items() if v]
     env += [{"name": e.name, "value": e.value} for e in spec.runtime.env]
     ctx = {"job": job, "name": preflight_name(name, generation), "labels": preflight_labels(name, generation),

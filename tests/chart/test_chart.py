@@ -26,7 +26,7 @@ CHART = ROOT / "charts" / "tpu-operator"
 _OPERATOR = {(r["apiGroups"][0], res): set(r["verbs"]) for r in RBAC_RULES for res in r["resources"]}
 PROXY_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "pods/proxy"}
 CRD_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "customresourcedefinitions"}
-NAMESPACE_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "namespaces"}
+NAMESPACE_RULES = {k: v for k, v in _OPERATOR.items() if k[1] in ("namespaces", "nodes")}  # cluster-scoped reads
 PEERING = {k for k in _OPERATOR if k[0] == "kopf.dev"}  # the chart runs --standalone: no peering
 NAMESPACED_RULES = {k: v for k, v in _OPERATOR.items()
                     if k not in {**PROXY_RULES, **CRD_RULES, **NAMESPACE_RULES} and k not in PEERING}

@@ -259,3 +259,34 @@ def test_other_gates_stay_when_ours_is_lifted():
     assert preflight.lift_patch(jobset) == {"metadata": {"annotations": {preflight.ADMISSION_GATE: "example.com/quota"}}}
     assert preflight.lift_patch(preflight.with_gate({"metadata": {}})) == {
         "metadata": {"annotations": {preflight.ADMISSION_GATE: None}}}
+
+
+def test_an_elastic_jobs_preflight_compiles_every_slice_count_and_reports_the_worst():
+    """The pre-flight pod's command names every count from spec.tpu.slices down to minSlices; the plan's one
+    result is the first that does not fit (else the most HBM per device), with each count's HBM in status.plan."""
+    from tpu_operator.api.contract import PlanResult
+    from tpu_operator.api.validation import parse_job
+    from tpu_operator.controller.preflight import plan_status
+    from tpu_operator.rendering.preflight import render_preflight
+    from tpu_workload.plan import worst
+
+    elastic = parse_job(tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 3,
+                                      "elastic": {"minSlices": 1}},
+                                 training={"steps": 10, "globalBatch": 48, "sequenceLength": 128}))
+    command = render_preflight(elastic, 1)["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--slice-counts") + 1] == "3,2,1"
+    whole = parse_job(tiny_job())
+    assert "--slice-counts" not in render_preflight(whole, 1)["spec"]["template"]["spec"]["containers"][0]["command"]
+
+    def fits(gib: float) -> PlanResult:
+        return PlanResult(verdict="Fits", message="fits", hbm_per_device_gib=gib, compile_seconds=2.0)
+
+    best = worst([(3, fits(5.0)), (2, fits(7.0)), (1, fits(6.0))])
+    assert (best.slices, best.hbm_per_device_gib, best.compile_seconds) == (2, 7.0, 6.0)
+    assert best.hbm_by_slices == {"3": 5.0, "2": 7.0, "1": 6.0} and best.message == "on 2 slice(s): fits"
+    too_big = PlanResult(verdict="DoesNotFit", message="does not fit HBM", hbm_per_device_gib=120.0)
+    bad = worst([(3, fits(5.0)), (2, too_big), (1, fits(6.0))])
+    assert (bad.verdict, bad.slices, bad.fits) == ("DoesNotFit", 2, False)
+    status = plan_status(best, 96.0, parse("2026-01-01T00:00:00Z"))
+    assert status.slices == 2 and status.hbm_by_slices == {"3": 5.0, "2": 7.0, "1": 6.0}
+    assert status.model_dump(by_alias=True)["hbmPerDeviceGiBBySlices"] == {"3": 5.0, "2": 7.0, "1": 6.0}

@@ -138,7 +138,7 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
   verbs: ["list", "watch", "patch"]
 {{- end }}
 
-{{/* Cluster-scoped reads: kopf scans CRDs; --all-namespaces also watches namespaces. */}}
+{{/* Cluster-scoped reads: kopf scans CRDs; --all-namespaces also watches namespaces; TPU nodes' health. */}}
 {{- define "tpu-operator.clusterRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
@@ -147,6 +147,10 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
 permission a real API server answers 403 and kopf retries its namespace watch for as long as it runs. */}}
 - apiGroups: [""]
   resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- /* TPU node health (operator/controller/health.py): GKE's partition-state label and Ready condition. */}}
+- apiGroups: [""]
+  resources: ["nodes"]
   verbs: ["list", "watch"]
 {{- end }}
 
