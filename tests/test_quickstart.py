@@ -37,30 +37,14 @@ def test_quickstart_runs_locally_and_checkpoints(tmp_path):
     assert (run_dir / "report.png").stat().st_size > 10_000
 
 
-def test_local_run_profiles_the_steps_asked_for(tmp_path):
-    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
-    doc["spec"]["training"]["steps"] = 5
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
-    run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f", str(job),
-                             "--run-dir", str(run_dir), "--profile", "2-3"], capture_output=True, text=True, timeout=540)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    traces = list((run_dir / "checkpoints" / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
-    assert len(traces) == 1 and traces[0].stat().st_size > 0  # process 0's trace: only it is asked
-    status = yaml.safe_load((run_dir / "status.yaml").read_text())["status"]
-    assert status["profile"] == {"request": "steps:2-3", "steps": "2-3", "state": "done", "path": str(traces[0])}
-    assert f"profile of steps 2-3: {traces[0]}" in result.stdout
-    assert f"tensorboard --logdir {run_dir / 'checkpoints' / 'tensorboard'}" in result.stdout
-
-
-def test_accumulation_packing_and_evaluation_run_together_locally(tmp_path):
+def test_accumulation_packing_evaluation_and_a_profile_in_one_local_run(tmp_path):
     """examples/packed-documents.yaml, scaled down to this machine: 4 microbatches of synthetic packed
-    documents and a held-out evaluation, trained on two processes."""
+    documents and a held-out evaluation, trained on two processes, with steps 2-3 traced
+    (`--profile`; one run for all four, each costs a minute of the default run)."""
     run_dir = tmp_path / "run"
     result = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "--scale-down", "--steps",
-                             "4", "-f", str(ROOT / "examples" / "packed-documents.yaml"), "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, timeout=540)
+                             "4", "-f", str(ROOT / "examples" / "packed-documents.yaml"), "--run-dir", str(run_dir),
+                             "--profile", "2-3"], capture_output=True, text=True, timeout=540)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "in 4 microbatches, synthetic packed documents" in result.stdout
     status = yaml.safe_load((run_dir / "status.yaml").read_text())["status"]
@@ -70,3 +54,8 @@ def test_accumulation_packing_and_evaluation_run_together_locally(tmp_path):
     config = yaml.safe_load((run_dir / "manifests.yaml").read_text().split("\n---\n")[0])
     trainer = yaml.safe_load(config["data"]["config.json"])["training"]
     assert trainer["microbatches"] == 4 and trainer["data"]["packing"] and trainer["eval"]["interval"] == 250
+    traces = list((run_dir / "checkpoints" / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0  # process 0's trace: only it is asked
+    assert status["profile"] == {"request": "steps:2-3", "steps": "2-3", "state": "done", "path": str(traces[0])}
+    assert f"profile of steps 2-3: {traces[0]}" in result.stdout
+    assert f"tensorboard --logdir {run_dir / 'checkpoints' / 'tensorboard'}" in result.stdout

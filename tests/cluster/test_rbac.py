@@ -65,11 +65,13 @@ def scoped_operator_acts_only_in(cluster: Cluster, team_a: str, team_b: str, hom
     assert not forbidden, forbidden
     elsewhere = sorted({e["requestURI"] for e in requests if e["objectRef"].get("namespace") not in (None, team_a)})
     assert not elsewhere, elsewhere
-    # Cluster-wide it only reads: the CRDs and namespaces kopf scans, and discovery.
+    # Cluster-wide it only reads: the CRDs and namespaces kopf scans, discovery, and the nodes whose TPU
+    # health it follows (controller/health.py; nodes belong to no namespace).
     cluster_scoped = {(e["verb"], e["objectRef"].get("resource")) for e in requests
                       if "namespace" not in e["objectRef"]}
     assert cluster_scoped <= {("list", "customresourcedefinitions"), ("watch", "customresourcedefinitions"),
-                              ("list", "namespaces"), ("watch", "namespaces"), ("get", None)}, cluster_scoped
+                              ("list", "namespaces"), ("watch", "namespaces"), ("list", "nodes"),
+                              ("watch", "nodes"), ("get", None)}, cluster_scoped
 
 
 def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retried(local_cluster: Cluster,
