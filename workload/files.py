@@ -9,7 +9,7 @@ SUFFIX = {"npy": "*.npy", "bin": "*.bin", "arrayrecord": "*.array_record*"}
 
 
 def matching(path: str, fmt: str) -> tuple[fsspec.AbstractFileSystem, str, list[str]]:
-    """(the filesystem, the glob, the matching files in sorted order, the order they are read in) of
+    """(the filesystem, the glob, the matching files in sorted order: the order they are read in) of
     `path`: a glob as given, or a directory's files of the format; local or any fsspec URL (gs://)."""
     fs, root = fsspec.core.url_to_fs(path)
     pattern = root if any(c in root for c in "*?[") else root.rstrip("/") + "/" + SUFFIX[fmt]

@@ -325,7 +325,8 @@ class Run:
         self.clock.step_done(step, step_time_s, last_checkpoint)
         flops_per_s = self.flops_per_step / step_time_s
         waited, self.data_wait_s = self.data_wait_s, 0.0
-        return StepRecord(step=step, step_time_s=step_time_s, data_wait_s=waited, global_tokens_per_s=self.tokens_per_step / step_time_s,
+        return StepRecord(step=step, step_time_s=step_time_s, data_wait_s=waited,
+                          global_tokens_per_s=self.tokens_per_step / step_time_s,
                           tflops_per_device=flops_per_s / self.devices / 1e12, mfu=flops_per_s / self.peak_flops,
                           mfu_bf16=flops_per_s / self.peak_bf16_flops if self.peak_bf16_flops else None,
                           last_checkpoint_step=last_checkpoint, progress=self.clock.snapshot().model_dump(),
@@ -334,6 +335,7 @@ class Run:
 
 
 def data_fingerprint(t: TrainingSpec) -> dict:
+    """What decides the data order of `t` (fingerprint.py), with the files a files source reads."""
     files = None
     if t.data.source == "files":
         files = fingerprint.listed_files(t.data.path, t.data.format)
