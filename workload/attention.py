@@ -231,10 +231,6 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool, segments_
 
 
 def _segment_ids_cls(spec):
-    """The Splash build's SegmentIds(q, kv)."""
-    if spec.max_logit_const is None:
-        return _jax_splash()[0].SegmentIds
-    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_base as base
-
-    return base.SegmentIds
+    """The Splash build's SegmentIds(q, kv) (each kernel module exports its own)."""
+    return (_jax_splash() if spec.max_logit_const is None else _tokamax_splash())[0].SegmentIds
 

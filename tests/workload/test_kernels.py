@@ -101,8 +101,9 @@ def test_packed_reference_attention_is_each_document_on_its_own():
             np.testing.assert_allclose(packed[b:b + 1, at], alone, atol=1e-5)
 
 
-@pytest.mark.parametrize("context", [1, 2])
-def test_splash_with_segment_ids_matches_packed_reference(context):
+@pytest.mark.parametrize("context,build", [(1, "jax"), (2, "jax"), (2, "tokamax")])
+def test_splash_with_segment_ids_matches_packed_reference(context, build):
+    """Both Splash builds: JAX's, and tokamax's (selected by maxLogitConst)."""
     B, T, N, K, H = 8, 256, 4, 2, 32
     ks = jax.random.split(jax.random.key(2), 4)
     q = jax.random.normal(ks[0], (B, T, N, H))
@@ -113,7 +114,8 @@ def test_splash_with_segment_ids_matches_packed_reference(context):
 
     def splash(q, k, v):
         with sharding.use(sh):
-            return attention.splash_attention(q, k, v, spec=BLOCKS, interpret=True, segments_BT=seg)
+            spec = BLOCKS if build == "jax" else BLOCKS.model_copy(update={"max_logit_const": 30.0})
+            return attention.splash_attention(q, k, v, spec=spec, interpret=True, segments_BT=seg)
 
     want = _value_and_grads(lambda q, k, v: attention.reference_attention(q, k, v, pos, pos, seg, seg), q, k, v,
                             ct=ct)
