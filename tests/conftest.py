@@ -18,6 +18,21 @@ NO_REAL_JOBSET_CRD = (f"strict check against the real JobSet schema: {REAL_JOBSE
                       "(../shared/schemas beside the repository)")
 
 
+def local_trainer_pid(run_dir: Path, variable: str, value: int) -> int:
+    """The pid of the trainer process of a `tpujob run --local` in `run_dir` whose environment has
+    `variable`=`value` (TPUJOB_HOST_ID, TPUJOB_SLICE_ID: which host or slice it plays)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tpu_workload" in argv and str(run_dir).encode() in b" ".join(argv) \
+                and f"{variable}={value}".encode() in env:
+            return int(proc.name)
+    raise AssertionError(f"no trainer process with {variable}={value} under {run_dir}")
+
+
 def example(name: str) -> dict[str, Any]:
     return yaml.safe_load((EXAMPLES / name).read_text())
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import tiny_job
+from tests.conftest import local_trainer_pid, tiny_job
 
 pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it out
 STEPS = 14
@@ -27,19 +27,6 @@ def _doc(elastic: bool):
                               "learningRate": {"peak": 1e-2, "warmupSteps": 1, "schedule": "constant"}},
                     checkpoint={"directory": "/checkpoints/elastic", "interval": 4, "keep": 2},
                     failurePolicy={"maxRestarts": 2, "backoffSeconds": 0.5})
-
-
-def _pid_of_slice(run_dir: Path, slice_id: int) -> int:
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"tpu_workload" in argv and str(run_dir).encode() in b" ".join(argv) \
-                and f"TPUJOB_SLICE_ID={slice_id}".encode() in env:
-            return int(proc.name)
-    raise AssertionError(f"no trainer process of slice {slice_id} under {run_dir}")
 
 
 def _start(tmp_path, name, doc):
@@ -70,7 +57,7 @@ def test_a_lost_slice_shrinks_the_run_which_grows_back_on_the_same_loss_curve(tm
             words = line.split()
             step = int(words[1].split("/")[0]) if words[:1] == ["step"] and "/" in words[1] else None
             if not killed and step is not None and step >= 5 and words[-1] not in ("-", "0"):
-                os.kill(_pid_of_slice(run_dir, 1), signal.SIGKILL)  # slice 1's host lost
+                os.kill(local_trainer_pid(run_dir, "TPUJOB_SLICE_ID", 1), signal.SIGKILL)  # slice 1's host lost
                 killed = True
         assert proc.wait(timeout=600) == 0, "".join(lines)
     finally:

@@ -14,24 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, local_trainer_pid
 
 pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it out
 POLL_S = 0.1  # the supervisor's poll: how late it may notice a dead process
-
-
-def _pid_of_host(run_dir: Path, host: int) -> int:
-    """The trainer process of `host` in this run (its environment says which host it is)."""
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            env = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"tpu_workload" in argv and str(run_dir).encode() in b" ".join(argv) \
-                and f"TPUJOB_HOST_ID={host}".encode() in env:
-            return int(proc.name)
-    raise AssertionError(f"no trainer process of host {host} under {run_dir}")
 
 
 def test_killed_host_then_sigterm_restart_resume_and_goodput_accounts_for_the_time(tmp_path):
@@ -50,12 +36,12 @@ def test_killed_host_then_sigterm_restart_resume_and_goodput_accounts_for_the_ti
             words = line.split()
             step = int(words[1].split("/")[0]) if words[:1] == ["step"] else None
             if stage == "kill" and step is not None and step >= 6 and words[-1] not in ("-", "0"):
-                os.kill(_pid_of_host(run_dir, 1), signal.SIGKILL)  # a node lost
+                os.kill(local_trainer_pid(run_dir, "TPUJOB_HOST_ID", 1), signal.SIGKILL)  # a node lost
                 stage = "restarted"
             elif stage == "restarted" and line.startswith("restarted 2 process(es)"):
                 stage = "sigterm"
             elif stage == "sigterm" and step is not None and step >= 11:
-                os.kill(_pid_of_host(run_dir, 0), signal.SIGTERM)  # maintenance on one host
+                os.kill(local_trainer_pid(run_dir, "TPUJOB_HOST_ID", 0), signal.SIGTERM)  # maintenance on one host
                 break
         out += proc.stdout.readlines()
         assert proc.wait(timeout=400) == 0, "".join(out)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import json
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -51,7 +52,19 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class Progress(BaseModel):
+class Untrusted(BaseModel):
+    """A model read from another process's JSON (a /status answer)."""
+
+    @classmethod
+    def lenient(cls, value: object) -> Self | None:
+        """The model of `value`, or None where it is absent or malformed (never an error)."""
+        try:
+            return cls.model_validate(value) if isinstance(value, dict) else None
+        except ValidationError:
+            return None
+
+
+class Progress(Untrusted):
     """What a trainer process knows of its own time (epoch seconds of its host's clock; GKE nodes
     are NTP-synchronised, so the operator compares them with its own as they are). Served under
     `progress` in /status, carried by every JSON step line and by the termination record."""
@@ -74,13 +87,6 @@ class Progress(BaseModel):
     data_wait_seconds: float = Field(0.0, description="Time the training loop blocked waiting for a step's batch, "
                                                       "after the first step (before it: start-up).")
 
-    @classmethod
-    def lenient(cls, value: object) -> "Progress | None":
-        """A Progress from untrusted JSON (a /status answer), or None."""
-        try:
-            return cls.model_validate(value) if isinstance(value, dict) else None
-        except ValidationError:
-            return None
 
 
 class TerminationRecord(BaseModel):

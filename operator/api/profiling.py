@@ -19,7 +19,9 @@ import dataclasses
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from .lifecycle import Untrusted
 
 ANNOTATION_PREFIX = "steps:"
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -63,7 +65,7 @@ def parse_annotation(value: object, total_steps: int | None = None) -> StepRange
     return parse_steps(value.strip()[len(ANNOTATION_PREFIX):], total_steps)
 
 
-class ProfileReport(BaseModel):
+class ProfileReport(Untrusted):
     """The trainer's word on the latest profile request: its answer to `POST /profile` and the `profile`
     object of `/status`."""
 
@@ -75,11 +77,3 @@ class ProfileReport(BaseModel):
     directory: str | None = None  # the TensorBoard log directory the trace goes under
     path: str | None = None  # the trace file (.xplane.pb), once written
     message: str = ""
-
-    @classmethod
-    def lenient(cls, value: object) -> "ProfileReport | None":
-        """The report in a `/status` answer, or None where there is none or it is malformed."""
-        try:
-            return cls.model_validate(value) if isinstance(value, dict) else None
-        except ValueError:
-            return None

@@ -9,11 +9,11 @@ from typing import Any
 
 from tests.conftest import operator_job as tiny_job
 from tests.operator.test_operator_units import FakeKube, job_status
-from tests.operator.test_restarts import T0, at, running
+from tests.operator.test_restarts import T0, at, fail_slices, running
 from tpu_operator.api.lifecycle import Progress
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import reconcile
-from tpu_operator.controller.kube import JOBSETS, PODS
+from tpu_operator.controller.kube import JOBSETS
 from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_operator.controller.status import Sample
 
@@ -49,14 +49,7 @@ def shrunk(kube: FakeKube) -> None:
     run(kube, at(0))
     running(kube)
     run(kube, at(5))
-    js = kube.objects[SMALL]
-    js["status"] = {"terminalState": "Failed", "conditions": [{"type": "Failed", "status": "True"}]}
-    name = f"tiny-slice-1-0-{js['metadata']['uid']}"
-    kube.objects[PODS.path("default", name)] = {
-        "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny",
-                                              "jobset.sigs.k8s.io/job-index": "1"}},
-        "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
-            "exitCode": 137, "message": "", "finishedAt": at(10)}}}]}}
+    fail_slices(kube, (1, 137))
     run(kube, at(20))
     run(kube, at(30), jobset=None)  # the backoff is over: the JobSet again, on one slice
     assert kube.objects[SMALL]["spec"]["replicatedJobs"][0]["replicas"] == 1

@@ -50,16 +50,34 @@ def new_job(kube: FakeKube, **policy: Any) -> None:
 
 def fail_jobset(kube: FakeKube, *codes_and_lines: tuple[int, str]) -> None:
     """Stand in for JobSet and the kubelet: pods that terminated with these codes and messages."""
-    js = kube.objects[JOBSETS.path("default", "tiny")]
-    js["status"] = {"terminalState": "Failed", "conditions": [{"type": "Failed", "status": "True",
-                                                               "message": "jobset failed"}]}
+    js = _failed(kube, "tiny", "jobset failed")
     for i, (code, line) in enumerate(codes_and_lines):
-        message = TerminationRecord(code=code, error=line).message()
-        name = f"tiny-slice-0-{i}-{js['metadata']['uid']}"
-        kube.objects[PODS.path("default", name)] = {
-            "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny"}},
-            "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
-                "exitCode": code, "message": message, "finishedAt": at(10 + i)}}}]}}
+        _failed_pod(kube, js, f"tiny-slice-0-{i}", code, TerminationRecord(code=code, error=line).message(), at(10 + i))
+
+
+def fail_slices(kube: FakeKube, *slices_and_codes: tuple[int, int], jobset: str = "tiny", start: int = 10) -> None:
+    """Stand in for JobSet and the kubelet: host 0 of each slice terminated with its code, in this order,
+    `start` seconds after T0 onwards (the first one is the root cause)."""
+    js = _failed(kube, jobset)
+    for i, (slice_id, code) in enumerate(slices_and_codes):
+        _failed_pod(kube, js, f"tiny-slice-{slice_id}-0", code, "", at(start + i),
+                    {"jobset.sigs.k8s.io/job-index": str(slice_id)})
+
+
+def _failed(kube: FakeKube, jobset: str, message: str | None = None) -> dict:
+    js = kube.objects[JOBSETS.path("default", jobset)]
+    condition = {"type": "Failed", "status": "True", **({"message": message} if message else {})}
+    js["status"] = {"terminalState": "Failed", "conditions": [condition]}
+    return js
+
+
+def _failed_pod(kube: FakeKube, js: dict, pod: str, code: int, message: str, finished: str,
+                labels: dict | None = None) -> None:
+    name = f"{pod}-{js['metadata']['uid']}"
+    kube.objects[PODS.path("default", name)] = {
+        "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny", **(labels or {})}},
+        "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+            "exitCode": code, "message": message, "finishedAt": finished}}}]}}
 
 
 def running(kube: FakeKube) -> None:
@@ -187,15 +205,7 @@ def test_an_elastic_job_that_loses_a_slice_is_recreated_on_the_slices_left_fake_
     assert kube.jobset()["spec"]["replicatedJobs"][0]["replicas"] == 2
     running(kube)
     run(kube, at(5))
-    js = kube.objects[JOBSETS.path("default", "tiny")]
-    js["status"] = {"terminalState": "Failed", "conditions": [{"type": "Failed", "status": "True"}]}
-    for i, code in enumerate((137, 42)):  # slice 1's host lost first, slice 0's collective fails after it
-        name = f"tiny-slice-{1 - i}-0-{js['metadata']['uid']}"
-        kube.objects[PODS.path("default", name)] = {
-            "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny",
-                                                  "jobset.sigs.k8s.io/job-index": str(1 - i)}},
-            "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
-                "exitCode": code, "message": "", "finishedAt": at(10 + i)}}}]}}
+    fail_slices(kube, (1, 137), (0, 42))  # slice 1's host lost first, slice 0's collective fails after it
     _, events = run(kube, at(20))
     status = job_status(kube)
     assert status.phase == "Restarting" and status.restarts.failure == 1
@@ -212,14 +222,7 @@ def test_an_elastic_job_that_loses_a_slice_is_recreated_on_the_slices_left_fake_
     assert "MEGASCALE_NUM_SLICES" not in env
     assert json.dumps(kube.objects[next(p for p in kube.objects if "/configmaps/" in p)], sort_keys=True) == config_map
     # Lost again with one slice left: fewer than minSlices 1 would remain, so every slice restarts.
-    js = kube.objects[JOBSETS.path("default", "tiny")]
-    js["status"] = {"terminalState": "Failed", "conditions": [{"type": "Failed", "status": "True"}]}
-    name = f"tiny-slice-0-0-{js['metadata']['uid']}"
-    kube.objects[PODS.path("default", name)] = {
-        "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny",
-                                              "jobset.sigs.k8s.io/job-index": "0"}},
-        "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
-            "exitCode": 42, "message": "", "finishedAt": at(40)}}}]}}
+    fail_slices(kube, (0, 42), start=40)
     run(kube, at(45))
     status = job_status(kube)
     assert status.slices.running == 2 and status.condition("Resized").reason == "Restarted"
