@@ -1,9 +1,9 @@
 """Evaluation on held-out data (`training.eval`): the cross entropy and perplexity of the parameters
 after every `interval`-th step and the last.
 
-The held-out set is fixed: the same `batches` batches every time (each one microbatch of
-`globalBatch / microbatches` sequences, so it needs no more memory than a training microbatch),
-so evaluations compare along the run. With `eval.data` they are that source's first batches; with
+The held-out set is fixed: the same `batches` batches of `globalBatch` sequences every time, each
+run one microbatch at a time (no more memory than a training microbatch), so evaluations compare
+along the run, whatever slice count an elastic job runs on. With `eval.data` they are that source's first batches; with
 synthetic training data and no `eval.data`, synthetic batches of steps training never reaches
 (HELD_OUT_STEP onwards), so no held-out sequence is one the model trained on.
 
@@ -32,9 +32,9 @@ class Evaluator:
         t, spec = cfg.training, cfg.training.eval
         self.cfg, self.trainer = cfg, trainer
         self.first = 0 if spec.data is not None else HELD_OUT_STEP
-        held_out = t.model_copy(update={"data": spec.data or t.data, "global_batch": t.microbatch, "microbatches": 1})
-        sharding = trainer.sharder.named(("batch", "length"), (t.microbatch, t.sequence_length))
-        self.batches = data_lib.Batches(data_lib.make_source(held_out, cfg.model.vocab), sharding, cfg.mesh.context)
+        held_out = t.model_copy(update={"data": spec.data or t.data})
+        self.batches = data_lib.Batches(data_lib.make_source(held_out, cfg.model.vocab), trainer.batch_sharding,
+                                        cfg.mesh.context)
         self.done: dict[int, dict] = {}
 
     def evaluate(self, step: int, state: dict) -> None:

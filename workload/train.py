@@ -166,6 +166,11 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
     weights = model_lib.LossWeights(moe_aux=cfg.training.moe_aux_loss_weight, z_loss=cfg.training.z_loss_weight)
     schedule = learning_rate(cfg.training)
 
+    def microbatches_of(batch):
+        """[M, B / M, T] arrays of a Batch: microbatch m takes rows m, m + M, ... (the Batch's None fields
+        stay None)."""
+        return jax.tree.map(lambda a_BT: a_BT.reshape(-1, micro, a_BT.shape[-1]).swapaxes(0, 1), batch)
+
     def loss_and_grads(params, batch):
         def loss_of(params):
             return model_lib.loss_fn(nnx.merge(graphdef, params), batch.inputs, batch.targets, batch.positions,
@@ -177,8 +182,7 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         """The whole batch's loss and gradients, one microbatch at a time: microbatch m's share is its
         part of the tokens the loss counts (1 / M each without a mask). Microbatch m takes rows m, m + M,
         ...: each device's rows split among the microbatches, so no row moves between devices."""
-        split = lambda a_BT: a_BT.reshape(-1, micro, a_BT.shape[-1]).swapaxes(0, 1)  # noqa: E731
-        micro_batches = jax.tree.map(split, batch)  # the Batch's None fields stay None
+        micro_batches = microbatches_of(batch)
         counts_M = jnp.ones((micro,)) if batch.mask is None else jnp.sum(micro_batches.mask, axis=(1, 2))
         shares_M = counts_M / jnp.maximum(jnp.sum(counts_M), 1.0)
         micro_batch = jax.tree.map(lambda a: a[:cfg.training.microbatch], batch)
@@ -197,12 +201,17 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         return total
 
     def eval_step(params, batch):
-        """The held-out batch's summed cross entropy and the tokens it counts (no aux or z-loss)."""
-        with sharding.use(sharder):
-            _, parts = model_lib.loss_fn(nnx.merge(graphdef, params), batch.inputs, batch.targets, batch.positions,
-                                         batch.segments, batch.mask)
-        count = jnp.float32(batch.targets.size) if batch.mask is None else jnp.sum(batch.mask)
-        return parts["ce"] * count, count
+        """A held-out global batch's summed cross entropy and the tokens it counts (no aux or z-loss), one
+        microbatch at a time (the memory of a training microbatch, forward only)."""
+        def one(sums, mb):
+            mb = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, micro_sharding), mb)
+            with sharding.use(sharder):
+                _, parts = model_lib.loss_fn(nnx.merge(graphdef, params), mb.inputs, mb.targets, mb.positions,
+                                             mb.segments, mb.mask)
+            count = jnp.float32(mb.targets.size) if mb.mask is None else jnp.sum(mb.mask)
+            return (sums[0] + parts["ce"] * count, sums[1] + count), None
+
+        return jax.lax.scan(one, (jnp.float32(0), jnp.float32(0)), microbatches_of(batch))[0]
 
     def train_step(state, batch):
         with sharding.use(sharder):

@@ -136,8 +136,8 @@ class DataSpec(Base):
 
 class EvalSpec(Base):
     interval: int = _desc("Evaluate every N steps (and after the last step).", default=100, ge=1)
-    batches: int = _desc("Batches of the held-out data per evaluation, each `globalBatch / microbatches` "
-                         "sequences; the same batches every time, so evaluations compare.", default=4, ge=1)
+    batches: int = _desc("Batches of `globalBatch` held-out sequences per evaluation, each run a microbatch "
+                         "at a time; the same batches every time, so evaluations compare.", default=4, ge=1)
     data: DataSpec | None = _desc(
         "The held-out data, set as `training.data` is. Unset with synthetic training data: synthetic "
         "sequences training never reads. Required when training reads files.", default=None)
