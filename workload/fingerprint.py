@@ -33,8 +33,7 @@ def of(training: TrainingSpec, files: list[tuple[str, int]] | None = None) -> di
 
 def listed_files(path: str, fmt: str) -> list[tuple[str, int]]:
     """(path, bytes) of the files the source reads (files.py), in the order it reads them."""
-    fs, _, files = files_lib.matching(path, fmt)
-    return [(name, int(fs.size(name))) for name in files]
+    return list(files_lib.matching(path, fmt)[2].items())
 
 
 def changes(saved: dict, now: dict) -> list[str]:

@@ -24,7 +24,8 @@ class Documents:
     """The records of the ArrayRecord files under `path` (a directory, glob or URL), in sorted order."""
 
     def __init__(self, path: str, dtype):
-        fs, _, files = files_lib.matching(path, "arrayrecord")
+        fs, _, sizes = files_lib.matching(path, "arrayrecord")
+        files = list(sizes)
         if not isinstance(fs, fsspec.implementations.local.LocalFileSystem):
             protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
             files = fsspec.open_local([f"simplecache::{protocol}://{f}" for f in files])
