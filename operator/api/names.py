@@ -18,6 +18,8 @@ PROFILE_ANNOTATION = "training.tpu-operator.dev/profile"
 # reactivates only Workloads it deactivated itself, never one an administrator stopped.
 DEACTIVATED_FOR_SUSPEND = "training.tpu-operator.dev/deactivated-for-suspend"
 MANAGED_BY = "tpu-operator"
+# JobSet's label (and annotation) on each pod: the index of its replicated Job, i.e. its slice.
+JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 JAX_COORDINATOR_PORT = 8476
 MEGASCALE_PORT = 8080
 
@@ -30,6 +32,13 @@ def growback_name(job: str) -> str:
     """The probe JobSet that asks the cluster whether an elastic job's missing slices can be placed
     (controller/growback.py). Its pods get no DNS hostnames, so the suffix costs no hostname length."""
     return f"{job}-grow"
+
+
+def slice_index(pod: dict) -> int | None:
+    """The slice a pod belongs to (JobSet's job index), or None where it carries none."""
+    meta = pod.get("metadata") or {}
+    index = (meta.get("labels") or {}).get(JOBSET_JOB_INDEX) or (meta.get("annotations") or {}).get(JOBSET_JOB_INDEX)
+    return int(index) if str(index).isdigit() else None
 
 
 def config_map_name(job: str) -> str:

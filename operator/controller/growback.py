@@ -19,12 +19,13 @@ never exist, and its trainers resume from the SIGTERM checkpoint. A grow-back is
 Idempotent across operator restarts: the probe has a deterministic name (a 409 adopts it), the decision
 is in the status before anything is deleted, and the probe's presence is a pure function of the status.
 
-`due`, `decide`, `wanted` are pure; `probe`, `follow` do the I/O.
+`due` and `decide` are pure; `probe`, `follow` do the I/O.
 """
 
 from __future__ import annotations
 
 import datetime
+
 from ..api import elastic, names
 from ..api.models import SliceStatus, TPUSpec, TPUTrainingJob, TPUTrainingJobStatus
 from ..rendering.manifests import render
@@ -57,11 +58,6 @@ def due(status: TPUTrainingJobStatus, tpu: TPUSpec | None, jobset_created: datet
     checkpoint = progress.last_checkpoint_step if progress.last_checkpoint_step is not None \
         else status.last_checkpoint_step
     return elastic.grow_back_due(tpu, slices.running, progress.start_step, checkpoint)
-
-
-def wanted(status: TPUTrainingJobStatus, tpu: TPUSpec | None, jobset_created: datetime.datetime | None) -> bool:
-    """Whether the probe should exist: exactly while a grow-back is due and not decided yet."""
-    return due(status, tpu, jobset_created)
 
 
 def ready(probe: Obj | None) -> bool:
@@ -110,8 +106,9 @@ def probe(job: TPUTrainingJob, default_image: str | None, extra: int) -> Obj:
 
 async def follow(kube: Kube, job: TPUTrainingJob, default_image: str | None, status: TPUTrainingJobStatus,
                  jobset_created: datetime.datetime | None, seen: Obj | None) -> None:
-    """Make the probe exist exactly while it is wanted (after this reconcile's status write)."""
-    if wanted(status, job.spec.tpu, jobset_created):
+    """Make the probe exist exactly while a grow-back is due and not decided yet (after this reconcile's
+    status write: a decided one has running == desired, so is no longer due)."""
+    if due(status, job.spec.tpu, jobset_created):
         if seen is None:
             extra = status.slices.desired - status.slices.running
             await ensure_child(kube, JOBSETS, probe(job, default_image, extra), job.metadata.uid or "")

@@ -31,12 +31,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..api import names
 from ..api.failures import Failure
 
 ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 PARTITION_STATE = re.compile(r"^cloud\.google\.com/gke-tpu-partition-(\d+x\d+x\d+)-state$")
 UNHEALTHY_STATES = ("UNHEALTHY",)  # DEGRADED: "impaired but still usable" (GKE docs)
-JOB_INDEX = "jobset.sigs.k8s.io/job-index"  # JobSet's label on each pod: its slice
 
 
 def unhealthy_reason(node: Mapping[str, Any]) -> str | None:
@@ -73,9 +73,7 @@ def placed(pods: list[Mapping[str, Any]]) -> dict[str, tuple[str, int | None]]:
         node = (pod.get("spec") or {}).get("nodeName")
         if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        meta = pod.get("metadata") or {}
-        index = (meta.get("labels") or {}).get(JOB_INDEX) or (meta.get("annotations") or {}).get(JOB_INDEX)
-        out.setdefault(node, (meta.get("name", "?"), int(index) if str(index).isdigit() else None))
+        out.setdefault(node, ((pod.get("metadata") or {}).get("name", "?"), names.slice_index(pod)))
     return out
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from ..api import elastic
+from ..api import elastic, names
 from ..api.failures import Failure, PodExit, RestartCounts, LastRestart, Verdict, root_cause, verdict
 from ..api.lifecycle import TerminationRecord
 from ..api.models import FailurePolicySpec, SliceStatus, TPUSpec, TPUTrainingJobStatus
@@ -31,7 +31,6 @@ from .phases import Notice
 from .status import Sample
 
 CONTAINER = "trainer"
-JOB_INDEX = "jobset.sigs.k8s.io/job-index"  # JobSet's label (and annotation) on each pod: its slice
 MIN_HANG_TIMEOUT_S = 600
 HANG_STEP_FACTOR = 20
 
@@ -48,10 +47,8 @@ def pod_exits(pods: list[dict[str, Any]]) -> list[PodExit]:
         if terminated is None and not disrupted and status.get("phase") != "Failed":
             continue
         code = terminated.get("exitCode") if terminated else None
-        index = ((pod["metadata"].get("labels") or {}).get(JOB_INDEX)
-                 or (pod["metadata"].get("annotations") or {}).get(JOB_INDEX))
         exits.append(PodExit(pod=pod["metadata"]["name"], code=code, disrupted=disrupted,
-                             slice_index=int(index) if index is not None and str(index).isdigit() else None,
+                             slice_index=names.slice_index(pod),
                              record=TerminationRecord.parse((terminated or {}).get("message"), code),
                              finished_at=(terminated or {}).get("finishedAt")))
     return exits
