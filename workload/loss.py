@@ -8,7 +8,8 @@ whole, the loss holds [b, T, V] f32 logits per device (7.8 GiB for Llama 3 at 16
 gradient, several gathered [D, V] copies of the weight (1 GiB each in bf16: XLA keeps one per matmul
 layout) plus its [D, V] gradient. Here the head runs one vocabulary tile at a time (the words v = a J
 + j of tile j, interleaved so a tensor-sharded vocabulary stays evenly split), and within a tile one
-sequence chunk at a time: one gathered tile of the weight and one chunk's logits exist at a time. The
+sequence chunk at a time (one chunk, the whole sequence, unless the tiles cannot shrink enough:
+`tiling`): one gathered tile of the weight and one chunk's logits exist at a time. The
 forward keeps an online logsumexp per token across tiles (running max and sum, as flash attention
 does) and the target's logit; the backward recomputes each chunk's logits from the saved logsumexp,
 rounds the softmax gradient to bf16 once (as autodiff rounds bf16 logits' cotangent) for both
@@ -48,23 +49,32 @@ def logits(x_BTD, w_DV):
     return _logits(x_BTD, _gathered(w_DV))
 
 
-def vocab_tiles(model_dim: int, vocab: int) -> int:
-    """The fewest tiles (a power of two dividing `vocab`) whose gathered bf16 weight tile fits
-    WEIGHT_TILE_BYTES: 4 for Llama 3 8B's [4096, 128256], 8 for 70B's, 1 for Mixtral's 32k words."""
+def tiling(batch: int, local_seq: int, model_dim: int, vocab: int, tensor: int = 1) -> tuple[int, int]:
+    """(sequence chunks, vocabulary tiles) of one device's head: one gathered bf16 tile of the weight
+    under WEIGHT_TILE_BYTES and one chunk's f32 logits tile under LOGITS_TILE_BYTES.
+
+    Tiles first (powers of two dividing the vocabulary, each tile's words split evenly over `tensor`,
+    at least 128 per device): a tile over the whole sequence is gathered once per pass and its weight
+    gradient is complete when the tile is done, so it is reduced to the weight's shards once. Within
+    a tile, sequence chunks would reduce each chunk's share of that gradient on its own, and XLA sinks
+    the tile's gather into the chunk loop (measured on the 8B: 16 gathers of each tile's [4096, 32064]
+    in the forward pass, for 4 tiles x 4 chunks), so chunks are the last resort, where the tiles cannot
+    shrink further: Llama 3 8B's 2 x 8192 tokens per device run in 16 tiles of 8016 words (501 MiB of
+    logits, 63 MiB of weight), Mixtral's 8192 in 2 tiles of 16000.
+    """
+    per_device = vocab // tensor
+
+    def logits_too_big(tiles: int, chunks: int) -> bool:
+        return batch * (local_seq // chunks) * (per_device // tiles) * 4 > LOGITS_TILE_BYTES
+
     tiles = 1
-    while model_dim * vocab // tiles * 2 > WEIGHT_TILE_BYTES and vocab % (2 * tiles) == 0:
+    while ((model_dim * vocab // tiles * 2 > WEIGHT_TILE_BYTES or logits_too_big(tiles, 1))
+           and vocab % (2 * tiles * tensor) == 0 and per_device // (2 * tiles) >= 128):
         tiles *= 2
-    return tiles
-
-
-def sequence_chunks(batch: int, local_seq: int, vocab_per_device: int, tiles: int) -> int:
-    """Halve a device's sequence until one chunk's f32 logits tile fits LOGITS_TILE_BYTES, keeping
-    chunks of at least 128 tokens that divide it."""
     chunks = 1
-    while (batch * (local_seq // chunks) * (vocab_per_device // tiles) * 4 > LOGITS_TILE_BYTES
-           and local_seq % (2 * chunks) == 0 and local_seq // (2 * chunks) >= 128):
+    while logits_too_big(tiles, chunks) and local_seq % (2 * chunks) == 0 and local_seq // (2 * chunks) >= 128:
         chunks *= 2
-    return chunks
+    return chunks, tiles
 
 
 def cross_entropy(x_BTD, targets_BT, w_DV, *, chunks: int, tiles: int, mask_BT=None, z_loss: bool = False):

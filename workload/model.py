@@ -40,8 +40,8 @@ class ModelConfig:
     # recomputed in the backward pass (loss.py; 1 and 1: the whole head at once).
     loss_chunks: int = 1
     vocab_tiles: int = 1
-    # The dense MLP runs over this many sequence chunks, each recomputed in the backward pass
-    # (chunked.py), where the layer is recomputed and keeps none of the MLP's activations.
+    # The dense MLP runs over this many slices of its hidden dimension F, each recomputed in the
+    # backward pass (chunked.py), where the layer is recomputed and keeps none of the MLP's activations.
     mlp_chunks: int = 1
 
 
@@ -183,15 +183,18 @@ class MLP(nnx.Module):
         weights = (self.gate[...], self.up[...], self.down[...])
         if self.cfg.mlp_chunks == 1:
             return checkpoint_name(self.swiglu(x_BTD, *weights), "mlp_out"), 0.0
-        # The layer is recomputed and keeps none of the MLP's activations: run it over sequence chunks
-        # that the backward pass recomputes one at a time, so one chunk's [tokens, F] activations
-        # exist at a time (chunked.py: no extra compute).
+        # The layer is recomputed and keeps none of the MLP's activations: run it over slices of F
+        # that the backward pass recomputes one at a time, so one slice's [tokens, F / n] activations
+        # exist at a time (chunked.py: no extra compute). Slicing F, not the sequence, gathers each
+        # weight byte once per pass and reduces each slice's gradient once: sequence chunks would
+        # gather the whole weights again for every chunk.
         sh = current()
-        like = ((lambda i, a: constrain(a, (("embed", "mlp"), ("embed", "mlp"), ("mlp", "embed"))[i])) if sh
-                else (lambda i, a: a))
-        y_NBtD = chunked.map_recompute(self.swiglu, (chunked.split_sequence(x_BTD, self.cfg.mlp_chunks),),
-                                       weights, like)
-        return checkpoint_name(chunked.join_sequence(y_NBtD), "mlp_out"), 0.0
+        axes = (("embed", "mlp"), ("embed", "mlp"), ("mlp", "embed"))
+        like_w = (lambda i, a: constrain(a, axes[i])) if sh else None
+        like_x = (lambda a: constrain(a, ("batch", "length", "act_embed"))) if sh else None
+        y_BTD = chunked.sum_over_slices(self.swiglu, (x_BTD,), weights, (1, 1, 0), self.cfg.mlp_chunks, like_w, like_x,
+                                        groups=sh.degree("mlp") if sh else 1)
+        return checkpoint_name(y_BTD, "mlp_out"), 0.0
 
     def swiglu(self, x_BTD, gate_DF, up_DF, down_FD):
         cfg = self.cfg

@@ -5,7 +5,8 @@ Dimension letters: B batch, T length, D model dim, F expert MLP dim, E experts, 
 device, R = M*k routed rows, C rows one device can receive.
 
 Dropless routing: every (token, choice) row is sorted by expert, the experts run as one grouped
-matmul over contiguous groups, and the rows are unsorted and combined with the router weights.
+matmul over contiguous groups, each row's hidden activation weighted by its router weight before the
+down projection, and the rows are unsorted and summed per token.
 
 Expert parallelism (the batch is split over `expert` too, so each device holds its own tokens):
 each device sends every routed row to the peer holding its expert with one ragged all-to-all, in
@@ -157,68 +158,83 @@ def _fp8_ragged_dot(lhs_RD, rhs_XDF, group_sizes_X):
     return ragged_dot_qt.ragged_dot_qt(lhs_RD.astype(f32), rhs_XDF.astype(f32), group_sizes_X, qt, None, f32)
 
 
-def _swiglu(x_RD, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm: Matmul):
-    """The experts' SwiGLU over rows grouped by (local) expert."""
+def _swiglu(x_RD, w_R, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm: Matmul):
+    """The experts' SwiGLU over rows grouped by (local) expert, each row's output weighted by its router
+    weight `w_R` (f32). The weight scales the row's hidden activation before the down projection (the
+    same product: the projection is linear), so its gradient comes from the activation the backward
+    pass has anyway, never from the experts' output: a rematerialised layer's recomputation then has no
+    use for the experts' output and skips them (as a weighted sum of outputs, the router's gradient
+    needed the output, which made the recomputation run every grouped matmul forward once more)."""
     dt = x_RD.dtype
     gate, up, down = (w.astype(dt) for w in (gate_XDF, up_XDF, down_XFD))
     h_RF = jax.nn.silu(grouped_matmul(x_RD, gate, group_sizes_X, mm)) * grouped_matmul(x_RD, up, group_sizes_X, mm)
+    h_RF = (h_RF.astype(jnp.float32) * w_R[:, None]).astype(dt)
     return grouped_matmul(h_RF, down, group_sizes_X, mm)
 
 
-def _swiglu_in_chunks(x_CD, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm: Matmul, chunk: int):
-    """`_swiglu` over `chunk` rows at a time, so its MLP-wide intermediates ([rows, F]: the gate and up
-    outputs, their product, their gradients) exist for one chunk, not for the whole receive buffer.
-    A chunk's groups are the parts of the experts' row ranges that fall in it.
+def _swiglu_in_slices(x_CD, w_C, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm: Matmul, slices: int):
+    """`_swiglu` over `slices` slices of the experts' hidden dimension F at a time (every row in each),
+    so its MLP-wide intermediates ([rows, F / slices]: the gate and up outputs, their product, their
+    gradients) exist for one slice, not for the whole [rows, F]; the outputs are summed in f32
+    (chunked.sum_over_slices). Each slice's weight gradient is complete when the slice is done: no
+    gradient of the whole local experts is accumulated across chunks.
 
-    With a rematerialised layer (`mm.recompute`) the backward pass recomputes one chunk at a time
-    (chunked.map_recompute): the experts still run forward twice and backward once. Without remat the
-    chunks' intermediates are kept, as one whole pass keeps them.
+    With a rematerialised layer (`mm.recompute`) the backward pass recomputes one slice at a time from
+    the rows, and the layer's own recomputation skips the experts: each grouped matmul runs once
+    forward, gate and up once more to recompute, and every matmul's two gradients once. Without remat
+    every slice's intermediates are kept, as one whole pass keeps them.
     """
-    C, D = x_CD.shape
-    n = -(-C // chunk)
-    if n == 1:
-        return _swiglu(x_CD, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm)
-    x_nQD = jnp.pad(x_CD, ((0, n * chunk - C), (0, 0))).reshape(n, chunk, D)
-    end_X = jnp.cumsum(group_sizes_X)
-    start_n1 = (jnp.arange(n) * chunk)[:, None]
-    sizes_nX = jnp.clip(jnp.minimum(end_X, start_n1 + chunk) - jnp.maximum(end_X - group_sizes_X, start_n1), 0)
+    if slices == 1:
+        return _swiglu(x_CD, w_C, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm)
     swiglu = functools.partial(_swiglu, mm=mm)
-    if mm.recompute:
-        y_nQD = chunked.map_recompute(swiglu, (x_nQD, sizes_nX), (gate_XDF, up_XDF, down_XFD))
-    else:
-        y_nQD = jax.lax.map(lambda xs: swiglu(*xs, gate_XDF, up_XDF, down_XFD), (x_nQD, sizes_nX))
-    return y_nQD.reshape(n * chunk, D)[:C]
+    return chunked.sum_over_slices(swiglu, (x_CD, w_C, group_sizes_X), (gate_XDF, up_XDF, down_XFD), (2, 2, 1),
+                                   slices, recompute=mm.recompute)
+
+
+def hidden_slices(rows: int, share: int, hidden: int, itemsize: int = 2) -> int:
+    """Slices of the experts' hidden dimension (`hidden` per device) for a buffer of `rows` rows: one
+    where its [rows, hidden] activation is small (EXPERT_CHUNK_BYTES), else enough that one slice's
+    activation is no larger than a device's own routed rows' (`share`, the balanced load) whole
+    [share, hidden]: no MLP-wide buffer grows with the expert degree. Powers of two dividing
+    `hidden`, each slice at least 128 wide."""
+    slices = 1
+    if rows * hidden * itemsize <= EXPERT_CHUNK_BYTES:
+        return slices
+    while rows // slices > share and hidden % (2 * slices) == 0 and hidden // (2 * slices) >= 128:
+        slices *= 2
+    return slices
 
 
 # ---------------------------------------------------------------------------------------------
 # Routing rows to experts
 
 
-def _sort_rows(x_MD, experts_Mk, num_experts: int):
-    """Every (token, choice) row, sorted by expert: rows [R, D], the order, rows per expert [E]."""
+def _sort_rows(x_MD, weights_Mk, experts_Mk, num_experts: int):
+    """Every (token, choice) row, sorted by expert: rows [R, D], their router weights [R] (f32), the
+    order, rows per expert [E]."""
     k = experts_Mk.shape[1]
     flat_R = experts_Mk.reshape(-1)
     order_R = jnp.argsort(flat_R, stable=True)
-    return x_MD[order_R // k], order_R, jnp.bincount(flat_R, length=num_experts)
+    w_R = weights_Mk.reshape(-1).astype(jnp.float32)[order_R]
+    return x_MD[order_R // k], w_R, order_R, jnp.bincount(flat_R, length=num_experts)
 
 
-def _combine(y_RD, order_R, weights_Mk):
-    """Sorted rows back to their tokens, summed with the router weights (f32)."""
-    M, k = weights_Mk.shape
-    y_MkD = jnp.zeros_like(y_RD).at[order_R].set(y_RD).reshape(M, k, -1)
-    return jnp.einsum("mkd,mk->md", y_MkD.astype(jnp.float32), weights_Mk.astype(jnp.float32))
+def _combine(y_RD, order_R, k: int):
+    """Sorted rows (already weighted by the router) back to their tokens, summed (f32)."""
+    y_MkD = jnp.zeros_like(y_RD).at[order_R].set(y_RD).reshape(-1, k, y_RD.shape[-1])
+    return jnp.sum(y_MkD.astype(jnp.float32), axis=1)
 
 
 def _local_experts(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, first_expert, num_experts,
                    mm: Matmul):
     """Run local experts [first_expert, first_expert + X) on the rows routed to them; others give 0."""
     X = gate_XDF.shape[0]
-    x_RD, order_R, sizes_E = _sort_rows(x_MD, experts_Mk, num_experts)
+    x_RD, w_R, order_R, sizes_E = _sort_rows(x_MD, weights_Mk, experts_Mk, num_experts)
     local_X = jax.lax.dynamic_slice_in_dim(sizes_E, first_expert, X)
     shift = jnp.sum(jnp.where(jnp.arange(num_experts) < first_expert, sizes_E, 0))
-    x_RD = jnp.roll(x_RD, -shift, axis=0)  # local experts' rows first
-    y_RD = jnp.roll(_swiglu(x_RD, local_X, gate_XDF, up_XDF, down_XFD, mm), shift, axis=0)
-    return _combine(y_RD, order_R, weights_Mk)
+    x_RD, w_R = jnp.roll(x_RD, -shift, axis=0), jnp.roll(w_R, -shift)  # local experts' rows first
+    y_RD = jnp.roll(_swiglu(x_RD, w_R, local_X, gate_XDF, up_XDF, down_XFD, mm), shift, axis=0)
+    return _combine(y_RD, order_R, weights_Mk.shape[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,21 +285,21 @@ def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offset
     return output.at[put_PI.reshape(-1)].set(got.reshape(-1, got.shape[-1]), mode="drop")
 
 
-def _by_local_expert(buffer_CD, local_PX):
-    """The receive buffer (peer-major, then expert) regrouped by local expert: rows, their order, and
-    rows per local expert."""
+def _by_local_expert(buffer_CD, w_C, local_PX):
+    """The receive buffer (peer-major, then expert) regrouped by local expert: rows, their router
+    weights, their order, and rows per local expert."""
     P, X = local_PX.shape
     C = buffer_CD.shape[0]
     if X == 1:  # one local expert: already one group
-        return buffer_CD, None, local_PX.sum(0)
+        return buffer_CD, w_C, None, local_PX.sum(0)
     expert_C = jnp.repeat(jnp.tile(jnp.arange(X), P), local_PX.reshape(-1), total_repeat_length=C)
     expert_C = jnp.where(jnp.arange(C) < local_PX.sum(), expert_C, X)  # empty rows last
     order_C = jnp.argsort(expert_C, stable=True)
-    return buffer_CD[order_C], order_C, local_PX.sum(0)
+    return buffer_CD[order_C], w_C[order_C], order_C, local_PX.sum(0)
 
 
-# The received rows of expert parallelism run in chunks where their [rows, F] activation per device
-# would pass this (bf16); the dense MLP's threshold (train.MLP_CHUNK_BYTES) too.
+# The received rows of expert parallelism run over slices of F where their [rows, F] activation per
+# device would pass this (bf16); the dense MLP's threshold (train.MLP_CHUNK_BYTES) too.
 EXPERT_CHUNK_BYTES = 128 << 20
 
 
@@ -298,25 +314,24 @@ def _expert_parallel(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *
     """This device's tokens through the experts spread over the `ex` axes (see module docstring)."""
     M, D = x_MD.shape
     k, X = experts_Mk.shape[1], gate_XDF.shape[0]
-    x_RD, order_R, sizes_E = _sort_rows(x_MD, experts_Mk, num_experts)
+    x_RD, w_R, order_R, sizes_E = _sort_rows(x_MD, weights_Mk, experts_Mk, num_experts)
     plan = _exchange(sizes_E, peers, ex)
     block = M * min(k, X)  # the most rows one device sends one peer
     a2a = functools.partial(_ragged_all_to_all, axis=ex, max_rows=block, ragged=ragged)
     C = receive_rows(M, k, X, peers)
-    buffer_CD = a2a(x_RD, jnp.zeros((C, D), x_RD.dtype), plan.send_offset_P, plan.send_P,
-                    plan.remote_offset_P, plan.recv_P)
-    rows_CD, order_C, sizes_X = _by_local_expert(buffer_CD, plan.local_PX)
-    # One chunk is a device's own routed rows (M * k, the balanced share): no MLP-wide buffer grows
-    # with the expert degree. A buffer whose [rows, F] activation is small runs whole: chunks would
-    # only cost their recomputation.
-    whole = C * gate_XDF.shape[-1] * x_MD.dtype.itemsize <= EXPERT_CHUNK_BYTES
-    y_CD = _swiglu_in_chunks(rows_CD, sizes_X, gate_XDF, up_XDF, down_XFD, mm, chunk=C if whole else M * k)
+    forward = (plan.send_offset_P, plan.send_P, plan.remote_offset_P, plan.recv_P)
+    buffer_CD = a2a(x_RD, jnp.zeros((C, D), x_RD.dtype), *forward)
+    # Each row's router weight travels with it (4 bytes beside its D values): the experts apply it.
+    w_C = a2a(w_R[:, None], jnp.zeros((C, 1), w_R.dtype), *forward)[:, 0]
+    rows_CD, w_C, order_C, sizes_X = _by_local_expert(buffer_CD, w_C, plan.local_PX)
+    slices = hidden_slices(C, M * k, gate_XDF.shape[-1], x_MD.dtype.itemsize)
+    y_CD = _swiglu_in_slices(rows_CD, w_C, sizes_X, gate_XDF, up_XDF, down_XFD, mm, slices)
     if mlp:  # F split over `tensor`: partial sums
         y_CD = jax.lax.psum(y_CD, mlp)
     if order_C is not None:
         y_CD = jnp.zeros_like(y_CD).at[order_C].set(y_CD)
     y_RD = a2a(y_CD, jnp.zeros_like(x_RD), plan.recv_offset_P, plan.recv_P, plan.home_offset_P, plan.send_P)
-    return _combine(y_RD, order_R, weights_Mk)
+    return _combine(y_RD, order_R, k)
 
 
 def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, mm: Matmul):

@@ -36,23 +36,24 @@ from .progress import Clock
 log = logging.getLogger(__name__)
 
 
-def loss_chunks(cfg: TrainerConfig) -> int:
-    """Sequence chunks of the LM head and cross entropy (loss.py): one chunk's f32 logits of one
-    vocabulary tile per device stay under loss.LOGITS_TILE_BYTES."""
+def loss_tiling(cfg: TrainerConfig) -> tuple[int, int]:
+    """(sequence chunks, vocabulary tiles) of the LM head and cross entropy (loss.tiling): one gathered
+    tile of the weight under loss.WEIGHT_TILE_BYTES, one chunk's f32 logits tile per device under
+    loss.LOGITS_TILE_BYTES."""
     m, t = cfg.mesh, cfg.training
     batch = -(-t.microbatch // (m.data * m.fsdp * m.expert))
-    vocab = -(-cfg.model.vocab // m.tensor)
-    return loss_lib.sequence_chunks(batch, t.sequence_length // m.context, vocab, vocab_tiles(cfg))
+    return loss_lib.tiling(batch, t.sequence_length // m.context, cfg.model.model_dim, cfg.model.vocab, m.tensor)
 
 
-# One sequence chunk's [tokens, F] MLP activation per device stays under this (mlp_chunks).
+# One slice's [tokens, F / slices] MLP activation per device stays under this (mlp_chunks).
 MLP_CHUNK_BYTES = 128 << 20
 
 
 def mlp_chunks(cfg: TrainerConfig) -> int:
-    """Sequence chunks of the dense MLP (model.MLP): more than one only where the layer is recomputed
-    without keeping the MLP's activations (remat full, or custom with mlp_in recomputed), each
-    chunk's bf16 [tokens, F] activation per device under MLP_CHUNK_BYTES."""
+    """Slices of the dense MLP's hidden dimension F (model.MLP): more than one only where the layer is
+    recomputed without keeping the MLP's activations (remat full, or custom with mlp_in recomputed),
+    each slice's bf16 [tokens, F / slices] activation per device under MLP_CHUNK_BYTES, every slice
+    split evenly over `tensor` and at least 128 wide (the MXU's tile)."""
     m, t, remat = cfg.mesh, cfg.training, cfg.training.remat
     recomputed = remat.policy == "full" or (remat.policy == "custom" and remat.tensors.get("mlp_in", "remat") == "remat")
     if cfg.model.is_moe or not recomputed:
@@ -60,15 +61,9 @@ def mlp_chunks(cfg: TrainerConfig) -> int:
     batch = -(-t.microbatch // (m.data * m.fsdp * m.expert))
     tokens, width = batch * (t.sequence_length // m.context), cfg.model.mlp_dim // m.tensor
     chunks = 1
-    while tokens // chunks * width * 2 > MLP_CHUNK_BYTES and t.sequence_length // m.context % (2 * chunks) == 0:
+    while tokens * (width // chunks) * 2 > MLP_CHUNK_BYTES and width % (2 * chunks) == 0 and width // (2 * chunks) >= 128:
         chunks *= 2
     return chunks
-
-
-def vocab_tiles(cfg: TrainerConfig) -> int:
-    """Vocabulary tiles of the LM head: one gathered bf16 tile of the unembedding stays under
-    loss.WEIGHT_TILE_BYTES."""
-    return loss_lib.vocab_tiles(cfg.model.model_dim, cfg.model.vocab)
 
 
 def model_config(cfg: TrainerConfig, interpret: bool, device_kind: str | None = None) -> model_lib.ModelConfig:
@@ -80,9 +75,10 @@ def model_config(cfg: TrainerConfig, interpret: bool, device_kind: str | None = 
     if kernels.tuning_cache and cfg.model.is_moe and kernels.moe_matmul == "gmm":
         gmm = tuning.resolve_gmm(kernels.gmm, tuning.GmmShape.of(cfg), kernels.tuning_cache, device_kind)
         kernels = kernels.model_copy(update={"gmm": gmm})
+    chunks, tiles = loss_tiling(cfg)
     return model_lib.ModelConfig(dims=cfg.model, kernels=kernels, precision=cfg.training.precision,
-                                 remat=cfg.training.remat, interpret=interpret, loss_chunks=loss_chunks(cfg),
-                                 vocab_tiles=vocab_tiles(cfg), mlp_chunks=mlp_chunks(cfg))
+                                 remat=cfg.training.remat, interpret=interpret, loss_chunks=chunks,
+                                 vocab_tiles=tiles, mlp_chunks=mlp_chunks(cfg))
 
 
 def learning_rate(t: TrainingSpec) -> optax.Schedule:

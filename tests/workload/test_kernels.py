@@ -42,7 +42,8 @@ def _assert_close(got, want, atol):
 
 @pytest.fixture(autouse=True)
 def chunked_experts(monkeypatch):
-    """The received rows in chunks of a device's own rows, as at full size (these shapes are small)."""
+    """The received rows over slices of F, each the size of a device's own rows' [rows, F], as at full size
+    (these shapes are small)."""
     monkeypatch.setattr(moe, "EXPERT_CHUNK_BYTES", 0)
 
 

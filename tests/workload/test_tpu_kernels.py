@@ -72,7 +72,7 @@ def test_expert_parallelism_exchanges_rows_with_ragged_all_to_all_on_tpu(compile
 
 def test_no_mlp_wide_buffer_grows_with_the_expert_degree(compiled):
     """From expert 2 to 4 the receive buffer doubles (+1024 rows of D 128); were the [rows, F 2048]
-    activations not chunked, each would grow by 1024 x 2048 x 2 B = 4 MiB, and there are several."""
+    activations not sliced, each would grow by 1024 x 2048 x 2 B = 4 MiB, and there are several."""
     case = _case(compiled, "expert_degree_growth")
     growth = case["expert4"]["temp_bytes"] - case["expert2"]["temp_bytes"]
     assert growth < 1024 * 2048 * 2, growth

@@ -102,8 +102,8 @@ def expert_parallel(_: TrainerConfig) -> dict:
 
 def expert_degree_growth(_: TrainerConfig) -> dict:
     """8 experts (top 2), 256 tokens a device, D 128 and F 2048, at expert 2 and 4: the receive buffer
-    doubles (1024 -> 2048 rows); the [rows, F] activations are chunked to a device's own 512 rows."""
-    moe.EXPERT_CHUNK_BYTES = 0  # chunked, as at full size (this child runs one case at a time)
+    doubles (1024 -> 2048 rows); the [rows, F] activations are sliced along F to the size of a device's own 512 rows'."""
+    moe.EXPERT_CHUNK_BYTES = 0  # sliced, as at full size (this child runs one case at a time)
     return {"expert2": _experts(2, D=128, F=2048, E=8), "expert4": _experts(4, D=128, F=2048, E=8)}
 
 
