@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from tests.conftest import EXAMPLES, ROOT, example, tiny_job
-from tpu_operator.api.contract import TERMINATION_MESSAGE_BYTES, PlanResult
+from tpu_operator.api import roofline
+from tpu_operator.api.catalogue import generation
+from tpu_operator.api.contract import TERMINATION_MESSAGE_BYTES, PlanResult, StepResources
 from tpu_operator.api.validation import parse_job
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -66,6 +68,57 @@ def test_a_multi_host_splash_step_compiles_for_v7x_and_prints_the_breakdown(tmp_
     assert "v7x 2x2x2 x 1 slice(s), 16 TPU7x devices" in out and "compiler:    libtpu" in out
     assert "parameters + optimizer state" in out and "activations/temporaries" in out
     assert "96 GiB per device, 86.4 GiB with 10% headroom: fits" in out and "verdict:     fits" in out
+
+
+@needs_libtpu
+def test_the_plan_reports_the_steps_flops_collectives_hbm_traffic_and_its_time_bound(tmp_path):
+    code, result, _ = plan(tmp_path, small_8b())
+    assert code == 0, result
+    r = result["resources"]
+    # By hand, per device (16 devices: one 1,024-token sequence each). Per layer forward: q, k, v, o
+    # 2·T·E·(H + 2K)·d + 2·T·H·d·E and the SwiGLU MLP 3·2·T·E·F; remat full runs it twice and the backward
+    # twice over, less the recomputed down projection, whose output the backward never reads. The
+    # unembedding 3·2·T·E·V. Splash, causal (half the blocks): 2 matmuls forward, again in the recompute,
+    # 3 for dQ, 4 for dK/dV, each 2·H·T·T·d / 2.
+    T, E, H, K, d, F, V, L = 1024, 256, 2, 2, 128, 512, 4096, 2
+    layer = 2 * T * E * (H + 2 * K) * d + 2 * T * H * d * E + 3 * 2 * T * E * F
+    xla = L * (4 * layer - 2 * T * F * E) + 3 * 2 * T * E * V
+    splash = L * (2 + 2 + 3 + 4) * 2 * H * T * T * d / 2
+    assert r["matmulTFLOP"] == float(f"{(xla + splash) / 1e12:.6g}") and r["fp8TFLOP"] == 0
+    assert r["kernelCalls"] == L * 4 and r["unknownLoops"] == 0
+    assert r["modelTFLOP"] < r["matmulTFLOP"]  # MFU's count: no remat, attention halved
+    # FSDP: weights gathered, gradients reduce-scattered, all inside the one slice.
+    assert r["iciGiB"]["all-gather"] > 0 and r["iciGiB"]["reduce-scatter"] > 0 and r["dcnGiB"] == {}
+    assert r["iciSentGiB"] > 0 and r["hbmTrafficGiB"] > 0
+    bounds = r["boundSeconds"]
+    assert set(bounds) == {"compute", "hbm", "ici", "dcn"} and bounds["dcn"] == 0
+    assert r["stepTimeBoundSeconds"] == max(bounds.values()) and bounds[r["binding"]] == max(bounds.values())
+    assert bounds["compute"] == pytest.approx(r["matmulTFLOP"] * 1e12 / (2307e12 / 2), rel=1e-3)
+    assert 0 < r["mfuCeiling"] <= 1
+    lines = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(tmp_path / "llama3-8b.yaml")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600).stdout
+    for head in ("matmuls:", "collectives: ICI", "HBM traffic:", "step time:   at least", "MFU ceiling:"):
+        assert head in lines, lines
+    assert f"bound by {r['binding']}" in lines and "all-gather" in lines
+
+
+def test_each_resources_bound_is_its_cost_over_the_chips_peak_shared_by_its_devices():
+    v7x = generation("v7x")
+    r = StepResources(matmul_tflop=1000, fp8_tflop=400, model_tflop=500, hbm_traffic_gib=2000, ici_sent_gib=150,
+                      dcn_sent_gib=10, ici_gib={"all-gather": 100}, dcn_gib={"all-reduce": 10})
+    b = roofline.bound(r, v7x, "fp8")
+    per_device = 2  # a v7x chip's two devices share its peaks
+    assert b.bound_seconds["compute"] == pytest.approx(600e12 / (2307e12 / per_device) + 400e12 / (4614e12 / per_device),
+                                                       rel=1e-3)
+    assert b.bound_seconds["hbm"] == pytest.approx(2000 * 2**30 / (7380e9 / per_device), rel=1e-3)
+    assert b.bound_seconds["ici"] == pytest.approx(150 * 2**30 / (1200e9 / 2 / per_device), rel=1e-3)  # one direction
+    assert b.bound_seconds["dcn"] == pytest.approx(10 * 2**30 / (100e9 / 8 / per_device), rel=1e-3)
+    assert b.binding == "dcn" and b.step_time_bound_s == b.bound_seconds["dcn"]
+    assert b.mfu_ceiling == pytest.approx(500e12 / b.step_time_bound_s / (4614e12 / per_device), rel=1e-3)
+    compute_bound = roofline.bound(r.model_copy(update={"dcn_sent_gib": 0, "ici_sent_gib": 1, "hbm_traffic_gib": 1}),
+                                   v7x, "bf16")
+    assert compute_bound.binding == "compute"
+    assert compute_bound.mfu_ceiling == pytest.approx(500 / 1000 * 2307 / (0.6 * 2307 + 0.4 * 2307 / 2), rel=1e-3)
 
 
 @needs_libtpu
@@ -181,3 +234,6 @@ def test_an_elastic_job_plans_every_slice_count_it_may_run_on(tmp_path):
     results = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     # Two slices (16 devices), then one (8 devices: the same batch in twice the microbatches).
     assert [(r["verdict"], r["devices"]) for r in results] == [("Fits", 16), ("Fits", 8)], results
+    # Two slices sum their gradients over DCN; one slice sends nothing between slices.
+    assert results[0]["resources"]["dcnGiB"]["all-reduce"] > 0 and results[0]["resources"]["dcnSentGiB"] > 0
+    assert results[1]["resources"]["dcnGiB"] == {} and results[1]["resources"]["boundSeconds"]["dcn"] == 0

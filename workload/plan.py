@@ -18,7 +18,10 @@ Order matters: libtpu reads LIBTPU_INIT_ARGS once per process, at the first topo
 process on a bad flag; so the flags are checked first in a child (libtpu_flags.py), JAX_PLATFORMS
 is cpu (nothing initialises libtpu earlier), and ALLOW_MULTIPLE_LIBTPU_LOAD lets several plans run
 at once. XLA's `cost_analysis()` is not used: for a scanned model with Pallas calls its
-`optimal_seconds` is negative and its `flops` count one layer.
+`optimal_seconds` is negative and its `flops` count one layer. What the step costs per device (matmul
+FLOPs, collective bytes, HBM traffic: `PlanResult.resources`) is read instead from the optimized module
+XLA dumps beside its memory report, every loop at its trip count (hlo_costs.py); the bounds those set on
+the step's time need the generation's peaks, which the operator fills in (tpu_operator.api.roofline).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from tpu_operator.api.contract import PlanResult, RejectedFlag, TrainerConfig
+from tpu_operator.api.contract import PlanResult, RejectedFlag, StepResources, TrainerConfig
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +200,31 @@ def _gib(n: float) -> float:
     return round(n / GIB, 3)
 
 
+def _figure(n: float) -> float:
+    return float(f"{n:.6g}")
+
+
+def step_resources(cfg: TrainerConfig, dump_dir: str | None, devices: int) -> StepResources | None:
+    """What the compiled step costs each device, from its optimized module in XLA's dump (hlo_costs.py), with
+    the model FLOPs MFU counts; None where there is no dump or the walk fails (logged: the plan goes on)."""
+    from . import flops, hlo_costs
+
+    try:
+        costs = hlo_costs.dump_costs(dump_dir) if dump_dir else None
+    except Exception:  # noqa: BLE001 -- a module the walk does not understand must not fail the plan
+        log.exception("reading the step's costs from its HLO failed")
+        return None
+    if costs is None:
+        return None
+    gib = lambda d: {k: _figure(v / GIB) for k, v in d.items()}  # noqa: E731
+    return StepResources(
+        matmul_tflop=_figure(costs.flops / 1e12), fp8_tflop=_figure(costs.fp8_flops / 1e12),
+        model_tflop=_figure(flops.flops_per_step(cfg.model, cfg.training) / devices / 1e12),
+        kernel_calls=int(sum(costs.kernel_calls.values())), ici_gib=gib(costs.ici_bytes), dcn_gib=gib(costs.dcn_bytes),
+        ici_sent_gib=_figure(costs.ici_wire_bytes / GIB), dcn_sent_gib=_figure(costs.dcn_wire_bytes / GIB),
+        hbm_traffic_gib=_figure(costs.hbm_bytes / GIB), unknown_loops=len(costs.unknown_loops))
+
+
 def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dump_dir: str | None = None,
          host_capacity_gib: float | None = None) -> PlanResult:
     """Compile `cfg`'s step for its slice and judge it against `capacity_gib` of HBM per device (and
@@ -240,7 +268,8 @@ def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dum
     memory = Memory.of(compiled.memory_analysis())
     numbers = dict(hbm_per_device_gib=_gib(memory.total), state_gib=_gib(memory.state),
                    temporaries_gib=_gib(memory.temporaries), host_per_device_gib=_gib(memory.host),
-                   compile_seconds=seconds, largest=largest_allocations(dump_dir))
+                   compile_seconds=seconds, largest=largest_allocations(dump_dir),
+                   resources=step_resources(cfg, dump_dir, len(devices)))
     said = (f"{_gib(memory.total)} GiB per device ({_gib(memory.state)} state + {_gib(memory.temporaries)} "
             f"temporaries) on a {where}") + (f", {_gib(memory.host)} GiB offloaded to host" if memory.host else "")
     if host_capacity_gib is not None and memory.host / GIB > host_capacity_gib * (1 - headroom):
@@ -261,9 +290,10 @@ def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dum
 
 
 def check(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float,
-          host_capacity_gib: float | None = None) -> PlanResult:
+          host_capacity_gib: float | None = None, keep_dump: str | None = None) -> PlanResult:
     """The whole check, as the CLI runs it: libtpu present, the flags of $LIBTPU_INIT_ARGS accepted (in
-    a child), then `plan` in this process with XLA's memory report dumped to a scratch directory."""
+    a child), then `plan` in this process with XLA's memory report and optimized module dumped to a
+    scratch directory (to `keep_dump`, kept, when given)."""
     base = dict(hbm_capacity_gib=capacity_gib, headroom=headroom)
     if importlib.util.find_spec("libtpu") is None:
         return PlanResult(verdict="NoLibtpu", **base, message="libtpu is not installed here, so the TPU compiler "
@@ -277,8 +307,10 @@ def check(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float,
                           change=["runtime.libtpuInitArgs"],
                           message=f"libtpu {libtpu_version()} refuses {len(bad)} LIBTPU_INIT_ARGS flag(s): " +
                                   "; ".join(f"{b.flag}: {b.message}" for b in bad))
-    with tempfile.TemporaryDirectory(prefix="tpujob-plan-") as dump:
-        # The TPU compiler reads XLA_FLAGS too: its memory report names the largest allocations.
+    with tempfile.TemporaryDirectory(prefix="tpujob-plan-") as scratch:
+        dump = keep_dump or scratch
+        # The TPU compiler reads XLA_FLAGS too: its memory report names the largest allocations, and its
+        # optimized module says what the step costs (hlo_costs.py).
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
                                    " --xla_dump_hlo_module_re=.*train_step.*").strip()
         return plan(cfg, capacity_gib=capacity_gib, headroom=headroom, dump_dir=dump,
@@ -307,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--headroom", type=float, default=0.10, help="fraction of HBM (and host memory) to keep "
                                                                      "free (default 0.10)")
     parser.add_argument("--termination-log", help="also write the result here (e.g. /dev/termination-log)")
+    parser.add_argument("--keep-dump", metavar="DIR", help="keep XLA's dump of the step (its optimized module, "
+                                                            "memory report) in DIR")
     parser.add_argument("--slice-counts", help="an elastic job: compile at each of these slice counts (e.g. 2,1; the "
                                                "config applied with TrainerConfig.at_slices) and report the worst")
     args = parser.parse_args(argv)
@@ -325,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     counts = [int(c) for c in args.slice_counts.split(",")] if args.slice_counts else [cfg.slices]
     results = [(k, check(cfg if k == cfg.slices else cfg.at_slices(k), capacity_gib=args.hbm_capacity_gib,
-                         headroom=args.headroom, host_capacity_gib=args.host_capacity_gib)) for k in counts]
+                         headroom=args.headroom, host_capacity_gib=args.host_capacity_gib,
+                         keep_dump=args.keep_dump and os.path.join(args.keep_dump, f"slices-{k}"))) for k in counts]
     result = worst(results) if args.slice_counts else results[0][1]
     print(result.model_dump_json(by_alias=True, exclude_defaults=True), flush=True)
     if args.termination_log:

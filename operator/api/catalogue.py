@@ -2,6 +2,11 @@
 
 Numbers come from ../shared/TPU.md (GKE and Cloud TPU documentation). Everything here is
 derived from a generation and a topology string; users never type chips, hosts or devices.
+
+Peaks per chip (FLOP/s, HBM, ICI and DCN bandwidth) are the Cloud TPU documentation's table of the three
+generations, https://cloud.google.com/tpu/docs/tpu7x ("System architecture": peak BF16 and FP8 compute,
+HBM bandwidth, bidirectional ICI bandwidth, DCN bandwidth per chip; v5p also at
+https://cloud.google.com/tpu/docs/v5p). They bound a step's time from below (api/roofline.py).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 TERA = 1e12
+GB = 1e9
 
 
 @dataclass(frozen=True)
@@ -21,6 +27,9 @@ class Generation:
     devices_per_chip: int  # JAX devices per chip (v7x: 2 chiplets)
     peak_bf16_flops: float  # per chip
     peak_fp8_flops: float  # per chip (v5p has no native fp8: same as bf16)
+    hbm_bandwidth: float  # bytes/s per chip
+    ici_bandwidth: float  # bytes/s per chip, both directions together (what the documentation quotes)
+    dcn_bandwidth: float  # bytes/s per chip (the documentation's Gb/s over 8)
     hbm_gib: int  # per chip
     host_ram_gb: int  # per 4-chip host VM (Cloud TPU docs: v5p 448, v6e 720, TPU7x 960 GB)
     vmem_kib: int | None  # per TensorCore; bounds --xla_tpu_scoped_vmem_limit_kib
@@ -67,17 +76,20 @@ def parse_topology(topology: str) -> tuple[int, ...]:
 GENERATIONS: dict[str, Generation] = {
     "v7x": Generation(
         name="v7x", gke_accelerator="tpu7x", machine_type="tpu7x-standard-4t", chips_per_host=4,
-        devices_per_chip=2, peak_bf16_flops=2307 * TERA, peak_fp8_flops=4614 * TERA, hbm_gib=192, host_ram_gb=960,
+        devices_per_chip=2, peak_bf16_flops=2307 * TERA, peak_fp8_flops=4614 * TERA, hbm_bandwidth=7380 * GB,
+        ici_bandwidth=1200 * GB, dcn_bandwidth=100 * GB / 8, hbm_gib=192, host_ram_gb=960,
         vmem_kib=65536, sparse_core=True, dims=3,
         fixed_topologies=("1x1x1", "2x2x1", "2x2x2", "2x2x4", "2x4x4"), max_chips=9216),
     "v6e": Generation(
         name="v6e", gke_accelerator="tpu-v6e-slice", machine_type="ct6e-standard-4t", chips_per_host=4,
-        devices_per_chip=1, peak_bf16_flops=918 * TERA, peak_fp8_flops=918 * TERA, hbm_gib=32, host_ram_gb=720,
+        devices_per_chip=1, peak_bf16_flops=918 * TERA, peak_fp8_flops=918 * TERA, hbm_bandwidth=1638 * GB,
+        ici_bandwidth=800 * GB, dcn_bandwidth=100 * GB / 8, hbm_gib=32, host_ram_gb=720,
         vmem_kib=131072, sparse_core=False, dims=2,
         fixed_topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"), max_chips=256),
     "v5p": Generation(
         name="v5p", gke_accelerator="tpu-v5p-slice", machine_type="ct5p-hightpu-4t", chips_per_host=4,
-        devices_per_chip=1, peak_bf16_flops=459 * TERA, peak_fp8_flops=459 * TERA, hbm_gib=95, host_ram_gb=448,
+        devices_per_chip=1, peak_bf16_flops=459 * TERA, peak_fp8_flops=459 * TERA, hbm_bandwidth=2765 * GB,
+        ici_bandwidth=1200 * GB, dcn_bandwidth=50 * GB / 8, hbm_gib=95, host_ram_gb=448,
         vmem_kib=None, sparse_core=False, dims=3,
         fixed_topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4"), max_chips=8960),
 }

@@ -370,6 +370,45 @@ class RejectedFlag(Base):
     message: str = _desc("libtpu's words, e.g. ERROR: Unknown command line flag 'x'.")
 
 
+# The resources a step is bound by, in the order `binding` is chosen on a tie.
+RESOURCES = ("compute", "hbm", "ici", "dcn")
+
+
+class StepResources(Base):
+    """What one train step costs each device, read from the compiled step's optimized HLO with every loop
+    at its trip count (tpu_workload.hlo_costs), and the least time each resource allows at the
+    generation's peaks (tpu_operator.api.roofline). See docs/plan.md for what is counted and what not."""
+
+    matmul_tflop: float = Field(alias="matmulTFLOP", ge=0, description=(
+        "Matmul TFLOP per device per step: XLA's dots and convolutions, and the Splash and grouped-matmul kernels "
+        "from their shapes (rematerialisation included)."))
+    fp8_tflop: float = Field(default=0.0, alias="fp8TFLOP", ge=0, description="Of those, with fp8 operands.")
+    model_tflop: float | None = Field(default=None, alias="modelTFLOP", ge=0, description=(
+        "Model TFLOP per device per step, analytic (3 x forward, no rematerialisation): what MFU counts."))
+    kernel_calls: int = _desc("Mosaic kernel calls per step (Splash, grouped matmul).", default=0, ge=0)
+    ici_gib: dict[str, float] = Field(default_factory=dict, alias="iciGiB", description=(
+        "Collective GiB per device per step inside a slice, by kind (all-gather, reduce-scatter, all-reduce, "
+        "all-to-all, ragged-all-to-all, collective-permute): each collective's full buffer (an all-gather's "
+        "result, a reduce-scatter's operand)."))
+    dcn_gib: dict[str, float] = Field(default_factory=dict, alias="dcnGiB",
+                                      description="Collective GiB per device per step between slices, by kind.")
+    ici_sent_gib: float = Field(default=0.0, alias="iciSentGiB", ge=0,
+                                description="GiB one device sends over ICI per step (ring algorithms).")
+    dcn_sent_gib: float = Field(default=0.0, alias="dcnSentGiB", ge=0,
+                                description="GiB one device sends over DCN per step.")
+    hbm_traffic_gib: float | None = Field(default=None, alias="hbmTrafficGiB", ge=0, description=(
+        "HBM GiB read and written per device per step, estimated from the module (each fused op's operands and "
+        "result once)."))
+    unknown_loops: int = _desc("Loops whose trip count could not be told, counted once.", default=0, ge=0)
+    bound_seconds: dict[str, float] = Field(default_factory=dict, alias="boundSeconds", description=(
+        "The least step time each resource allows at the generation's peaks: compute, hbm, ici, dcn."))
+    step_time_bound_s: float | None = Field(default=None, alias="stepTimeBoundSeconds", ge=0, description=(
+        "Lower bound on the step time: the largest of boundSeconds (perfect overlap of the rest)."))
+    binding: str | None = _desc("The resource with the largest bound.", default=None)
+    mfu_ceiling: float | None = _desc("modelTFLOP over stepTimeBoundSeconds at the peak MFU is computed against: the "
+                                      "most MFU this step can reach.", default=None, ge=0)
+
+
 class PlanResult(Base):
     """The train step compiled for the job's slice by the TPU compiler: per-device HBM, or why not."""
 
@@ -398,6 +437,8 @@ class PlanResult(Base):
                                "worst of them).", default=None)
     hbm_by_slices: dict[str, float] = Field(default_factory=dict, alias="hbmPerDeviceGiBBySlices",
                                             description="An elastic job: HBM per device at each slice count compiled.")
+    resources: StepResources | None = _desc("Matmul FLOPs, collective bytes and HBM traffic of one step per device, "
+                                            "and the step-time bound they set.", default=None)
 
     @property
     def fits(self) -> bool | None:

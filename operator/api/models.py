@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from . import catalogue, rules
-from .contract import (SLICE_AXES, Base, CheckpointSpec, KernelsSpec, Mesh, ModelDims, TrainingSpec, _desc)
+from .contract import (SLICE_AXES, Base, CheckpointSpec, KernelsSpec, Mesh, ModelDims, StepResources, TrainingSpec,
+                       _desc)
 from .failures import DEFAULT_RESTART_ON_EXIT_CODES, NEVER_RESTARTED, LastRestart, RestartCounts
 from .goodput import Badput, Ledger
 from .presets import PRESETS
@@ -499,6 +500,8 @@ class PlanStatus(Base):
     hbm_by_slices: dict[str, float] | None = Field(
         default=None, alias="hbmPerDeviceGiBBySlices",
         description="An elastic job: HBM per device at each slice count compiled (slice count -> GiB).")
+    resources: StepResources | None = _desc("What one step costs per device (matmul FLOPs, collective bytes by kind, "
+                                            "HBM traffic) and the least time that allows.", default=None)
     checked_at: Timestamp | None = _desc("When the pre-flight finished.", default=None)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import catalogue
-from .contract import TrainerConfig
+from . import catalogue, roofline
+from .contract import PlanResult, TrainerConfig
 from .models import TPUTrainingJob
 
 
@@ -90,6 +90,13 @@ class Plan:
             return self.job.spec.termination_grace_period_seconds
         per_host = self.parameters * CHECKPOINT_BYTES_PER_PARAM / self.total_hosts
         return 30 * math.ceil((GRACE_MARGIN_S + per_host / GRACE_WRITE_BYTES_PER_S) / 30)
+
+    def bounded(self, result: PlanResult) -> PlanResult:
+        """A plan's result with its step's time bounds on this job's generation (roofline.py)."""
+        if result.resources is None:
+            return result
+        return result.model_copy(update={"resources": roofline.bound(result.resources, self.gen,
+                                                                     self.job.spec.training.precision)})
 
     def running_config(self) -> TrainerConfig:
         """What the trainer runs: the ConfigMap's config at the slices that run (TrainerConfig.at_slices)."""

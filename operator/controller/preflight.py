@@ -215,7 +215,7 @@ def plan_status(result: PlanResult | None, capacity: float, now: datetime.dateti
     return PlanStatus(hbm_per_device_gib=r.hbm_per_device_gib, hbm_capacity_gib=r.hbm_capacity_gib or capacity,
                       host_per_device_gib=r.host_per_device_gib or None, fits=r.fits, compile_seconds=r.compile_seconds,
                       libtpu_version=r.libtpu_version, slices=r.slices, hbm_by_slices=r.hbm_by_slices or None,
-                      checked_at=now)
+                      resources=r.resources, checked_at=now)
 
 
 def compiling(status: TPUTrainingJobStatus, name: str, where: str, generation: int | None,
@@ -297,6 +297,8 @@ async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Ob
                             if k != names.LABEL_MANAGED_BY)
         decision = decide(current, await kube.list(PODS, namespace, selector), age, timing, is_compiling)
     pf_name = preflight_name(name, generation)
+    if decision.result is not None:  # the step's time bounds need the generation's peaks (api/roofline.py)
+        decision = dataclasses.replace(decision, result=Plan(job).bounded(decision.result))
     where = f"{job.spec.tpu.generation} {job.spec.tpu.topology} x {job.spec.tpu.slices}"
     if decision.kind in ("create", "wait"):
         if decision.kind == "create":

@@ -45,7 +45,7 @@ def run_plan(job: TPUTrainingJob, timeout_s: float = 1800, running: int | None =
                               message=f"the plan did not finish in {timeout_s:.0f} s")
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     try:
-        return PlanResult.model_validate_json(last)
+        return Plan(job, running).bounded(PlanResult.model_validate_json(last))
     except ValidationError:
         tail = " | ".join(line for line in proc.stderr.strip().splitlines()[-5:])
         return PlanResult(verdict="CompileError", headroom=headroom,

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import tiny_job
 from tests.operator.test_operator_units import FakeKube, job_status
-from tpu_operator.api.contract import PlanResult
+from tpu_operator.api.contract import PlanResult, StepResources
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import preflight, reconcile
 from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, PODS
@@ -140,6 +140,25 @@ def test_it_fits_the_jobset_is_created_with_status_plan():
     assert notices == [] and not posts(kube) and "LIST" not in [c[0] for c in kube.calls]
 
 
+def test_status_plan_carries_what_the_step_costs_and_its_time_bound_on_the_generation():
+    # The 8B example's figures as the pre-flight pod leaves them: costs, no bounds (the pod has no catalogue).
+    costs = StepResources(matmul_tflop=1115.6, model_tflop=1010.4, kernel_calls=128, ici_sent_gib=145.3,
+                          ici_gib={"all-gather": 93.9, "reduce-scatter": 44.5, "all-reduce": 3.9},
+                          hbm_traffic_gib=2603.0)
+    kube = started()
+    finish(kube, DONE, ended(FITS.model_copy(update={"resources": costs}), 0))
+    run(kube, T1)
+    plan = job_status(kube).model_dump(by_alias=True, exclude_none=True)["plan"]
+    r = plan["resources"]
+    assert r["matmulTFLOP"] == 1115.6 and r["iciGiB"] == {"all-gather": 93.9, "reduce-scatter": 44.5, "all-reduce": 3.9}
+    # The tiny job is on v7x: 2,307 TFLOP/s, 7,380 GB/s of HBM, 1,200 GB/s of ICI a chip, shared by 2 devices.
+    assert r["boundSeconds"]["compute"] == pytest.approx(1115.6e12 / 1153.5e12, rel=1e-3)
+    assert r["boundSeconds"]["ici"] == pytest.approx(145.3 * 2**30 / 300e9, rel=1e-3)
+    assert r["boundSeconds"]["hbm"] == pytest.approx(2603 * 2**30 / 3690e9, rel=1e-3)
+    assert r["binding"] == "compute" and r["stepTimeBoundSeconds"] == r["boundSeconds"]["compute"]
+    assert r["mfuCeiling"] == pytest.approx(1010.4 / 1115.6, rel=1e-3)
+
+
 def test_it_does_not_fit_the_job_is_invalid_and_gets_no_jobset():
     kube = started()
     finish(kube, FAILED, ended(TOO_BIG, 2))
@@ -264,7 +283,7 @@ def test_other_gates_stay_when_ours_is_lifted():
 def test_an_elastic_jobs_preflight_compiles_every_slice_count_and_reports_the_worst():
     """The pre-flight pod's command names every count from spec.tpu.slices down to minSlices; the plan's one
     result is the first that does not fit (else the most HBM per device), with each count's HBM in status.plan."""
-    from tpu_operator.api.contract import PlanResult
+    from tpu_operator.api.contract import PlanResult, StepResources
     from tpu_operator.api.validation import parse_job
     from tpu_operator.controller.preflight import plan_status
     from tpu_operator.rendering.preflight import render_preflight
