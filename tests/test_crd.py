@@ -65,3 +65,30 @@ def test_crd_rejects_at_admission(patch, field):
 def test_parallelism_auto_or_integer_is_admitted():
     doc = tiny_job(parallelism={"fsdp": "auto", "tensor": 2})
     assert _schema().admit(doc, "TPUTrainingJob", "training.tpu-operator.dev")["spec"]["parallelism"]["tensor"] == 2
+
+
+def _unbounded(node, path):
+    """Paths under `node` that the API server would admit at any size: a number without a maximum, a string
+    without a length (an enum is bounded), a list or a map without a size."""
+    kind = "int-or-string" if node.get("x-kubernetes-int-or-string") else node.get("type")
+    if kind in ("integer", "number", "int-or-string") and "maximum" not in node:
+        yield path
+    if kind == "string" and "maxLength" not in node and "enum" not in node:
+        yield path
+    if kind == "array":
+        if "maxItems" not in node:
+            yield path
+        yield from _unbounded(node["items"], path + "[]")
+    if kind == "object":
+        if isinstance(node.get("additionalProperties"), dict):
+            if "maxProperties" not in node:
+                yield path
+            yield from _unbounded(node["additionalProperties"], path + ".*")
+        for name, child in node.get("properties", {}).items():
+            yield from _unbounded(child, f"{path}.{name}")
+
+
+def test_every_spec_value_is_bounded_in_the_crd():
+    spec = yaml.safe_load(crd.to_yaml())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert list(_unbounded(spec, "spec")) == []
+    assert spec["properties"]["training"]["properties"]["microbatches"]["maximum"] == 4096

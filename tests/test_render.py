@@ -221,18 +221,19 @@ def test_hostile_strings_never_change_structure(hostile, jobset_schema):
 
 
 def test_names_must_fit_every_pod_hostname():
-    # 4x4x8 = 32 hosts: longest hostname <name>-slice-0-31; 63 - len("-slice-0-31") = 52 characters.
+    # 4x4x8 = 32 hosts: longest pod name <name>-slice-0-31-abcde (JobSet's webhook counts the generated
+    # suffix); 63 - len("-slice-0-31-abcde") = 46 characters.
     spec = {"tpu": {"generation": "v7x", "topology": "4x4x8"},
             "training": {"steps": 1, "globalBatch": 256, "sequenceLength": 128}}
     ok = tiny_job(**spec)
-    ok["metadata"]["name"] = "a" * 52
+    ok["metadata"]["name"] = "a" * 46
     _, js = render(parse_job(ok))
-    assert js["metadata"]["name"] == "a" * 52
+    assert js["metadata"]["name"] == "a" * 46
     too_long = tiny_job(**spec)
-    too_long["metadata"]["name"] = "a" * 53
+    too_long["metadata"]["name"] = "a" * 47
     with pytest.raises(InvalidJob) as exc:
         parse_job(too_long)
-    assert "metadata.name" in exc.value.problems[0] and "use at most 52" in exc.value.problems[0]
+    assert "metadata.name" in exc.value.problems[0] and "use at most 46" in exc.value.problems[0]
 
 
 def test_owner_references_only_when_the_owner_is_known():

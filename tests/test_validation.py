@@ -73,6 +73,13 @@ BAD = [
      "set by the operator"),
     ("spec.runtime.env", [{"name": "LIBTPU_INIT_ARGS", "value": "x"}], "spec.runtime.env[0].name",
      "set by the operator"),
+    ("spec.runtime.env", [{"name": "TPU_WORKER_ID", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
+    ("spec.runtime.env", [{"name": "TPU_WORKER_HOSTNAMES", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
+    ("spec.runtime.env", [{"name": "TPU_TOPOLOGY", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
+    ("spec.runtime.env", [{"name": "JAX_COORDINATOR_ADDRESS", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
+    ("spec.runtime.env", [{"name": "JAX_PROCESS_ID", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
+    ("spec.runtime.env", [{"name": "MEGASCALE_SLICE_ID", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
+    ("spec.runtime.env", [{"name": "TPUJOB_HOST_ID", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
     ("spec.runtime.metricsPort", 80, "spec.runtime.metricsPort", "greater than or equal to 1024"),
     ("spec.checkpoint.directory", "s3://bucket/x", "spec.checkpoint.directory", "pattern"),
     ("spec.checkpoint", {"persistentVolumeClaim": "ckpt"}, "spec.checkpoint.directory", "required when"),
@@ -100,6 +107,57 @@ BAD = [
     ("metadata.name", "My_Job", "metadata.name", "DNS-1035"),
     ("metadata.name", "a" * 60, "metadata.name", "use at most"),
     ("kind", "Job", "kind", "is not allowed"),
+    # Bounds (api/limits.py): the CRD carries the same maximums, so the API server refuses these first.
+    ("spec.training.microbatches", 10**15 + 37, "spec.training.microbatches", "less than or equal to 4096"),
+    ("spec.model", {"preset": "tiny", "layers": 10**400}, "spec.model.layers", "less than or equal to 1024"),
+    ("spec.training.steps", 2**63, "spec.training.steps", "less than or equal to 100000000"),
+    ("spec.training.globalBatch", 2**21, "spec.training.globalBatch", "less than or equal to 1048576"),
+    ("spec.training.learningRate", {"peak": float("inf")}, "spec.training.learningRate.peak", "less than or equal"),
+    ("spec.training.learningRate", {"peak": float("nan")}, "spec.training.learningRate.peak", "less than or equal"),
+    ("spec.training.gradClip", float("inf"), "spec.training.gradClip", "less than or equal"),
+    ("spec.model", {"preset": "tiny", "ropeTheta": float("inf")}, "spec.model.ropeTheta", "less than or equal"),
+    ("spec.runtime.env", [{"name": "A", "value": "x" * 40000}], "spec.runtime.env[0].value", "at most 32768"),
+    ("spec.args", ["x"] * 300, "spec.args", "at most 256"),
+    # Types as the API server has them (strict): no bool for an integer, no string for a number.
+    ("spec.training.steps", True, "spec.training.steps", "valid integer"),
+    ("spec.training.steps", "10", "spec.training.steps", "valid integer"),
+    ("spec.training.steps", 10.0, "spec.training.steps", "valid integer"),
+    ("spec.suspend", 1, "spec.suspend", "valid boolean"),
+    ("spec.tpu.generation", "V7X", "spec.tpu.generation", "not a supported TPU generation"),
+    ("spec.tpu.generation", " v7x", "spec.tpu.generation", "not a supported TPU generation"),
+    # What Kubernetes refuses in the rendered pods, refused here naming the spec field.
+    ("spec.nodeSelector", {"pool": "not a label value!"}, "spec.nodeSelector.pool", "pattern"),
+    ("spec.nodeSelector", {"a" * 254 + "/b": "x"}, "spec.nodeSelector." + "a" * 254 + "/b", "at most 253"),
+    ("spec.tolerations", [{"key": "bad key!", "operator": "Exists"}], "spec.tolerations[0].key", "pattern"),
+    ("spec.tolerations", [{"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}],
+     "spec.tolerations[0].tolerationSeconds", "only with effect NoExecute"),
+    ("spec.tolerations", [{"key": "k", "operator": "Exists", "value": "v"}], "spec.tolerations[0].value",
+     "empty when operator is Exists"),
+    ("spec.tolerations", [{"operator": "Equal", "value": "v"}], "spec.tolerations[0].operator", "must be Exists"),
+    ("spec.resources", {"requests": {"gpu": "1"}}, "spec.resources.requests.gpu", "pattern"),
+    ("spec.resources", {"limits": {"memory": "1" * 100}}, "spec.resources.limits.memory", "at most 64"),
+    ("spec.image", "ghcr.io/Upper/case:tag", "spec.image", "pattern"),
+    ("spec.image", "ghcr.io/x/y@sha256:abc", "spec.image", "pattern"),
+    ("spec.image", "ghcr.io/x/y:" + "t" * 129, "spec.image", "pattern"),
+    ("spec.checkpoint", {"directory": "/dev/shm", "persistentVolumeClaim": "c"}, "spec.checkpoint.directory",
+     "would hide a volume"),
+    ("spec.checkpoint", {"directory": "/etc/tpujob/", "persistentVolumeClaim": "c"}, "spec.checkpoint.directory",
+     "would hide a volume"),
+    ("spec.checkpoint", {"directory": "/", "persistentVolumeClaim": "c"}, "spec.checkpoint.directory",
+     "would hide a volume"),
+    ("spec.checkpoint", {"directory": "/ckpt/../etc", "persistentVolumeClaim": "c"}, "spec.checkpoint.directory",
+     "no . or .. parts"),
+    ("spec.training.data", {"source": "files", "path": "data/train"}, "spec.training.data.path", "pattern"),
+    ("spec.training.data", {"source": "files", "path": "s3://b/x"}, "spec.training.data.path", "pattern"),
+    ("spec.runtime.libtpuInitArgs", ["--xla_tpu_scoped_vmem_limit_kib=98304"], "spec.runtime.libtpuInitArgs",
+     "spec.runtime.scopedVmemLimitKiB"),
+    ("spec.runtime.xlaFlags", ["--xla_tpu_scoped_vmem_limit_kib=98304"], "spec.runtime.xlaFlags",
+     "spec.runtime.scopedVmemLimitKiB"),
+    ("spec.runtime.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "spec.runtime.env",
+     "set twice"),
+    ("spec.runtime.env", [{"name": f"E{i}", "value": "v" * 1000} for i in range(256)], "spec",
+     "bytes as JSON"),
+    ("metadata.namespace", "Team_A", "metadata.namespace", "pattern"),
     ("spec.training", None, "spec.training", "Field required"),
 ]
 
@@ -256,3 +314,83 @@ def test_a_file_that_is_not_text_is_an_error_naming_it(command, tmp_path):
     assert "Traceback" not in result.stderr and result.stdout == ""
     result = _tpujob(*command, "-f", str(tmp_path))  # a directory
     assert result.returncode == 2 and result.stderr.startswith(f"error: {tmp_path}: cannot read"), result.stderr
+
+
+def test_the_issue_27_elastic_job_is_refused_by_its_bounds():
+    # It passed the CRD and counted 10**15 integers on the operator's event loop; now both the CRD and the
+    # models stop it at training.microbatches (and the batch at training.globalBatch).
+    micro = 10**15 + 37
+    doc = tiny_job(tpu={"topology": "2x2x1", "slices": 3, "elastic": {"minSlices": 2}},
+                   training={"steps": 10, "globalBatch": 48 * micro, "microbatches": micro, "sequenceLength": 128})
+    with pytest.raises(InvalidJob) as exc:
+        parse_job(doc)
+    paths = {p.split(":")[0] for p in exc.value.problems}
+    assert {"spec.training.microbatches", "spec.training.globalBatch"} <= paths, exc.value.problems
+
+
+def _fewest_by_counting(global_batch, microbatches, slices, running, shards_per_slice):
+    """The definition microbatches_at had, counting up: the reference on small inputs."""
+    shards = running * shards_per_slice
+    if global_batch % shards:
+        return None
+    least = -(-microbatches * slices // running)
+    return next((m for m in range(least, global_batch // shards + 1) if global_batch % (shards * m) == 0), None)
+
+
+def test_microbatches_at_is_the_fewest_divisor_without_counting():
+    from tpu_operator.api.contract import microbatches_at, splits_at
+
+    for batch in (1, 8, 12, 36, 48, 96, 97, 360, 1024):
+        for micro in (1, 2, 3, 5):
+            for slices in (1, 2, 3, 4):
+                for running in range(1, slices + 1):
+                    for shards in (1, 2, 4):
+                        want = _fewest_by_counting(batch, micro, slices, running, shards)
+                        assert microbatches_at(batch, micro, slices, running, shards) == want
+                        assert splits_at(batch, micro, slices, running, shards) == (want is not None)
+    # At the bounds: a prime number of rows per shard has only 1 and itself; the answer is found among the
+    # divisor pairs up to its square root (1024 steps at most), not by counting up to it.
+    from tpu_operator.api import limits
+
+    prime = 1048573  # the largest prime below limits.MAX_GLOBAL_BATCH
+    assert prime <= limits.MAX_GLOBAL_BATCH
+    assert microbatches_at(prime, 2, 1, 1, 1) == prime
+    assert microbatches_at(limits.MAX_GLOBAL_BATCH, limits.MAX_MICROBATCHES, 256, 128, 1) == 8192
+
+
+def test_the_derived_grace_period_is_at_most_a_day():
+    from tpu_operator.api.plan import MAX_GRACE_S, Plan
+
+    big = {"layers": 1024, "modelDim": 131072, "heads": 1024, "kvHeads": 1024, "headDim": 1024,
+           "mlpDim": 1048576, "vocab": 4194304}
+    job = parse_job(tiny_job(model=big))
+    assert Plan(job).termination_grace_period_seconds == MAX_GRACE_S
+
+
+def test_a_spec_at_the_size_bound_renders_within_the_api_servers_limits():
+    import json
+
+    from tpu_operator.api import limits, names
+    from tpu_operator.rendering.manifests import render
+
+    env = [{"name": f"E{i}", "value": "v" * 700} for i in range(256)]  # about 190 KiB: just under the bound
+    job = parse_job(tiny_job(runtime={"env": env}))
+    config_map, jobset = render(job)
+    annotations = jobset["metadata"]["annotations"]
+    assert len(annotations[names.APPLIED_SPEC]) <= limits.MAX_SPEC_BYTES
+    assert sum(len(k) + len(v) for k, v in annotations.items()) <= limits.MAX_ANNOTATIONS_BYTES
+    assert len(json.dumps(config_map["data"])) <= limits.MAX_CONFIG_MAP_BYTES
+
+
+def test_the_bounds_table_lists_every_bound():
+    import re
+    from pathlib import Path
+
+    from tpu_operator.api import limits
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    table = dict(re.findall(r"^\| `(MAX_[A-Z0-9_]+)` \| ([^|]+) \|", text, re.M))
+    for name in dir(limits):
+        if name.startswith("MAX_") and name not in ("MAX_ANNOTATIONS_BYTES", "MAX_CONFIG_MAP_BYTES"):
+            assert name in table, f"docs/api.md, Bounds: {name} is missing"
+            assert float(table[name]) == getattr(limits, name), f"docs/api.md, Bounds: {name} is not {table[name]}"

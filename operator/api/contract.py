@@ -8,16 +8,23 @@ installs and imports it without the operator's dependencies (kopf, kubernetes, j
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from . import limits as L
 
 # The device mesh, outermost first: `data` spans slices (DCN), the others one slice's devices (ICI).
 MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")
 SLICE_AXES = MESH_AXES[1:]
 # A PVC name is a DNS-1123 subdomain.
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Where the trainer reads or writes: a gs:// URI or an absolute path in the pod, with no control
+# characters (they end up in log lines and file names). A relative path or another scheme (s3://) would
+# only fail once the pods run.
+LOCATION = r"^(gs://[a-z0-9][-_.a-z0-9]*[a-z0-9](/[^\x00-\x1f\x7f]*)?|/[^\x00-\x1f\x7f]*)$"
 
 class Base(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=to_camel,
@@ -36,16 +43,18 @@ def _desc(text: str, **kw: Any) -> Any:
 class ModelDims(Base):
     """A fully resolved model shape: what the trainer builds and MFU is computed from."""
 
-    layers: int = _desc("Decoder layers.", ge=1)
-    model_dim: int = _desc("Embedding (model) dimension.", ge=1)
-    heads: int = _desc("Query heads.", ge=1)
-    kv_heads: int = _desc("Key/value heads.", ge=1)
-    head_dim: int = _desc("Dimension of one attention head.", ge=1)
-    mlp_dim: int = _desc("SwiGLU hidden dimension (per expert for MoE).", ge=1)
-    vocab: int = _desc("Vocabulary size.", ge=2)
-    experts: int = _desc("MoE experts per layer; 0 for dense.", default=0, ge=0)
-    experts_per_token: int = _desc("Top-k experts per token; 0 for dense.", default=0, ge=0)
-    rope_theta: float = _desc("RoPE base frequency (Llama 3: 500000; Mixtral: 1000000).", default=10000.0, gt=0)
+    layers: int = _desc("Decoder layers.", ge=1, le=L.MAX_LAYERS)
+    model_dim: int = _desc("Embedding (model) dimension.", ge=1, le=L.MAX_MODEL_DIM)
+    heads: int = _desc("Query heads.", ge=1, le=L.MAX_HEADS)
+    kv_heads: int = _desc("Key/value heads.", ge=1, le=L.MAX_HEADS)
+    head_dim: int = _desc("Dimension of one attention head.", ge=1, le=L.MAX_HEAD_DIM)
+    mlp_dim: int = _desc("SwiGLU hidden dimension (per expert for MoE).", ge=1, le=L.MAX_MLP_DIM)
+    vocab: int = _desc("Vocabulary size.", ge=2, le=L.MAX_VOCAB)
+    experts: int = _desc("MoE experts per layer; 0 for dense.", default=0, ge=0, le=L.MAX_EXPERTS)
+    experts_per_token: int = _desc("Top-k experts per token; 0 for dense.", default=0, ge=0,
+                                   le=L.MAX_EXPERTS_PER_TOKEN)
+    rope_theta: float = _desc("RoPE base frequency (Llama 3: 500000; Mixtral: 1000000).", default=10000.0, gt=0,
+                               le=L.MAX_ROPE_THETA)
     rope_scaling: Literal["none", "llama3"] = _desc(
         "RoPE frequency scaling for contexts past the pre-training length: llama3 is Llama 3.1's (factor 8 "
         "below the frequencies of an 8192-token context, smoothed between wavelengths 2048 and 8192).",
@@ -61,8 +70,8 @@ class ModelDims(Base):
 
 
 class LearningRateSpec(Base):
-    peak: float = _desc("Peak learning rate.", default=3e-4, gt=0)
-    warmup_steps: int = _desc("Linear warm-up steps from 0 to peak.", default=0, ge=0)
+    peak: float = _desc("Peak learning rate.", default=3e-4, gt=0, le=L.MAX_LEARNING_RATE)
+    warmup_steps: int = _desc("Linear warm-up steps from 0 to peak.", default=0, ge=0, le=L.MAX_STEPS)
     schedule: Literal["constant", "cosine", "linear"] = _desc("Decay after warm-up.", default="cosine")
     min_ratio: float = _desc("Final learning rate as a fraction of peak.", default=0.1, ge=0, le=1)
 
@@ -89,7 +98,7 @@ class RematSpec(Base):
 class AdamSpec(Base):
     beta1: float = _desc("Adam's first-moment decay.", default=0.9, ge=0, lt=1)
     beta2: float = _desc("Adam's second-moment decay.", default=0.95, ge=0, lt=1)
-    epsilon: float = _desc("Added to the second moment's root in the update's denominator.", default=1e-8, gt=0)
+    epsilon: float = _desc("Added to the second moment's root in the update's denominator.", default=1e-8, gt=0, le=1)
 
 
 class DataSpec(Base):
@@ -97,7 +106,8 @@ class DataSpec(Base):
                                                   default="synthetic")
     path: str | None = _desc("Directory or glob of tokenized files visible to every pod: a mounted path, or "
                              "gs://bucket/prefix (flat files are read by byte range with the pod's Google "
-                             "credentials; ArrayRecord files are copied to local disk at start-up).", default=None)
+                             "credentials; ArrayRecord files are copied to local disk at start-up).", default=None,
+                             max_length=L.MAX_PATH, pattern=LOCATION)
     format: Literal["npy", "bin", "arrayrecord"] = _desc(
         "File format of `path`: npy or flat .bin (one stream of tokens, uint16 when model.vocab <= 65536 "
         "else uint32, documents separated by `eosId`), or arrayrecord (one document per record, stored as "
@@ -111,15 +121,16 @@ class DataSpec(Base):
         "interrupted run would have. Without it such a resume is refused, naming the field.", default=False)
     workers: int = _desc("Threads that read the rows of `files` ahead of the training loop (each process "
                          "reads only the rows its devices hold); 0 reads them on the training thread when "
-                         "the step needs them.", default=8, ge=0)
-    prefetch: int = _desc("Steps whose rows the `workers` read ahead of the step being trained.", default=2, ge=1)
+                         "the step needs them.", default=8, ge=0, le=L.MAX_DATA_WORKERS)
+    prefetch: int = _desc("Steps whose rows the `workers` read ahead of the step being trained.", default=2, ge=1, le=L.MAX_PREFETCH)
     packing: bool = _desc("Pack whole documents into each sequence (truncated to sequenceLength + 1 "
                           "tokens, never split across sequences, the rest padded) instead of cutting one "
                           "stream into windows; the batch then carries document ids and a loss mask. The "
                           "packing plan is built once at start-up, which reads every document's length "
                           "(all of the data once for npy/bin).", default=False)
     eos_id: int | None = _desc("The token that ends each document in npy/bin files (it stays in the "
-                               "document); required with `packing` of npy/bin files.", default=None, ge=0)
+                               "document); required with `packing` of npy/bin files.", default=None, ge=0,
+                               le=L.MAX_VOCAB)
 
     @model_validator(mode="after")
     def _path_for_files(self) -> "DataSpec":
@@ -135,36 +146,39 @@ class DataSpec(Base):
 
 
 class EvalSpec(Base):
-    interval: int = _desc("Evaluate every N steps (and after the last step).", default=100, ge=1)
+    interval: int = _desc("Evaluate every N steps (and after the last step).", default=100, ge=1, le=L.MAX_STEPS)
     batches: int = _desc("Batches of `globalBatch` held-out sequences per evaluation, each run a microbatch "
-                         "at a time; the same batches every time, so evaluations compare.", default=4, ge=1)
+                         "at a time; the same batches every time, so evaluations compare.", default=4, ge=1,
+                         le=L.MAX_EVAL_BATCHES)
     data: DataSpec | None = _desc(
         "The held-out data, set as `training.data` is. Unset with synthetic training data: synthetic "
         "sequences training never reads. Required when training reads files.", default=None)
 
 
 class TrainingSpec(Base):
-    steps: int = _desc("Optimizer steps to train.", ge=1)
-    global_batch: int = _desc("Sequences per step across all slices.", ge=1)
+    steps: int = _desc("Optimizer steps to train.", ge=1, le=L.MAX_STEPS)
+    global_batch: int = _desc("Sequences per step across all slices.", ge=1, le=L.MAX_GLOBAL_BATCH)
     microbatches: int = _desc(
         "Gradient accumulation: each step runs the global batch as this many equal microbatches, one "
         "after another, and sums their gradients before the one optimizer update. The loss and "
-        "gradients are the whole batch's; activations are one microbatch's.", default=1, ge=1)
-    sequence_length: int = _desc("Tokens per sequence.", ge=2)
+        "gradients are the whole batch's; activations are one microbatch's.", default=1, ge=1,
+        le=L.MAX_MICROBATCHES)
+    sequence_length: int = _desc("Tokens per sequence.", ge=2, le=L.MAX_SEQUENCE_LENGTH)
     learning_rate: LearningRateSpec = _desc("Learning-rate schedule.", default_factory=LearningRateSpec)
-    weight_decay: float = _desc("AdamW weight decay (not applied to norm scales).", default=0.1, ge=0)
+    weight_decay: float = _desc("AdamW weight decay (not applied to norm scales).", default=0.1, ge=0, le=1)
     adam: AdamSpec = _desc("Adam's moment decays and epsilon.", default_factory=AdamSpec)
     z_loss_weight: float = _desc(
         "Weight of the z-loss, the mean squared log of the softmax normaliser (PaLM uses 1e-4): it keeps "
-        "the logits from drifting. 0 leaves it out.", default=0.0, ge=0)
+        "the logits from drifting. 0 leaves it out.", default=0.0, ge=0,
+        le=L.MAX_LOSS_WEIGHT)
     moe_aux_loss_weight: float = _desc("Weight of the MoE load-balancing loss (Switch Transformer).",
-                                       default=0.01, ge=0)
-    grad_clip: float = _desc("Global gradient-norm clip; 0 disables.", default=1.0, ge=0)
+                                       default=0.01, ge=0, le=L.MAX_LOSS_WEIGHT)
+    grad_clip: float = _desc("Global gradient-norm clip; 0 disables.", default=1.0, ge=0, le=L.MAX_GRAD_CLIP)
     precision: Literal["bf16", "fp8"] = _desc("Matmul precision: bf16, or fp8 through qwix.", default="bf16")
     remat: RematSpec = _desc("Rematerialisation policy.", default_factory=RematSpec)
     data: DataSpec = _desc("Training data.", default_factory=DataSpec)
-    seed: int = _desc("Seed for initialisation and synthetic data.", default=0, ge=0)
-    log_every: int = _desc("Report metrics every N steps.", default=1, ge=1)
+    seed: int = _desc("Seed for initialisation and synthetic data.", default=0, ge=0, le=L.MAX_SEED)
+    log_every: int = _desc("Report metrics every N steps.", default=1, ge=1, le=L.MAX_STEPS)
     eval: EvalSpec | None = _desc("Evaluation on held-out data: loss and perplexity, reported like the "
                                   "training metrics. Unset: no evaluation.", default=None)
 
@@ -181,19 +195,35 @@ class TrainingSpec(Base):
         return self.global_batch // self.microbatches
 
 
+def splits_at(global_batch: int, microbatches: int, slices: int, running: int, shards_per_slice: int) -> bool:
+    """Whether `microbatches_at` has an answer, in O(1): the batch splits over running x shards_per_slice
+    shards, and the least count it needs is no more than the rows of one shard (that count of
+    microbatches, one row each, always divides them)."""
+    shards = running * shards_per_slice
+    return global_batch % shards == 0 and -(-microbatches * slices // running) <= global_batch // shards
+
+
 def microbatches_at(global_batch: int, microbatches: int, slices: int, running: int, shards_per_slice: int) -> int | None:
     """Microbatches of a step on `running` of `slices` slices, the global batch kept: the fewest that are
     at least microbatches x slices / running (so a device's rows per microbatch are no more than on every
     slice, and the compiled step fits as the full one does) and split the batch evenly over
     running x `shards_per_slice` (the batch axes data x fsdp x expert). None when none does (the batch is
     not a multiple of running x shards_per_slice). Gradient accumulation averages the microbatches, so the
-    loss and the update are the whole batch's whatever the count (train.py `accumulated`)."""
-    shards = running * shards_per_slice
-    if global_batch % shards:
+    loss and the update are the whole batch's whatever the count (train.py `accumulated`).
+
+    The answer is the smallest divisor of one shard's rows that is at least that least count, found among
+    the divisor pairs (d, rows / d) with d <= sqrt(rows): at most sqrt(limits.MAX_GLOBAL_BATCH) = 1024
+    steps. Counting up from the least count instead took up to `rows` steps, which a hostile job sets
+    to 10**15 (issue 27)."""
+    if not splits_at(global_batch, microbatches, slices, running, shards_per_slice):
         return None
+    rows = global_batch // (running * shards_per_slice)
     least = -(-microbatches * slices // running)
-    return next(m for m in range(least, global_batch // shards + 1) if global_batch % (shards * m) == 0) \
-        if least <= global_batch // shards else None
+    best = rows
+    for d in range(1, math.isqrt(rows) + 1):
+        if rows % d == 0:
+            best = min([best] + [c for c in (d, rows // d) if c >= least])
+    return best
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,23 +255,26 @@ class SplashSpec(Base):
     """Splash attention's block sizes (tokens). Each is fitted down to a multiple of 128 that divides
     the sequence (query blocks: the sequence of one context shard) when it does not divide it."""
 
-    block_q: int = _desc("Query block of the forward pass.", default=512, ge=128, multiple_of=128)
-    block_kv: int = _desc("Key/value block of the forward pass.", default=512, ge=128, multiple_of=128)
+    block_q: int = _desc("Query block of the forward pass.", default=512, ge=128, le=L.MAX_BLOCK, multiple_of=128)
+    block_kv: int = _desc("Key/value block of the forward pass.", default=512, ge=128, le=L.MAX_BLOCK,
+                          multiple_of=128)
     block_kv_compute: int = _desc("Key/value compute block of the forward pass.", default=512, ge=128,
-                                  multiple_of=128)
-    block_q_dkv: int = _desc("Query block of the dK/dV backward pass.", default=512, ge=128, multiple_of=128)
-    block_kv_dkv: int = _desc("Key/value block of the dK/dV backward pass.", default=512, ge=128, multiple_of=128)
+                                  le=L.MAX_BLOCK, multiple_of=128)
+    block_q_dkv: int = _desc("Query block of the dK/dV backward pass.", default=512, ge=128, le=L.MAX_BLOCK,
+                             multiple_of=128)
+    block_kv_dkv: int = _desc("Key/value block of the dK/dV backward pass.", default=512, ge=128, le=L.MAX_BLOCK,
+                              multiple_of=128)
     block_kv_dkv_compute: int = _desc("Key/value compute block of the dK/dV pass.", default=512, ge=128,
-                                      multiple_of=128)
+                                      le=L.MAX_BLOCK, multiple_of=128)
     block_q_dq: int = _desc("Query block of the dQ backward pass (unused with maxLogitConst, whose backward "
-                            "computes dQ with dK/dV).", default=512, ge=128, multiple_of=128)
+                            "computes dQ with dK/dV).", default=512, ge=128, le=L.MAX_BLOCK, multiple_of=128)
     block_kv_dq: int = _desc("Key/value block of the dQ backward pass (unused with maxLogitConst).", default=512,
-                             ge=128, multiple_of=128)
+                             ge=128, le=L.MAX_BLOCK, multiple_of=128)
     max_logit_const: float | None = _desc(
         "Fixed softmax max: skips the running max (a few % faster). Only tokamax's Splash has it, and its "
         "backward writes dQ once per key/value block in f32 (sequence / blockKvDkv copies of dQ per device: "
         "`tpujob plan` shows the cost); unset, JAX's Splash runs, whose dQ pass accumulates on chip.",
-        default=None, gt=0)
+        default=None, gt=0, le=L.MAX_LOGIT_CONST)
 
     @model_validator(mode="after")
     def _compute_fits(self) -> "SplashSpec":
@@ -256,9 +289,9 @@ class GmmTiles(Base):
     """Tiles of one grouped matmul [m, k] x [groups, k, n]; each is fitted down to a multiple of 128
     that divides its dimension when it does not divide it."""
 
-    m: int = _desc("Rows (routed tokens) per tile.", default=512, ge=128, multiple_of=128)
-    k: int = _desc("Contracted dimension per tile.", default=1024, ge=128, multiple_of=128)
-    n: int = _desc("Output columns per tile.", default=1024, ge=128, multiple_of=128)
+    m: int = _desc("Rows (routed tokens) per tile.", default=512, ge=128, le=L.MAX_BLOCK, multiple_of=128)
+    k: int = _desc("Contracted dimension per tile.", default=1024, ge=128, le=L.MAX_BLOCK, multiple_of=128)
+    n: int = _desc("Output columns per tile.", default=1024, ge=128, le=L.MAX_BLOCK, multiple_of=128)
 
 
 class GmmSpec(Base):
@@ -280,7 +313,7 @@ class KernelsSpec(Base):
     tuning_cache: str | None = _desc(
         "Directory (mounted path or gs://) of Splash block sizes and grouped-matmul tiles tuned per chip "
         "and shape by `python -m tpu_workload.tuning`; each is used when the job leaves it at its defaults.",
-        default=None, min_length=1)
+        default=None, min_length=1, max_length=L.MAX_PATH, pattern=LOCATION)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,9 +322,9 @@ class KernelsSpec(Base):
 
 class CheckpointSpec(Base):
     directory: str | None = _desc("gs:// URI or absolute path visible to every pod; unset disables checkpoints.",
-                                  default=None, pattern=r"^(gs://[a-z0-9][-_.a-z0-9]*[a-z0-9](/.*)?|/.*)$")
-    interval: int = _desc("Save every N steps (and at the last step).", default=100, ge=1)
-    keep: int = _desc("Checkpoints to keep.", default=3, ge=1)
+                                  default=None, max_length=L.MAX_PATH, pattern=LOCATION)
+    interval: int = _desc("Save every N steps (and at the last step).", default=100, ge=1, le=L.MAX_STEPS)
+    keep: int = _desc("Checkpoints to keep.", default=3, ge=1, le=L.MAX_CHECKPOINTS_KEPT)
     resume: bool = _desc("Resume from the latest complete checkpoint on start and restart.", default=True)
     persistent_volume_claim: str | None = _desc(
         "PVC to mount at `directory` (for a path directory).", default=None, pattern=DNS1123_SUBDOMAIN, max_length=253)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from . import catalogue, rules
+from . import catalogue, limits as L, rules
 from .contract import (SLICE_AXES, Base, CheckpointSpec, KernelsSpec, Mesh, ModelDims, StepResources, TrainingSpec,
                        _desc)
 from .failures import DEFAULT_RESTART_ON_EXIT_CODES, NEVER_RESTARTED, LastRestart, RestartCounts
@@ -35,16 +35,45 @@ SHORT_NAMES = ["tpujob", "tpujobs"]
 DEFAULT_IMAGE = "ghcr.io/tpu-operator/workload:0.1.0"
 CONFIG_MOUNT_DIR = "/etc/tpujob"
 CONFIG_FILE = "config.json"
-# Env names the renderer owns; a user env var of the same name would silently break start-up.
-RESERVED_ENV_PREFIXES = ("TPUJOB_", "MEGASCALE_")
-RESERVED_ENV = ("LIBTPU_INIT_ARGS", "XLA_FLAGS")
-# The trainer's fault-injection switches (tpu_workload.faults): a test job may set them; the renderer never does.
+# Paths every trainer pod mounts a volume of the operator's at (rendering.manifests: the config and /dev/shm).
+RESERVED_MOUNTS = (CONFIG_MOUNT_DIR, "/dev/shm")
+# Env names the renderer, GKE's TPU webhook or JAX's start-up own: a user env var of the same name would
+# silently change who a pod is (TPU_WORKER_ID=0 on every pod: 16 workers 0, issue 27) or where it
+# connects. TPUJOB_*: the trainer's own switches; MEGASCALE_*: multislice identity; TPU_WORKER_*:
+# GKE's webhook (TPU_WORKER_ID, TPU_WORKER_HOSTNAMES); the TPU_* below: the slice's shape, which GKE
+# sets from the node; JAX_*: jax.distributed's process identity and coordinator, which the trainer
+# passes itself. Other TPU_ and JAX_ settings (TPU_STDERR_LOG_LEVEL, JAX_COMPILATION_CACHE_DIR...) stay
+# the user's.
+RESERVED_ENV_PREFIXES = ("TPUJOB_", "MEGASCALE_", "TPU_WORKER_")
+RESERVED_ENV = ("LIBTPU_INIT_ARGS", "XLA_FLAGS", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY", "TPU_TOPOLOGY_WRAP",
+                "TPU_HOST_BOUNDS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS",
+                "TPU_PROCESS_BOUNDS", "TPU_PROCESS_ADDRESSES", "TPU_PROCESS_PORT", "TPU_SKIP_MDS_QUERY",
+                "TPU_RUNTIME_METRICS_PORTS", "JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_PORT", "JAX_PROCESS_ID",
+                "JAX_PROCESS_COUNT", "JAX_NUM_PROCESSES", "JAX_LOCAL_DEVICE_IDS")
+# The trainer's fault-injection switches (tpu_workload.faults, docs/failures.md): a test job may set them and
+# they act on that job alone; the renderer never does.
 TEST_ENV_PREFIX = "TPUJOB_TEST_"
+# Flags whose value a spec field owns and checks (runtime.scopedVmemLimitKiB: at most the core's VMEM); a raw
+# flag would bypass that check.
+OWNED_FLAGS = {"--xla_tpu_scoped_vmem_limit_kib": "runtime.scopedVmemLimitKiB"}
 
 GENERATION_SPELLINGS = tuple(sorted(catalogue.ALIASES))
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a namespace's name
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_KEY_MAX = 253 + 1 + 63  # a DNS-subdomain prefix, '/', a name
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# A container's resource name: the standard ones, or a domain-prefixed extended resource (google.com/tpu).
+RESOURCE_NAME = (r"^(cpu|memory|ephemeral-storage|hugepages-[-A-Za-z0-9_.]+|"
+                 r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+# An image reference as container runtimes parse one (github.com/distribution/reference, reference.go):
+# [domain[:port]/]path[:tag][@digest]; the kubelet refuses anything else (InvalidImageName) only once a pod
+# exists. Character classes are spelled out: \w means Unicode letters in some regex engines.
+_DOMAIN = r"[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*(:[0-9]+)?"
+_PATH_PART = r"[a-z0-9]+(([_.]|__|-+)[a-z0-9]+)*"
+IMAGE = (rf"^({_DOMAIN}/)?{_PATH_PART}(/{_PATH_PART})*(:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+         r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
 # Kueue object names (LocalQueue, WorkloadPriorityClass) that go into JobSet label values: DNS-1123
 # subdomains of at most 63 characters (a label value's limit).
 KUEUE_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -87,7 +116,7 @@ class TPUCapacity(Base):
                                          max_length=63, pattern=GCE_NAME)
     reservation_project: str | None = _desc(
         "capacity reservation: the project that owns a shared reservation (default: the cluster's own).",
-        default=None, pattern=GCE_PROJECT)
+        default=None, max_length=30, pattern=GCE_PROJECT)
     max_run_duration: str | None = _desc(
         "capacity flexStart: how long the job needs its nodes, e.g. 24h or 1h30m (at most 7 days); passed to "
         "the ProvisioningRequest as maxRunDurationSeconds.", default=None, max_length=32,
@@ -117,7 +146,7 @@ class ElasticSpec(Base):
     min_slices: int = _desc(
         "The fewest slices the job trains on: when a slice is lost and at least this many remain, the job is "
         "re-created on the slices left (the global batch kept, its microbatches raised) instead of waiting for "
-        "all of them.", ge=1, le=256)
+        "all of them.", ge=1, le=L.MAX_SLICES)
     grow_back: bool = _desc(
         "After a shrink, go back to spec.tpu.slices at the next checkpoint once the larger job can be placed "
         "(the smaller one keeps running until then).", default=False)
@@ -127,8 +156,8 @@ class TPUSpec(TPUCapacity):
     generation: Literal[GENERATION_SPELLINGS] = _desc(  # type: ignore[valid-type]
         "TPU generation: v7x (Ironwood; GKE spelling tpu7x), v6e or v5p.", default="v7x")
     topology: str = _desc("Slice topology AxBxC (AxB on v6e), e.g. 4x4x4 = 64 v7x chips.",
-                          pattern=r"^[1-9][0-9]*x[1-9][0-9]*(x[1-9][0-9]*)?$")
-    slices: int = _desc("Number of identical slices (multi-slice over DCN).", default=1, ge=1, le=256)
+                          max_length=32, pattern=r"^[1-9][0-9]*x[1-9][0-9]*(x[1-9][0-9]*)?$")
+    slices: int = _desc("Number of identical slices (multi-slice over DCN).", default=1, ge=1, le=L.MAX_SLICES)
     elastic: ElasticSpec | None = _desc("Train on fewer slices when some are lost (at least elastic.minSlices), "
                                         "and optionally grow back. Unset: a lost slice restarts the whole job.",
                                         default=None)
@@ -137,6 +166,8 @@ class TPUSpec(TPUCapacity):
     @classmethod
     def _canonical_generation(cls, v: Any) -> Any:
         if isinstance(v, str):
+            if v not in catalogue.ALIASES:  # exactly as listed: the CRD's enum refuses V7X and ' v7x'
+                raise ValueError(f"{v!r} is not a supported TPU generation; use one of {', '.join(GENERATION_SPELLINGS)}")
             return catalogue.generation(v).name  # raises "'v9' is not a supported TPU generation; use ..."
         return v
 
@@ -166,17 +197,19 @@ class TPUSpec(TPUCapacity):
 class ModelSpec(Base):
     preset: Literal[tuple(PRESETS)] | None = _desc(  # type: ignore[valid-type]
         "Named model shape; explicit fields next to it override the preset.", default=None)
-    layers: int | None = _desc("Decoder layers.", default=None, ge=1)
-    model_dim: int | None = _desc("Embedding (model) dimension.", default=None, ge=1)
-    heads: int | None = _desc("Query heads.", default=None, ge=1)
-    kv_heads: int | None = _desc("Key/value heads (grouped-query attention).", default=None, ge=1)
-    head_dim: int | None = _desc("Dimension of one attention head.", default=None, ge=1)
-    mlp_dim: int | None = _desc("SwiGLU hidden dimension (per expert for MoE).", default=None, ge=1)
-    vocab: int | None = _desc("Vocabulary size.", default=None, ge=2)
-    experts: int | None = _desc("MoE experts per layer; 0 or unset for a dense model.", default=None, ge=0)
-    experts_per_token: int | None = _desc("Experts each token is routed to (top-k).", default=None, ge=1)
+    layers: int | None = _desc("Decoder layers.", default=None, ge=1, le=L.MAX_LAYERS)
+    model_dim: int | None = _desc("Embedding (model) dimension.", default=None, ge=1, le=L.MAX_MODEL_DIM)
+    heads: int | None = _desc("Query heads.", default=None, ge=1, le=L.MAX_HEADS)
+    kv_heads: int | None = _desc("Key/value heads (grouped-query attention).", default=None, ge=1, le=L.MAX_HEADS)
+    head_dim: int | None = _desc("Dimension of one attention head.", default=None, ge=1, le=L.MAX_HEAD_DIM)
+    mlp_dim: int | None = _desc("SwiGLU hidden dimension (per expert for MoE).", default=None, ge=1, le=L.MAX_MLP_DIM)
+    vocab: int | None = _desc("Vocabulary size.", default=None, ge=2, le=L.MAX_VOCAB)
+    experts: int | None = _desc("MoE experts per layer; 0 or unset for a dense model.", default=None, ge=0,
+                                le=L.MAX_EXPERTS)
+    experts_per_token: int | None = _desc("Experts each token is routed to (top-k).", default=None, ge=1,
+                                          le=L.MAX_EXPERTS_PER_TOKEN)
     rope_theta: float | None = _desc("RoPE base frequency; the preset's (Llama 3: 500000), else 10000.",
-                                     default=None, gt=0)
+                                     default=None, gt=0, le=L.MAX_ROPE_THETA)
     rope_scaling: Literal["none", "llama3"] | None = _desc(
         "RoPE frequency scaling for long contexts: llama3 is Llama 3.1's (factor 8, for contexts past 8192 "
         "tokens); none by default.", default=None)
@@ -215,7 +248,7 @@ class ModelSpec(Base):
 # ---------------------------------------------------------------------------------------------
 # spec.parallelism
 
-Degree = Union[Annotated[int, Field(ge=1)], Literal["auto"]]
+Degree = Union[Annotated[int, Field(ge=1, le=L.MAX_DEGREE)], Literal["auto"]]
 
 
 class ParallelismSpec(Base):
@@ -238,7 +271,7 @@ class ParallelismSpec(Base):
 
 class EnvVar(Base):
     name: str = _desc("Variable name.", min_length=1, max_length=256, pattern=ENV_NAME.pattern)
-    value: str = _desc("Value, passed verbatim.", default="")
+    value: str = _desc("Value, passed verbatim.", default="", max_length=L.MAX_ENV_VALUE)
 
     @field_validator("name")
     @classmethod
@@ -257,22 +290,44 @@ class SparseCoreOffloadSpec(Base):
                                     default=None)
 
 
-Flag = Annotated[str, Field(pattern=r"^--[A-Za-z0-9_.-]+(=\S*)?$", max_length=1024)]
+Flag = Annotated[str, Field(pattern=r"^--[A-Za-z0-9_.-]+(=\S*)?$", max_length=L.MAX_FLAG)]
 
 
 class RuntimeSpec(Base):
     sparse_core_offload: SparseCoreOffloadSpec = _desc(
         "SparseCore collective offload per collective; v7x only.", default_factory=SparseCoreOffloadSpec)
     scoped_vmem_limit_kib: int | None = Field(
-        default=None, ge=1, alias="scopedVmemLimitKiB",
+        default=None, ge=1, le=131072, alias="scopedVmemLimitKiB",
         description="--xla_tpu_scoped_vmem_limit_kib; at most the generation's VMEM per core "
                     "(65536 on v7x). Default 61440 on v7x (published recipes).")
     libtpu_init_args: list[Flag] = _desc("Extra LIBTPU_INIT_ARGS flags, each --name[=value].",
-                                         default_factory=list)
-    xla_flags: list[Flag] = _desc("Extra XLA_FLAGS flags, each --name[=value].", default_factory=list)
-    env: list[EnvVar] = _desc("Extra environment variables for the trainer.", default_factory=list)
+                                         default_factory=list, max_length=L.MAX_FLAGS)
+    xla_flags: list[Flag] = _desc("Extra XLA_FLAGS flags, each --name[=value].", default_factory=list,
+                                  max_length=L.MAX_FLAGS)
+    env: list[EnvVar] = _desc("Extra environment variables for the trainer.", default_factory=list,
+                              max_length=L.MAX_ENV)
     metrics_port: int = _desc("Port the coordinator serves /metrics and /status on.", default=9431,
                               ge=1024, le=65535)
+
+    @field_validator("libtpu_init_args", "xla_flags")
+    @classmethod
+    def _no_owned_flags(cls, v: list[str]) -> list[str]:
+        for flag in v:
+            field = OWNED_FLAGS.get(flag.split("=", 1)[0])
+            if field:
+                raise ValueError(f"{flag.split('=', 1)[0]} is set from spec.{field}, which is checked against the "
+                                 f"chip; set that field instead")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _unique_env(cls, v: list[EnvVar]) -> list[EnvVar]:
+        seen: set[str] = set()
+        for e in v:
+            if e.name in seen:  # Kubernetes keeps the last one silently; say which
+                raise ValueError(f"{e.name} is set twice; a container's env names are unique")
+            seen.add(e.name)
+        return v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,13 +344,13 @@ class FailurePolicySpec(Base):
         "Trainer exit codes that restart the job; any other fails it at once. Default: the retryable "
         "classes 42 (infrastructure), 137 (killed), 143 (SIGTERM). Empty: every code but 3 restarts; "
         "3 (a user error) never does.",
-        default_factory=lambda: list(DEFAULT_RESTART_ON_EXIT_CODES), max_length=64)
+        default_factory=lambda: list(DEFAULT_RESTART_ON_EXIT_CODES), max_length=L.MAX_EXIT_CODES)
     hang_timeout_seconds: int | None = _desc(
         "A running job is Hung, and restarted, when no step completed for this long. Default: the larger of "
-        "600 and 20 x the median step time.", default=None, ge=1)
+        "600 and 20 x the median step time.", default=None, ge=1, le=L.MAX_TIMEOUT_S)
     startup_timeout_seconds: int = _desc(
         "Start-up allowance: pods running -> first step done (restore and compilation included) before the "
-        "job is Hung.", default=1800, ge=1)
+        "job is Hung.", default=1800, ge=1, le=L.MAX_TIMEOUT_S)
     backoff_seconds: float = _desc("Delay before the first restart; doubled for each restart after it.",
                                    default=10.0, ge=0, le=86400)
     max_backoff_seconds: float = _desc("Longest delay between restarts.", default=600.0, ge=0, le=86400)
@@ -311,20 +366,51 @@ class FailurePolicySpec(Base):
 
 
 class Toleration(Base):
-    key: str | None = _desc("Taint key.", default=None)
+    """A pod toleration, checked as the API server checks one (ValidateTolerations)."""
+
+    key: str | None = _desc("Taint key (a label key); empty with operator Exists tolerates every taint.",
+                            default=None, max_length=LABEL_KEY_MAX, pattern=LABEL_KEY)
     operator: Literal["Exists", "Equal"] | None = _desc("Exists or Equal.", default=None)
-    value: str | None = _desc("Taint value.", default=None)
+    value: str | None = _desc("Taint value (a label value); only with operator Equal.", default=None, max_length=63,
+                              pattern=LABEL_VALUE)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = _desc("Taint effect.", default=None)
-    toleration_seconds: int | None = _desc("For NoExecute.", default=None)
+    toleration_seconds: int | None = _desc("How long a NoExecute taint is tolerated; only with effect NoExecute.",
+                                           default=None, ge=0, le=L.MAX_TIMEOUT_S)
+
+    @model_validator(mode="after")
+    def _as_the_api_server(self) -> "Toleration":
+        if not self.key and self.operator != "Exists":
+            raise ValueError("operator: must be Exists when key is empty (a toleration of every taint)")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value: must be empty when operator is Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(f"tolerationSeconds: only with effect NoExecute, not {self.effect}")
+        return self
 
 
-Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[numkMGTPE]|[KMGTPE]i)?$")]
+Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[numkMGTPE]|[KMGTPE]i)?$",
+                                max_length=L.MAX_QUANTITY)]
+ResourceName = Annotated[str, Field(pattern=RESOURCE_NAME, max_length=LABEL_KEY_MAX)]
+
+
+def _prefix_fits(key: str) -> str:
+    """A label key's prefix is a DNS subdomain: at most 253 characters (the pattern bounds each part only)."""
+    prefix, slash, _ = key.rpartition("/")
+    if slash and len(prefix) > 253:
+        raise ValueError(f"the prefix of a label key is at most 253 characters, got {len(prefix)}")
+    return key
+
+
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY, max_length=LABEL_KEY_MAX), AfterValidator(_prefix_fits)]
+Arg = Annotated[str, Field(max_length=L.MAX_ARG)]
 
 
 class ResourcesSpec(Base):
-    requests: dict[str, Quantity] = _desc("Extra resource requests (google.com/tpu is set by the operator).",
-                                          default_factory=dict)
-    limits: dict[str, Quantity] = _desc("Extra resource limits.", default_factory=dict)
+    requests: dict[ResourceName, Quantity] = _desc(
+        "Extra resource requests (google.com/tpu is set by the operator).", default_factory=dict,
+        max_length=L.MAX_RESOURCES)
+    limits: dict[ResourceName, Quantity] = _desc("Extra resource limits.", default_factory=dict,
+                                                 max_length=L.MAX_RESOURCES)
 
     @model_validator(mode="after")
     def _no_tpu(self) -> "ResourcesSpec":
@@ -361,12 +447,14 @@ class TPUTrainingJobSpec(Base):
     checkpoint: CheckpointSpec = _desc("Checkpointing and resume.", default_factory=CheckpointSpec)
     plan: PlanSpec = _desc("The compile check (pre-flight) before the JobSet is created.", default_factory=PlanSpec)
     failure_policy: FailurePolicySpec = _desc("Restarts.", default_factory=FailurePolicySpec)
-    image: str = _desc("Trainer image.", default=DEFAULT_IMAGE, min_length=1, max_length=512,
-                       pattern=r"^[^\s]+$")
+    image: str = _desc("Trainer image: [registry[:port]/]path[:tag][@digest].", default=DEFAULT_IMAGE,
+                       min_length=1, max_length=L.MAX_IMAGE, pattern=IMAGE)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = _desc("Image pull policy.",
                                                                           default="IfNotPresent")
-    command: list[str] | None = _desc("Overrides the bundled trainer's command.", default=None, min_length=1)
-    args: list[str] = _desc("Extra arguments appended to the command.", default_factory=list)
+    command: list[Arg] | None = _desc("Overrides the bundled trainer's command.", default=None, min_length=1,
+                                      max_length=L.MAX_ARGS)
+    args: list[Arg] = _desc("Extra arguments appended to the command.", default_factory=list,
+                            max_length=L.MAX_ARGS)
     resources: ResourcesSpec = _desc("Extra pod resources.", default_factory=ResourcesSpec)
     service_account_name: str | None = _desc("Service account of the pods (e.g. for GCS access).",
                                              default=None, max_length=253,
@@ -383,10 +471,11 @@ class TPUTrainingJobSpec(Base):
         "Kueue WorkloadPriorityClass: the job's priority in its queue and for Kueue's preemption "
         "(label kueue.x-k8s.io/priority-class), independent of the pods' priorityClassName. Needs queueName.",
         default=None, max_length=63, pattern=KUEUE_NAME)
-    node_selector: dict[Annotated[str, Field(pattern=LABEL_KEY, max_length=316)], Annotated[str, Field(max_length=63)]] = _desc(
-        "Extra node selectors (GKE TPU selectors are set by the operator).", default_factory=dict, max_length=64)
+    node_selector: dict[LabelKey, Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]] = _desc(
+        "Extra node selectors (GKE TPU selectors are set by the operator).", default_factory=dict,
+        max_length=L.MAX_SELECTORS)
     tolerations: list[Toleration] = _desc("Extra tolerations (the TPU taint is tolerated already).",
-                                          default_factory=list)
+                                          default_factory=list, max_length=L.MAX_TOLERATIONS)
     suspend: bool = _desc("Suspend the job (its pods are deleted; resume continues from the checkpoint). With "
                           "queueName, the operator deactivates the job's Kueue Workload.", default=False)
     termination_grace_period_seconds: int | None = _desc(
@@ -396,10 +485,32 @@ class TPUTrainingJobSpec(Base):
 
     @model_validator(mode="after")
     def _cross_field(self) -> "TPUTrainingJobSpec":
-        problems = rules.spec_problems(self.sections())
+        problems = rules.spec_problems(self.sections()) + self._pod_problems()
         if problems:
             raise ValueError(rules.joined(problems))
         return self
+
+    def _pod_problems(self) -> list[rules.Problem]:
+        """What the API server would refuse in the objects rendered from this spec: a checkpoint volume mounted
+        where the renderer mounts its own (mount paths are unique per container), and a spec too large for
+        the JobSet's annotation that carries it (256 KiB of annotations per object; the ConfigMap's 1 MiB
+        follows, its config being a part of the spec)."""
+        problems = []
+        directory = self.checkpoint.directory
+        if self.checkpoint.persistent_volume_claim and directory:
+            path = "/" + "/".join(p for p in directory.split("/") if p)
+            parts = path.split("/")
+            if ".." in parts or "." in parts:
+                problems.append(("checkpoint.directory", f"{directory!r}: a volume's mount path has no . or .. parts"))
+            elif path == "/" or any(path == m or m.startswith(path + "/") for m in RESERVED_MOUNTS):
+                problems.append(("checkpoint.directory", f"{directory!r} would hide a volume the operator mounts "
+                                                         f"({', '.join(RESERVED_MOUNTS)}); choose another path"))
+        size = len(self.model_dump_json(by_alias=True, exclude_unset=True))
+        if size > L.MAX_SPEC_BYTES:
+            problems.append(("", f"{size} bytes as JSON, more than {L.MAX_SPEC_BYTES}: the JobSet carries the "
+                                       f"spec in an annotation and Kubernetes allows {L.MAX_ANNOTATIONS_BYTES} bytes "
+                                       f"of annotations per object"))
+        return problems
 
     def sections(self) -> rules.Sections:
         return rules.Sections(tpu=self.tpu, model=self.model_dims, training=self.training,
@@ -429,7 +540,7 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
     name: str = Field(max_length=63)
-    namespace: str = "default"
+    namespace: str = Field(default="default", max_length=63, pattern=DNS1123_LABEL)
     uid: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)

@@ -15,6 +15,7 @@ from .models import TPUTrainingJob
 CHECKPOINT_BYTES_PER_PARAM = 12
 GRACE_WRITE_BYTES_PER_S = 200e6
 GRACE_MARGIN_S = 60
+MAX_GRACE_S = 86400  # spec.terminationGracePeriodSeconds' own maximum
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,9 @@ class Plan:
         if self.job.spec.termination_grace_period_seconds is not None:
             return self.job.spec.termination_grace_period_seconds
         per_host = self.parameters * CHECKPOINT_BYTES_PER_PARAM / self.total_hosts
-        return 30 * math.ceil((GRACE_MARGIN_S + per_host / GRACE_WRITE_BYTES_PER_S) / 30)
+        # At most what the spec may set (a day): a model at the bounds of spec.model on one host would
+        # otherwise be given years, and a stuck pod would hold its TPUs for as long.
+        return min(30 * math.ceil((GRACE_MARGIN_S + per_host / GRACE_WRITE_BYTES_PER_S) / 30), MAX_GRACE_S)
 
     def bounded(self, result: PlanResult) -> PlanResult:
         """A plan's result with its step's time bounds on this job's generation (roofline.py)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import catalogue
-from .contract import SLICE_AXES, KernelsSpec, Mesh, ModelDims, TrainingSpec, microbatches_at
+from .contract import SLICE_AXES, KernelsSpec, Mesh, ModelDims, TrainingSpec, splits_at
 from .names import longest_hostname
 
 if TYPE_CHECKING:  # the models import this module; the rules only read them
@@ -138,11 +138,12 @@ def spec_problems(s: Sections) -> list[Problem]:
 
 
 def _elastic_problems(tpu: TPUSpec, t: TrainingSpec, shards_per_slice: int) -> list[Problem]:
-    """Every slice count an elastic job may shrink to must split the global batch (contract.microbatches_at)."""
-    if microbatches_at(t.global_batch, t.microbatches, tpu.slices, tpu.slices, shards_per_slice) != t.microbatches:
+    """Every slice count an elastic job may shrink to must split the global batch (contract.microbatches_at),
+    each checked in O(1) (contract.splits_at): at most limits.MAX_SLICES checks per job."""
+    if t.global_batch % (tpu.slices * shards_per_slice * t.microbatches):
         return []  # the whole job's own batch problem is reported above
     bad = [k for k in tpu.slice_counts[:-1]
-           if microbatches_at(t.global_batch, t.microbatches, tpu.slices, k, shards_per_slice) is None]
+           if not splits_at(t.global_batch, t.microbatches, tpu.slices, k, shards_per_slice)]
     if not bad:
         return []
     return [("tpu.elastic.minSlices", f"on {bad[0]} slice(s) the global batch {t.global_batch} does not split over "
@@ -201,16 +202,24 @@ def _runtime_problems(gen: catalogue.Generation, runtime: Any) -> list[Problem]:
     return problems
 
 
+# JobSet's webhook checks the longest pod name of each replicated Job, `<jobset>-<replicatedJob>-<jobIndex>-
+# <podIndex>` plus the 5-character random suffix of a generated name and its '-', as a DNS-1035 label of at
+# most 63 characters (kubernetes-sigs/jobset, pkg/webhooks/jobset_webhook.go: `longestPodName :=
+# placement.GenPodName(...) + "-abcde"`).
+POD_NAME_SUFFIX = len("-abcde")
+
+
 def hostname_problem(name: str, tpu: TPUSpec) -> Problem | None:
-    """The pod hostnames JobSet derives from the job's name must fit 63 characters."""
+    """The pod names JobSet derives from the job's name, with their generated suffix, must fit 63 characters."""
     host = longest_hostname(name, tpu.slices, tpu.slice.hosts)
-    if len(host) <= 63:
+    if len(host) + POD_NAME_SUFFIX <= 63:
         return None
-    room = 63 - (len(host) - len(name))
-    return "metadata.name", (f"{name!r} is too long for this slice: pod hostname {host!r} would have "
-                             f"{len(host)} characters (limit 63); use at most {room}")
+    room = 63 - POD_NAME_SUFFIX - (len(host) - len(name))
+    return "metadata.name", (f"{name!r} is too long for this slice: pod hostname {host!r} has {len(host)} "
+                             f"characters, and JobSet's webhook wants it and a {POD_NAME_SUFFIX}-character "
+                             f"generated suffix within 63; use at most {room}")
 
 
 def joined(problems: list[Problem]) -> str:
     """One validator message for several problems, one 'path: reason' per line (see problems.py)."""
-    return "\n".join(f"{path}: {reason}" for path, reason in problems)
+    return "\n".join(f"{path}: {reason}" if path else reason for path, reason in problems)

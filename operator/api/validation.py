@@ -40,7 +40,8 @@ def parse_job(doc: Any) -> TPUTrainingJob:
     if not isinstance(doc, dict):
         raise InvalidJob([f"(root): expected a TPUTrainingJob mapping, got {type(doc).__name__}"])
     try:
-        return TPUTrainingJob.model_validate(doc)
+        # Strict, as the API server is: true is not 1, "8" is not 8, 1.0 is not 1.
+        return TPUTrainingJob.model_validate(doc, strict=True)
     except ValidationError as exc:
         raise InvalidJob(problems(exc) + _unreached_rules(doc, exc)) from None
 
