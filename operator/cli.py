@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from .api import crd
 from .api.models import TPUTrainingJob
 from .api.plan import Plan
+from .api.problems import shown
 from .api.validation import InvalidJob, parse_job, read_documents, read_text
 from .rendering.manifests import render, to_yaml_stream
 from .rendering.summary import summary
@@ -41,7 +42,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     for job in load_jobs(args.file):
-        print("\n".join(summary(Plan(job))))
+        print("\n".join(shown(line, 1000) for line in summary(Plan(job))))  # flag values are the user's
         if args.project or args.zone:
             from .api.capacity import check_capacity
 
@@ -257,13 +258,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Problems printed for one input: the first ones say what to fix; a file with thousands (a list of 10,000
+# bad env entries) would otherwise print thousands of lines.
+MAX_PROBLEMS_SHOWN = 50
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except InvalidJob as exc:
-        for problem in exc.problems:
-            print(f"error: {problem}", file=sys.stderr)
+        # Every line is capped and its control characters escaped (problems.shown), whatever built it.
+        for problem in exc.problems[:MAX_PROBLEMS_SHOWN]:
+            print(f"error: {shown(problem, 1000)}", file=sys.stderr)
+        if len(exc.problems) > MAX_PROBLEMS_SHOWN:
+            print(f"error: ... and {len(exc.problems) - MAX_PROBLEMS_SHOWN} more problems", file=sys.stderr)
         return EXIT_INVALID
 
 

@@ -127,7 +127,8 @@ BAD = [
     ("spec.tpu.generation", " v7x", "spec.tpu.generation", "not a supported TPU generation"),
     # What Kubernetes refuses in the rendered pods, refused here naming the spec field.
     ("spec.nodeSelector", {"pool": "not a label value!"}, "spec.nodeSelector.pool", "pattern"),
-    ("spec.nodeSelector", {"a" * 254 + "/b": "x"}, "spec.nodeSelector." + "a" * 254 + "/b", "at most 253"),
+    ("spec.nodeSelector", {"a" * 254 + "/b": "x"}, "spec.nodeSelector." + "a" * 100 + "... (156 more characters)",
+     "at most 253"),  # a key in a path is shown capped
     ("spec.tolerations", [{"key": "bad key!", "operator": "Exists"}], "spec.tolerations[0].key", "pattern"),
     ("spec.tolerations", [{"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}],
      "spec.tolerations[0].tolerationSeconds", "only with effect NoExecute"),

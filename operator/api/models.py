@@ -22,6 +22,7 @@ from .contract import (SLICE_AXES, Base, CheckpointSpec, KernelsSpec, Mesh, Mode
 from .failures import DEFAULT_RESTART_ON_EXIT_CODES, NEVER_RESTARTED, LastRestart, RestartCounts
 from .goodput import Badput, Ledger
 from .presets import PRESETS
+from .problems import shown
 from .timestamps import Timestamp
 
 GROUP = "training.tpu-operator.dev"
@@ -167,7 +168,8 @@ class TPUSpec(TPUCapacity):
     def _canonical_generation(cls, v: Any) -> Any:
         if isinstance(v, str):
             if v not in catalogue.ALIASES:  # exactly as listed: the CRD's enum refuses V7X and ' v7x'
-                raise ValueError(f"{v!r} is not a supported TPU generation; use one of {', '.join(GENERATION_SPELLINGS)}")
+                raise ValueError(f"{shown(repr(v))} is not a supported TPU generation; use one of "
+                                 f"{', '.join(GENERATION_SPELLINGS)}")
             return catalogue.generation(v).name  # raises "'v9' is not a supported TPU generation; use ..."
         return v
 
@@ -290,7 +292,8 @@ class SparseCoreOffloadSpec(Base):
                                     default=None)
 
 
-Flag = Annotated[str, Field(pattern=r"^--[A-Za-z0-9_.-]+(=\S*)?$", max_length=L.MAX_FLAG)]
+# A value is printable ASCII without spaces: flags are joined by spaces into one variable, and printed.
+Flag = Annotated[str, Field(pattern=r"^--[A-Za-z0-9_.-]+(=[!-~]*)?$", max_length=L.MAX_FLAG)]
 
 
 class RuntimeSpec(Base):
@@ -501,9 +504,10 @@ class TPUTrainingJobSpec(Base):
             path = "/" + "/".join(p for p in directory.split("/") if p)
             parts = path.split("/")
             if ".." in parts or "." in parts:
-                problems.append(("checkpoint.directory", f"{directory!r}: a volume's mount path has no . or .. parts"))
+                problems.append(("checkpoint.directory", f"{shown(repr(directory))}: a volume's mount path has no . or .. "
+                                                         "parts"))
             elif path == "/" or any(path == m or m.startswith(path + "/") for m in RESERVED_MOUNTS):
-                problems.append(("checkpoint.directory", f"{directory!r} would hide a volume the operator mounts "
+                problems.append(("checkpoint.directory", f"{shown(repr(directory))} would hide a volume the operator mounts "
                                                          f"({', '.join(RESERVED_MOUNTS)}); choose another path"))
         size = len(self.model_dump_json(by_alias=True, exclude_unset=True))
         if size > L.MAX_SPEC_BYTES:

@@ -9,6 +9,21 @@ from pydantic import ValidationError
 _PATH_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*): (.*)$", re.S)
 
 
+# What of a user's input an error message repeats: enough to recognise it, never a page of it.
+SHOWN_CHARS = 200
+# Characters a terminal acts on or that reorder what it shows (C0 and C1 controls, ESC among them; the
+# bidirectional overrides), written as escapes wherever a message repeats input.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """`value` as a message may repeat it: strings as written, control characters escaped, at most `limit`
+    characters and a count of the rest."""
+    text = value if isinstance(value, str) else repr(value)
+    text = _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 _TAG_PREFIXES = ("constrained-", "function-", "literal[", "list[", "dict[", "union[", "tagged-union[", "nullable[",
                  "json-or-python[", "lax-or-strict[", "is-instance[", "model[")
 
@@ -19,7 +34,7 @@ def _loc_part(part: object) -> str | None:
         return f"[{part}]"
     text = str(part)
     skip = text in {"int", "str", "float", "bool", "[key]"} or text.startswith(_TAG_PREFIXES)
-    return None if skip else text
+    return None if skip else shown(text, 100)  # a map key is the user's: a path repeats it
 
 
 def problems(exc: ValidationError, root: str = "") -> list[str]:
@@ -35,7 +50,7 @@ def problems(exc: ValidationError, root: str = "") -> list[str]:
             if m and err["type"] == "value_error":  # "topology: ..." raised by a model validator names its field
                 line_parts, line_msg = [*parts, m.group(1)], m.group(3)
             if err["type"] == "literal_error" or err["type"] == "enum":
-                line_msg = f"{err.get('input')!r} is not allowed; {line_msg[0].lower()}{line_msg[1:]}"
+                line_msg = f"{shown(repr(err.get('input')))} is not allowed; {line_msg[0].lower()}{line_msg[1:]}"
             elif err["type"] == "extra_forbidden":
                 line_msg = "unknown field"
             path = ".".join(p for p in [root, *line_parts] if p).replace(".[", "[")

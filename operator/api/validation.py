@@ -11,7 +11,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from . import rules
 from .models import ObjectMeta, TPUCapacity, TPUSpec, TPUTrainingJob, TPUTrainingJobSpec
-from .problems import problems
+from .problems import problems, shown
 
 
 class InvalidJob(ValueError):
@@ -22,18 +22,34 @@ class InvalidJob(ValueError):
         self.problems = problems
 
 
+# What one input file may hold. A job's spec is at most limits.MAX_SPEC_BYTES as JSON; a file of a few jobs
+# in YAML fits well within this, and reading stops here whatever the file is (a device, a huge log).
+MAX_FILE_BYTES = 4 * 1024 * 1024
+# What YAML may expand to: values counted as often as aliases repeat them (a 710-byte alias bomb is
+# 10**8 of them), and nesting (PyYAML composes recursively; a job nests about 6 levels deep).
+MAX_VALUES = 100_000
+MAX_DEPTH = 64
+# Python refuses to turn more digits than this into an int (sys.int_info.str_digits_check_threshold);
+# any integer past 19 digits is beyond int64 and refused by its field's bound anyway.
+MAX_INT_DIGITS = 4000
+
+
 def read_text(path: str) -> str:
-    """The text of `path` (`-` is stdin); anything unreadable or not UTF-8 text is an InvalidJob
-    naming the file, so every command reports it the same way."""
+    """The text of `path` (`-` is stdin); anything unreadable, larger than MAX_FILE_BYTES or not UTF-8 text
+    is an InvalidJob naming the file, so every command reports it the same way."""
     try:
         if path == "-":
-            return sys.stdin.buffer.read().decode("utf-8")
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8")
+            data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise InvalidJob([f"{shown(path)}: more than {MAX_FILE_BYTES} bytes; a job file is a few kilobytes"])
+        return data.decode("utf-8")
     except OSError as exc:
-        raise InvalidJob([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+        raise InvalidJob([f"{shown(path)}: cannot read: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
-        raise InvalidJob([f"{path}: not a text file: byte {exc.start} is not UTF-8; expected job YAML"]) from None
+        raise InvalidJob([f"{shown(path)}: not a text file: byte {exc.start} is not UTF-8; expected job YAML"]) from None
 
 
 def parse_job(doc: Any) -> TPUTrainingJob:
@@ -111,11 +127,68 @@ def _valid(model: type[BaseModel], raw: Any) -> Any:
         return None
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (pure Python: libyaml's composer recurses in C, where no RecursionError stops it)
+    that refuses what Kubernetes' YAML refuses or what would make one file cost unbounded work: a key
+    given twice (kubectl: "mapping key already defined"), an integer Python cannot read."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen = set()
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            continue  # a collection as a key: no job has one, and the models refuse it by type
+        key = (key_node.tag, key_node.value)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {shown(key_node.value)} is given twice",
+                                                    key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+def _int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    if sum(c.isdigit() for c in node.value) > MAX_INT_DIGITS:
+        raise yaml.constructor.ConstructorError(None, None, f"an integer of {len(node.value)} digits; Kubernetes "
+                                                "integers are 64-bit", node.start_mark)
+    return loader.construct_yaml_int(node)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _mapping)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _int)
+
+
+def _bounded(doc: Any) -> str | None:
+    """Why `doc` is too big to validate (MAX_VALUES values once aliases are expanded, MAX_DEPTH levels), or
+    None. Iterative and stops at the first bound crossed: an alias bomb costs MAX_VALUES steps here, not
+    its expansion."""
+    stack, count = [(doc, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            return f"more than {MAX_VALUES} values once aliases are expanded; a job has a few hundred"
+        if depth > MAX_DEPTH:
+            return f"nested more than {MAX_DEPTH} levels deep; a job nests a few"
+        if isinstance(node, dict):
+            stack += [(v, depth + 1) for v in node.values()] + [(k, depth + 1) for k in node]
+        elif isinstance(node, list):
+            stack += [(v, depth + 1) for v in node]
+    return None
+
+
 def read_documents(text: str) -> list[Any]:
+    """The YAML documents of `text`, each bounded (`_bounded`), or one InvalidJob saying where and why not."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
     except yaml.YAMLError as exc:
-        raise InvalidJob([f"(yaml): {exc}".replace("\n", " ")]) from None
+        raise InvalidJob([f"(yaml): {shown(str(exc).replace(chr(10), ' '), 400)}"]) from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise InvalidJob([f"(yaml): nested more than {MAX_DEPTH} levels deep; a job nests a few"]) from None
     if not docs:
         raise InvalidJob(["(yaml): no document found"])
+    for i, doc in enumerate(docs):
+        problem = _bounded(doc)
+        if problem:
+            raise InvalidJob([f"(yaml): document {i + 1}: {problem}" if len(docs) > 1 else f"(yaml): {problem}"])
     return docs
