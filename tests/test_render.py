@@ -121,7 +121,7 @@ def test_4x4x4_shape():
     assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu7x",
                                    "cloud.google.com/gke-tpu-topology": "4x4x4"}
     assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
-    assert pod["hostNetwork"] is True and pod["restartPolicy"] == "Never"
+    assert pod["hostNetwork"] is False and "dnsPolicy" not in pod and pod["restartPolicy"] == "Never"
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
     env = _env(js)
@@ -293,3 +293,39 @@ def test_operator_default_image_applies_only_where_the_job_names_none():
     assert _pod(js)["containers"][0]["image"] == "registry.example/trainer:1"
     _, js = render(parse_job(tiny_job(image="mine:2")), default_image="registry.example/trainer:1")
     assert _pod(js)["containers"][0]["image"] == "mine:2"
+
+
+@pytest.mark.parametrize("spec,host_network", [
+    ({}, False),  # one slice: pod networking
+    ({"tpu": {"topology": "2x2x4", "slices": 2}, "training": {"steps": 1, "globalBatch": 64, "sequenceLength": 128}},
+     True),  # multislice: the node's network for DCN
+    ({"runtime": {"hostNetwork": True}}, True),
+    ({"tpu": {"topology": "2x2x4", "slices": 2}, "training": {"steps": 1, "globalBatch": 64, "sequenceLength": 128},
+      "runtime": {"hostNetwork": False}}, False),
+])
+def test_host_networking_is_a_setting_on_for_multislice_by_default(spec, host_network):
+    pod = _pod(render(parse_job(tiny_job(**spec)))[1])
+    assert pod["hostNetwork"] is host_network
+    assert ("dnsPolicy" in pod) is host_network and pod.get("dnsPolicy", "ClusterFirstWithHostNet") == \
+        "ClusterFirstWithHostNet"
+
+
+def test_the_trainer_runs_unprivileged_on_a_read_only_root():
+    pod = _pod(render(parse_job(tiny_job()))[1])
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    (trainer,) = pod["containers"]
+    assert trainer["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                          "readOnlyRootFilesystem": True}
+    assert {"name": "tmp", "mountPath": "/tmp"} in trainer["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+    paths = [m["mountPath"] for m in trainer["volumeMounts"]]
+    assert len(paths) == len(set(paths))
+
+
+def test_a_path_checkpoint_without_a_claim_stays_writable():
+    pod = _pod(render(parse_job(tiny_job(checkpoint={"directory": "/ckpt"})))[1])
+    assert {"name": "checkpoints", "mountPath": "/ckpt"} in pod["containers"][0]["volumeMounts"]
+    assert {"name": "checkpoints", "emptyDir": {}} in pod["volumes"]
+    claimed = _pod(render(parse_job(tiny_job(checkpoint={"directory": "/ckpt", "persistentVolumeClaim": "c"})))[1])
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "c"}} in claimed["volumes"]
+    assert [m["mountPath"] for m in claimed["containers"][0]["volumeMounts"]].count("/ckpt") == 1

@@ -36,8 +36,9 @@ SHORT_NAMES = ["tpujob", "tpujobs"]
 DEFAULT_IMAGE = "ghcr.io/tpu-operator/workload:0.1.0"
 CONFIG_MOUNT_DIR = "/etc/tpujob"
 CONFIG_FILE = "config.json"
-# Paths every trainer pod mounts a volume of the operator's at (rendering.manifests: the config and /dev/shm).
-RESERVED_MOUNTS = (CONFIG_MOUNT_DIR, "/dev/shm")
+# Paths every trainer pod mounts a volume of the operator's at (rendering.manifests: the config and /dev/shm;
+# templates/jobset.yaml.j2: /tmp, writable under the read-only root filesystem).
+RESERVED_MOUNTS = (CONFIG_MOUNT_DIR, "/dev/shm", "/tmp")
 # Env names the renderer, GKE's TPU webhook or JAX's start-up own: a user env var of the same name would
 # silently change who a pod is (TPU_WORKER_ID=0 on every pod: 16 workers 0, issue 27) or where it
 # connects. TPUJOB_*: the trainer's own switches; MEGASCALE_*: multislice identity; TPU_WORKER_*:
@@ -311,6 +312,11 @@ class RuntimeSpec(Base):
                               max_length=L.MAX_ENV)
     metrics_port: int = _desc("Port the coordinator serves /metrics and /status on.", default=9431,
                               ge=1024, le=65535)
+    host_network: bool | None = _desc(
+        "Run the trainer pods on their nodes' network. Default: on for a multislice job (GKE's and XPK's "
+        "multislice manifests use it for the DCN traffic between slices), off for one slice (pod networking: "
+        "the pods keep Workload Identity and do not listen on the node's address). docs/operations.md, "
+        "Security.", default=None)
 
     @field_validator("libtpu_init_args", "xla_flags")
     @classmethod
@@ -520,6 +526,13 @@ class TPUTrainingJobSpec(Base):
         return rules.Sections(tpu=self.tpu, model=self.model_dims, training=self.training,
                               parallelism=self.parallelism, kernels=self.kernels, runtime=self.runtime,
                               capacity=self.tpu, queueing=self.queueing)
+
+    @property
+    def host_network(self) -> bool:
+        """spec.runtime.hostNetwork, else on exactly for a multislice job (its configured slices, so an elastic
+        job that shrinks to one slice keeps the network it started with)."""
+        explicit = self.runtime.host_network
+        return explicit if explicit is not None else self.tpu.slices > 1
 
     @property
     def queueing(self) -> rules.Queueing:
