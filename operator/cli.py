@@ -19,13 +19,14 @@ from .rendering.summary import summary
 EXIT_INVALID = 2
 
 
-def load_jobs(path: str) -> list[TPUTrainingJob]:
-    """Every job in the file, or InvalidJob listing every problem of every document."""
+def load_jobs(path: str, needs_image: bool = False, default_image: str | None = None) -> list[TPUTrainingJob]:
+    """Every job in the file, or InvalidJob listing every problem of every document (parse_job's
+    `needs_image` and `default_image` as there)."""
     docs = read_documents(read_text(path))
     jobs, errors = [], []
     for i, doc in enumerate(docs):
         try:
-            jobs.append(parse_job(doc))
+            jobs.append(parse_job(doc, needs_image=needs_image, default_image=default_image))
         except InvalidJob as exc:
             prefix = f"document {i + 1}: " if len(docs) > 1 else ""
             errors += [prefix + p for p in exc.problems]
@@ -35,14 +36,17 @@ def load_jobs(path: str) -> list[TPUTrainingJob]:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    manifests = [m for job in load_jobs(args.file) for m in render(job)]
+    jobs = load_jobs(args.file, needs_image=True, default_image=args.default_image)
+    manifests = [m for job in jobs for m in render(job, args.default_image)]
     sys.stdout.write(to_yaml_stream(manifests))
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    for job in load_jobs(args.file):
+    for job in load_jobs(args.file, needs_image=args.default_image is not None, default_image=args.default_image):
         print("\n".join(shown(line, 1000) for line in summary(Plan(job))))  # flag values are the user's
+        if job.spec.image is None and args.default_image is None:
+            print("image: not set: the operator's --default-image (a job is Invalid where the operator has none)")
         if args.project or args.zone:
             from .api.capacity import check_capacity
 
@@ -206,11 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("render", help="print the manifests of a job as a YAML stream")
     p.add_argument("-f", "--file", required=True, help="job YAML, or - for stdin")
+    p.add_argument("--default-image", help="trainer image for jobs that name none, as the operator's flag")
     p.set_defaults(func=cmd_render)
     p = sub.add_parser("validate", help="check a job and print its derived plan")
     p.add_argument("-f", "--file", required=True, help="job YAML, or - for stdin")
     p.add_argument("--project", help="Google Cloud project for the capacity look-up (optional, online)")
     p.add_argument("--zone", help="zone for the capacity look-up, e.g. us-central1-c")
+    p.add_argument("--default-image", help="the operator's --default-image: a job that names no image must get "
+                                           "one from it")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("plan", help="compile a job's train step for its TPU slice (libtpu, no TPU) and check "
                                     "that it fits: exit 0 fits, 2 it does not, 3 not checked")

@@ -107,8 +107,8 @@ def api_spec() -> str:
     schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     required = ", ".join(f"`spec.{f}`" for f in schema["properties"]["spec"].get("required", []))
     fields = models.TPUTrainingJobSpec.model_fields
-    by_operator = ", ".join(f"`spec.{fields[f].alias or f}` (the operator's `--default-image`, else "
-                            f"`{fields[f].default}`)" if f == "image" else f"`spec.{fields[f].alias or f}`"
+    by_operator = ", ".join(f"`spec.{fields[f].alias or f}` (the operator's `--default-image`; a job with neither "
+                            f"is Invalid)" if f == "image" else f"`spec.{fields[f].alias or f}`"
                             for f in sorted(models.OPERATOR_DEFAULTED_FIELDS))
     return (f"Required: {required}. Defaulted by the operator, not by the API server, so the CRD shows no "
             f"default: {by_operator}.\n\n" + _field_tables(schema["properties"]["spec"], "spec"))

@@ -37,6 +37,9 @@ def example(name: str) -> dict[str, Any]:
     return yaml.safe_load((EXAMPLES / name).read_text())
 
 
+TEST_IMAGE = "registry.example/tpu-operator/workload:test"
+
+
 def tiny_job(**spec_overrides: Any) -> dict[str, Any]:
     """A small valid v7x job document; keyword arguments replace top-level spec sections."""
     doc = {
@@ -48,6 +51,9 @@ def tiny_job(**spec_overrides: Any) -> dict[str, Any]:
             "model": {"preset": "tiny"},
             "training": {"steps": 10, "globalBatch": 8, "sequenceLength": 128},
             "kernels": {"attention": "xla"},
+            # No image is published under a name the operator could default to: a job names one or the
+            # operator's --default-image gives it one (tests of that delete this).
+            "image": TEST_IMAGE,
         },
     }
     doc["spec"].update(copy.deepcopy(spec_overrides))

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TEST_IMAGE
 from tpu_operator.local.pods import free_port
 
 WAIT_S = 30.0
@@ -25,6 +25,7 @@ class Operator:
         self.kubeconfig, self.health_port, self.metrics_port = kubeconfig, free_port(), free_port()
         self.log_path = workdir / f"operator-{time.monotonic_ns()}.log"
         self.command = [sys.executable, "-m", "tpu_operator.cli", "operator", "--standalone",
+                        "--default-image", TEST_IMAGE,  # as the chart passes operator.defaultImage
                         "--health-port", str(self.health_port), "--health-host", "127.0.0.1",
                         "--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1", *args]
         self.process: subprocess.Popen | None = None

@@ -40,7 +40,8 @@ def test_installed_wheel_renders_and_prints_the_crd(wheel_venv):
                            capture_output=True, text=True, cwd=tmp, env=env)
     assert str(tmp / "venv") in where.stdout, where.stdout + where.stderr
     render = subprocess.run([str(python), "-m", "tpu_operator.cli", "render", "-f",
-                             str(ROOT / "examples" / "llama3-8b-fsdp.yaml")], capture_output=True, text=True,
+                             str(ROOT / "examples" / "llama3-8b-fsdp.yaml"), "--default-image", "registry.example/w:1"],
+                            capture_output=True, text=True,
                             cwd=tmp, env=env, timeout=60)
     assert render.returncode == 0, render.stderr
     assert "kind: JobSet" in render.stdout and "kind: ConfigMap" in render.stdout

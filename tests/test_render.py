@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import EXAMPLES, example, tiny_job
+from tests.conftest import EXAMPLES, TEST_IMAGE, example, tiny_job
 from tpu_operator.api.contract import TrainerConfig
 from tpu_operator.rendering.manifests import render, to_yaml_stream
 from tpu_operator.api.validation import InvalidJob, parse_job
@@ -31,7 +31,7 @@ def test_golden_render(name):
     """The exact manifests of the 4x4x4 and 2-slice examples. UPDATE_GOLDEN=1 rewrites them after a review."""
     doc = example(name)
     doc["metadata"]["uid"] = "00000000-0000-4000-8000-000000000001"  # as the API server would set it
-    text = to_yaml_stream(render(parse_job(doc)))
+    text = to_yaml_stream(render(parse_job(doc), default_image=TEST_IMAGE))  # the examples name no image
     golden = GOLDEN / name
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text)
@@ -113,7 +113,7 @@ def test_a_user_node_selector_cannot_move_the_job_off_its_capacity():
 
 
 def test_4x4x4_shape():
-    cm, js = render(parse_job(example("llama3-8b-fsdp.yaml")))
+    cm, js = render(parse_job(example("llama3-8b-fsdp.yaml")), default_image=TEST_IMAGE)
     rj = js["spec"]["replicatedJobs"][0]
     assert (rj["replicas"], rj["template"]["spec"]["parallelism"], rj["template"]["spec"]["completions"]) == (1, 16, 16)
     pod = _pod(js)
@@ -143,7 +143,7 @@ def test_4x4x4_shape():
 
 
 def test_multislice_sets_megascale():
-    _, js = render(parse_job(example("multislice.yaml")))
+    _, js = render(parse_job(example("multislice.yaml")), default_image=TEST_IMAGE)
     assert js["spec"]["replicatedJobs"][0]["replicas"] == 2
     env = _env(js)
     assert env["MEGASCALE_NUM_SLICES"] == "2" and env["TPUJOB_NUM_PROCESSES"] == "32"
@@ -169,7 +169,7 @@ def test_v6e_gets_no_sparse_core_flags():
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_renders_a_schema_valid_jobset(path, jobset_schema):
     for doc in yaml.safe_load_all(path.read_text()):
-        manifests = render(parse_job(doc))
+        manifests = render(parse_job(doc), default_image=TEST_IMAGE)
         jobsets = [m for m in manifests if m["kind"] == "JobSet"]
         assert len(jobsets) == 1
         for js in jobsets:
@@ -289,7 +289,9 @@ def test_a_jobset_records_the_spec_it_was_made_from_and_only_a_real_change_diffe
 
 
 def test_operator_default_image_applies_only_where_the_job_names_none():
-    _, js = render(parse_job(tiny_job()), default_image="registry.example/trainer:1")
+    imageless = tiny_job()
+    del imageless["spec"]["image"]
+    _, js = render(parse_job(imageless), default_image="registry.example/trainer:1")
     assert _pod(js)["containers"][0]["image"] == "registry.example/trainer:1"
     _, js = render(parse_job(tiny_job(image="mine:2")), default_image="registry.example/trainer:1")
     assert _pod(js)["containers"][0]["image"] == "mine:2"

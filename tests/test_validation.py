@@ -395,3 +395,15 @@ def test_the_bounds_table_lists_every_bound():
         if name.startswith("MAX_") and name not in ("MAX_ANNOTATIONS_BYTES", "MAX_CONFIG_MAP_BYTES"):
             assert name in table, f"docs/api.md, Bounds: {name} is missing"
             assert float(table[name]) == getattr(limits, name), f"docs/api.md, Bounds: {name} is not {table[name]}"
+
+
+def test_render_needs_an_image_from_the_job_or_the_default(tmp_path):
+    imageless = tiny_job()
+    del imageless["spec"]["image"]
+    result = _tpujob("render", "-f", "-", stdin=yaml.safe_dump(imageless))
+    assert result.returncode == 2 and result.stdout == ""
+    assert "error: spec.image: not set, and the operator has no --default-image" in result.stderr, result.stderr
+    result = _tpujob("render", "-f", "-", "--default-image", "registry.example/w:1", stdin=yaml.safe_dump(imageless))
+    assert result.returncode == 0 and "image: registry.example/w:1" in result.stdout, result.stderr
+    result = _tpujob("validate", "-f", "-", stdin=yaml.safe_dump(imageless))
+    assert result.returncode == 0 and "image: not set: the operator's --default-image" in result.stdout

@@ -33,7 +33,6 @@ PLURAL = "tputrainingjobs"
 SINGULAR = "tputrainingjob"
 SHORT_NAMES = ["tpujob", "tpujobs"]
 
-DEFAULT_IMAGE = "ghcr.io/tpu-operator/workload:0.1.0"
 CONFIG_MOUNT_DIR = "/etc/tpujob"
 CONFIG_FILE = "config.json"
 # Paths every trainer pod mounts a volume of the operator's at (rendering.manifests: the config and /dev/shm;
@@ -456,8 +455,10 @@ class TPUTrainingJobSpec(Base):
     checkpoint: CheckpointSpec = _desc("Checkpointing and resume.", default_factory=CheckpointSpec)
     plan: PlanSpec = _desc("The compile check (pre-flight) before the JobSet is created.", default_factory=PlanSpec)
     failure_policy: FailurePolicySpec = _desc("Restarts.", default_factory=FailurePolicySpec)
-    image: str = _desc("Trainer image: [registry[:port]/]path[:tag][@digest].", default=DEFAULT_IMAGE,
-                       min_length=1, max_length=L.MAX_IMAGE, pattern=IMAGE)
+    image: str | None = _desc(
+        "Trainer image: [registry[:port]/]path[:tag][@digest]. Unset: the operator's --default-image (the chart's "
+        "operator.defaultImage); a job the operator cannot give an image is Invalid.", default=None, min_length=1,
+        max_length=L.MAX_IMAGE, pattern=IMAGE)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = _desc("Image pull policy.",
                                                                           default="IfNotPresent")
     command: list[Arg] | None = _desc("Overrides the bundled trainer's command.", default=None, min_length=1,
@@ -592,7 +593,8 @@ class TPUTrainingJob(BaseModel):
 # SpecChange=False).
 MUTABLE_SPEC_FIELDS = frozenset({"suspend"})
 # Spec fields whose default the operator applies, not the API server: the CRD publishes no default for them,
-# so a job that leaves one unset stays so (spec.image: the operator's --default-image, else DEFAULT_IMAGE).
+# so a job that leaves one unset stays so (spec.image: the operator's --default-image; no image is published
+# under a name this project could default to, so a job neither names is Invalid, validation.image_problem).
 OPERATOR_DEFAULTED_FIELDS = frozenset({"image"})
 
 

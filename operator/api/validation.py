@@ -52,14 +52,28 @@ def read_text(path: str) -> str:
         raise InvalidJob([f"{shown(path)}: not a text file: byte {exc.start} is not UTF-8; expected job YAML"]) from None
 
 
-def parse_job(doc: Any) -> TPUTrainingJob:
+def parse_job(doc: Any, *, needs_image: bool = False, default_image: str | None = None) -> TPUTrainingJob:
+    """The job `doc` describes, or InvalidJob listing every problem. `needs_image`: the job is about to become
+    pods (the operator, `tpujob render`), so it must name an image or `default_image` must give it one."""
     if not isinstance(doc, dict):
         raise InvalidJob([f"(root): expected a TPUTrainingJob mapping, got {type(doc).__name__}"])
     try:
         # Strict, as the API server is: true is not 1, "8" is not 8, 1.0 is not 1.
-        return TPUTrainingJob.model_validate(doc, strict=True)
+        job = TPUTrainingJob.model_validate(doc, strict=True)
     except ValidationError as exc:
         raise InvalidJob(problems(exc) + _unreached_rules(doc, exc)) from None
+    problem = image_problem(job, default_image) if needs_image else None
+    if problem:
+        raise InvalidJob([problem])
+    return job
+
+
+def image_problem(job: TPUTrainingJob, default_image: str | None) -> str | None:
+    """Why the job's pods would have no image: it names none and there is no default to give it."""
+    if job.spec.image or default_image:
+        return None
+    return ("spec.image: not set, and the operator has no --default-image (the chart's operator.defaultImage): "
+            "name the trainer image you built and pushed (docs/operations.md, Images)")
 
 
 def _unreached_rules(doc: dict[str, Any], exc: ValidationError) -> list[str]:

@@ -326,7 +326,8 @@ async def reconcile(means: Means, job_obj: Obj, seen: Seen = Seen()) -> Outcome:
         return Outcome("finished")  # never re-run a finished job, e.g. when its JobSet was deleted by a TTL
     t = means.clock()
     try:
-        job = parse_job({k: job_obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in job_obj})
+        job = parse_job({k: job_obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in job_obj},
+                        needs_image=True, default_image=means.config.default_image)
     except InvalidJob as exc:
         problems = exc.problems
         done = await write_change(means.kube, job_obj, lambda s, g, at: status_lib.invalid(s, problems, g, at), t,

@@ -35,12 +35,19 @@ LONG_RELEASE = "a-release-name-that-is-exactly-fifty-three-characters"  # helm's
 assert len(LONG_RELEASE) == 53
 
 
-def run_helm(helm: str, *args: str, values: dict[str, Any] | None = None, tmp: Path | None = None) -> subprocess.CompletedProcess:
+# The values the chart requires (no image is published): an installer names the images it built and pushed.
+REQUIRED = {"image": {"repository": "registry.example/tpu-operator"},
+            "operator": {"defaultImage": "registry.example/tpu-operator-workload:0.1.0"}}
+
+
+def run_helm(helm: str, *args: str, values: dict[str, Any] | None = None, tmp: Path | None = None,
+             required: bool = True) -> subprocess.CompletedProcess:
+    """helm with REQUIRED (unless `required` is false) and then `values` as values files."""
     command = [helm, *args]
-    if values is not None:
+    for given in ([REQUIRED] if required and values is not None else []) + ([values] if values is not None else []):
         assert tmp is not None
-        path = tmp / f"values-{hashlib.sha1(repr(values).encode()).hexdigest()[:8]}.yaml"
-        path.write_text(yaml.safe_dump(values))
+        path = tmp / f"values-{hashlib.sha1(repr(given).encode()).hexdigest()[:8]}.yaml"
+        path.write_text(yaml.safe_dump(given))
         command += ["-f", str(path)]
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
@@ -233,9 +240,9 @@ def test_deployment_is_one_hardened_standalone_replica(helm, tmp_path):
     deployment, container = deployment_container(render(helm, tmp_path))
     spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
-    assert container["image"] == "ghcr.io/tpu-operator/operator:0.1.0"
+    assert container["image"] == "registry.example/tpu-operator:0.1.0"
     assert container["args"] == ["--standalone", "--all-namespaces", "--health-port=8080", "--metrics-port=9090",
-                                 "--default-image=ghcr.io/tpu-operator/workload:0.1.0", "--metrics-access=direct",
+                                 "--default-image=registry.example/tpu-operator-workload:0.1.0", "--metrics-access=direct",
                                  "--metrics-interval=15", "--resync-interval=60"]
     assert {"name": "TPUJOB_LOG_LEVEL", "value": "INFO"} in container["env"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -303,6 +310,15 @@ def test_config_hash_rolls_the_pod_on_config_changes_only(helm, tmp_path):
     ]
     hashes = {config_hash(render(helm, tmp_path, change)) for change in changes}
     assert base not in hashes and len(hashes) == len(changes)
+
+
+@pytest.mark.parametrize("missing", ["image.repository", "operator.defaultImage"])
+def test_the_images_are_required_with_how_to_build_them(helm, tmp_path, missing):
+    section, key = missing.split(".")
+    values = {**REQUIRED, section: {**REQUIRED[section], key: ""}}
+    result = run_helm(helm, "template", "t", str(CHART), values=values, tmp=tmp_path, required=False)
+    assert result.returncode != 0, f"installed without {missing}"
+    assert f"{missing} is required" in result.stderr and "docs/operations.md, Images" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("values, field", [

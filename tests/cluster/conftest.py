@@ -30,6 +30,7 @@ import pytest
 from tests.cluster import launcher
 from tests.cluster.build import ROOT, unavailable
 from tests.cluster.kube import Cluster
+from tests.conftest import TEST_IMAGE
 from tests.operator_process import Operator
 from tests.prerequisites import skip_or_fail
 
@@ -110,7 +111,9 @@ def helm_run(helm: str, cluster: Cluster, *args: str, check: bool = True) -> sub
 
 # The operator's Deployment is installed but its pod is kept off every node: there is no container
 # runtime here, so the operator runs as a local process with the Deployment's ServiceAccount instead.
-NO_NODE = ["--set-string", "nodeSelector.training\\.tpu-operator\\.dev/no-such-node=true"]
+NO_NODE = ["--set-string", "nodeSelector.training\\.tpu-operator\\.dev/no-such-node=true",
+           # The images the chart requires (no image is published; no pod of the Deployment runs here).
+           "--set", "image.repository=registry.example/tpu-operator", "--set", f"operator.defaultImage={TEST_IMAGE}"]
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.cluster.kube import Cluster
-from tests.conftest import EXAMPLES, example
+from tests.conftest import EXAMPLES, TEST_IMAGE, example
 from tpu_operator.api.models import TPUTrainingJob
 from tpu_operator.rendering.manifests import render
 
@@ -61,7 +61,7 @@ def test_rendered_jobset_is_admitted_by_jobset_as_rendered(cluster: Cluster, nam
     ns = cluster.namespace("render")
     job = TPUTrainingJob.model_validate({**doc, "metadata": {**doc["metadata"], "namespace": ns,
                                                              "uid": "00000000-0000-4000-8000-000000000001"}})
-    for manifest in render(job):
+    for manifest in render(job, default_image=TEST_IMAGE):  # the examples name no image
         stored = admitted(cluster, ns, manifest)
         sent = {k: v for k, v in manifest.items() if k != "metadata"}
         contained(sent, {k: v for k, v in stored.items() if k != "metadata"}, manifest["kind"])

@@ -98,6 +98,7 @@ kind load docker-image --name "$cluster" "$operator_image" "$workload_image"
 log "helm install"
 "$helm" install tpu-operator charts/tpu-operator --namespace "$namespace" --create-namespace \
   --set fullnameOverride=tpu-operator \
+  --set image.repository="${operator_image%:*}" --set image.tag="${operator_image##*:}" \
   --set image.pullPolicy=Never \
   --set operator.defaultImage="$workload_image" \
   --set operator.metricsInterval=2 \

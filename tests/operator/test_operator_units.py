@@ -343,9 +343,21 @@ def test_reconcile_patches_suspend_and_refuses_other_changes():
 
 def test_reconcile_uses_the_default_image_only_where_the_job_names_none():
     kube = FakeKube()
-    run_reconcile(kube, kube.add_job(tiny_job()), config=OperatorConfig(default_image="registry.example/trainer:2"))
+    imageless = tiny_job()
+    del imageless["spec"]["image"]
+    run_reconcile(kube, kube.add_job(imageless), config=OperatorConfig(default_image="registry.example/trainer:2"))
     pod = kube.jobset()["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
     assert pod["spec"]["containers"][0]["image"] == "registry.example/trainer:2"
+
+
+def test_a_job_with_no_image_and_no_default_is_invalid_saying_so():
+    kube = FakeKube()
+    imageless = tiny_job()
+    del imageless["spec"]["image"]
+    outcome, _ = run_reconcile(kube, kube.add_job(imageless))
+    assert outcome.result == "invalid" and kube.jobset() is None
+    status = job_status(kube)
+    assert status.phase == "Invalid" and "spec.image: not set" in status.message, status
 
 
 def test_reconcile_leaves_finished_and_deleting_jobs_alone():

@@ -50,7 +50,8 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{- define "tpu-operator.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $repository := required "image.repository is required: no operator image is published; build docker/operator.Dockerfile, push it to a registry the cluster pulls from and --set image.repository=REGISTRY/tpu-operator (docs/operations.md, Images)" .Values.image.repository }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
 {{/*
@@ -68,7 +69,7 @@ Single replica without kopf peering, hence --standalone (see the Deployment).
 {{- end }}
 - --health-port={{ .Values.operator.healthPort }}
 - --metrics-port={{ .Values.operator.metricsPort }}
-- --default-image={{ .Values.operator.defaultImage }}
+- --default-image={{ required "operator.defaultImage is required: no trainer image is published; build docker/workload.Dockerfile, push it to a registry the TPU nodes pull from and --set operator.defaultImage=REGISTRY/tpu-operator-workload:TAG (docs/operations.md, Images)" .Values.operator.defaultImage }}
 - --metrics-access={{ .Values.operator.metricsAccess }}
 - --metrics-interval={{ .Values.operator.metricsInterval }}
 - --resync-interval={{ .Values.operator.resyncInterval }}
