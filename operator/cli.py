@@ -112,6 +112,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InvalidJob([f"(file): run --local takes exactly one job, got {len(docs)} documents"])
     doc = docs[0]
     original = parse_job(doc)  # the job as written must be valid before it is shrunk
+    if original.spec.runtime.by_reference:
+        raise InvalidJob(["spec.runtime: a local run has no Secrets, ConfigMaps or pod fields to read valueFrom or "
+                          "envFrom from; give the values for the local run as runtime.env values"])
     if args.scale_down:
         doc, changes = scale_down(doc)
         print("scaled down for this machine: " + "; ".join(changes))

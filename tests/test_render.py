@@ -331,3 +331,24 @@ def test_a_path_checkpoint_without_a_claim_stays_writable():
     claimed = _pod(render(parse_job(tiny_job(checkpoint={"directory": "/ckpt", "persistentVolumeClaim": "c"})))[1])
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "c"}} in claimed["volumes"]
     assert [m["mountPath"] for m in claimed["containers"][0]["volumeMounts"]].count("/ckpt") == 1
+
+
+def test_secrets_pass_by_reference_and_are_never_copied():
+    from tpu_operator.rendering.preflight import render_preflight
+
+    secret = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    field = {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    plain = {"name": "MODE", "value": "fast"}
+    env_from = [{"secretRef": {"name": "aws"}, "prefix": "AWS_"}, {"configMapRef": {"name": "settings"}}]
+    job = parse_job(tiny_job(runtime={"env": [secret, field, plain], "envFrom": env_from}))
+    config_map, js = render(job)
+    trainer = _pod(js)["containers"][0]
+    env = {e["name"]: e for e in trainer["env"]}
+    assert env["HF_TOKEN"] == secret and env["NODE"] == field and env["MODE"] == plain
+    assert trainer["envFrom"] == env_from
+    # Only names of Secrets travel: no value is ever in the job, so none can be copied; and the ConfigMap and
+    # the pre-flight's env hold no reference either.
+    assert "hf" not in json.dumps(config_map) and "HF_TOKEN" not in json.dumps(config_map)
+    preflight = render_preflight(job, 1)["spec"]["template"]["spec"]["containers"][0]
+    names = [e["name"] for e in preflight["env"]]
+    assert "HF_TOKEN" not in names and "NODE" not in names and "MODE" in names and "envFrom" not in preflight

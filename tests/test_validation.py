@@ -159,6 +159,24 @@ BAD = [
     ("spec.runtime.env", [{"name": f"E{i}", "value": "v" * 1000} for i in range(256)], "spec",
      "bytes as JSON"),
     ("metadata.namespace", "Team_A", "metadata.namespace", "pattern"),
+    # Secrets by reference: as a container's env and envFrom, each refused where the API server would refuse it.
+    ("spec.runtime.env", [{"name": "T", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+     "spec.runtime.env[0].valueFrom", "not with a non-empty value"),
+    ("spec.runtime.env", [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"},
+                                                     "fieldRef": {"fieldPath": "metadata.name"}}}],
+     "spec.runtime.env[0].valueFrom", "exactly one of"),
+    ("spec.runtime.env", [{"name": "T", "valueFrom": {}}], "spec.runtime.env[0].valueFrom", "exactly one of"),
+    ("spec.runtime.env", [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "k"}}}],
+     "spec.runtime.env[0].valueFrom.secretKeyRef.name", "pattern"),
+    ("spec.runtime.env", [{"name": "T", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "a b"}}}],
+     "spec.runtime.env[0].valueFrom.configMapKeyRef.key", "pattern"),
+    ("spec.runtime.env", [{"name": "T", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}],
+     "spec.runtime.env[0].valueFrom.fieldRef.fieldPath", "pattern"),
+    ("spec.runtime.envFrom", [{"secretRef": {"name": "s"}, "configMapRef": {"name": "c"}}], "spec.runtime.envFrom[0]",
+     "exactly one of"),
+    ("spec.runtime.envFrom", [{"prefix": "TPU_", "secretRef": {"name": "s"}}], "spec.runtime.envFrom[0].prefix",
+     "the operator or GKE set"),
+    ("spec.runtime.envFrom", [{"secretRef": {"name": "s"}}] * 17, "spec.runtime.envFrom", "at most 16"),
     ("spec.training", None, "spec.training", "Field required"),
 ]
 
@@ -407,3 +425,9 @@ def test_render_needs_an_image_from_the_job_or_the_default(tmp_path):
     assert result.returncode == 0 and "image: registry.example/w:1" in result.stdout, result.stderr
     result = _tpujob("validate", "-f", "-", stdin=yaml.safe_dump(imageless))
     assert result.returncode == 0 and "image: not set: the operator's --default-image" in result.stdout
+
+
+def test_a_local_run_refuses_values_it_cannot_read():
+    doc = tiny_job(runtime={"env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})
+    result = _tpujob("run", "--local", "-f", "-", stdin=yaml.safe_dump(doc))
+    assert result.returncode == 2 and "spec.runtime: a local run has no Secrets" in result.stderr, result.stderr

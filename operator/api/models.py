@@ -17,8 +17,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from pydantic.alias_generators import to_camel
 
 from . import catalogue, limits as L, rules
-from .contract import (SLICE_AXES, Base, CheckpointSpec, KernelsSpec, Mesh, ModelDims, StepResources, TrainingSpec,
-                       _desc)
+from .contract import (DNS1123_SUBDOMAIN, SLICE_AXES, Base, CheckpointSpec, KernelsSpec, Mesh, ModelDims,
+                       StepResources, TrainingSpec, _desc)
 from .failures import DEFAULT_RESTART_ON_EXIT_CODES, NEVER_RESTARTED, LastRestart, RestartCounts
 from .goodput import Badput, Ledger
 from .presets import PRESETS
@@ -61,6 +61,9 @@ OWNED_FLAGS = {"--xla_tpu_scoped_vmem_limit_kib": "runtime.scopedVmemLimitKiB"}
 GENERATION_SPELLINGS = tuple(sorted(catalogue.ALIASES))
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a namespace's name
+# The pod fields an env var may read (Kubernetes' downward API for env).
+FIELD_PATH = (r"^(metadata\.(name|namespace|uid)|metadata\.(labels|annotations)\['[-A-Za-z0-9_./]+'\]|"
+              r"spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 LABEL_KEY_MAX = 253 + 1 + 63  # a DNS-subdomain prefix, '/', a name
@@ -271,9 +274,51 @@ class ParallelismSpec(Base):
 # spec.runtime
 
 
+class KeySelector(Base):
+    """One key of a Secret or ConfigMap in the job's namespace (a container's secretKeyRef / configMapKeyRef)."""
+
+    name: str = _desc("The Secret's or ConfigMap's name.", min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    key: str = _desc("The key.", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+    optional: bool | None = _desc("Start without it when it is missing.", default=None)
+
+
+class NameRef(Base):
+    """A whole Secret or ConfigMap in the job's namespace (a container's envFrom secretRef / configMapRef)."""
+
+    name: str = _desc("Its name.", min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
+    optional: bool | None = _desc("Start without it when it is missing.", default=None)
+
+
+class FieldSelector(Base):
+    """A field of the pod (the downward API's env fields)."""
+
+    field_path: str = _desc("metadata.name, metadata.namespace, metadata.uid, metadata.labels['KEY'], "
+                            "metadata.annotations['KEY'], spec.nodeName, spec.serviceAccountName, status.hostIP, "
+                            "status.podIP (and the plural IPs).", max_length=LABEL_KEY_MAX + 24, pattern=FIELD_PATH)
+
+
+class EnvVarSource(Base):
+    """Where a variable's value comes from, exactly one of these; the value never passes through the job."""
+
+    secret_key_ref: KeySelector | None = _desc("A key of a Secret in the job's namespace.", default=None)
+    config_map_key_ref: KeySelector | None = _desc("A key of a ConfigMap in the job's namespace.", default=None)
+    field_ref: FieldSelector | None = _desc("A field of the pod.", default=None)
+
+    @model_validator(mode="after")
+    def _one(self) -> "EnvVarSource":
+        given = [to_camel(f) for f in type(self).model_fields if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise ValueError(f"exactly one of secretKeyRef, configMapKeyRef, fieldRef; got {', '.join(given) or 'none'}")
+        return self
+
+
 class EnvVar(Base):
     name: str = _desc("Variable name.", min_length=1, max_length=256, pattern=ENV_NAME.pattern)
-    value: str = _desc("Value, passed verbatim.", default="", max_length=L.MAX_ENV_VALUE)
+    value: str = _desc("Value, passed verbatim: it is part of the job, its JobSet's annotation and its pods; "
+                       "for a secret, use valueFrom.", default="", max_length=L.MAX_ENV_VALUE)
+    value_from: EnvVarSource | None = _desc(
+        "The value by reference, as a container's env has it: the pods read it from the Secret, ConfigMap or "
+        "pod field; the job, its annotation, its ConfigMap and the pre-flight never hold it.", default=None)
 
     @field_validator("name")
     @classmethod
@@ -281,6 +326,32 @@ class EnvVar(Base):
         if (v.startswith(RESERVED_ENV_PREFIXES) and not v.startswith(TEST_ENV_PREFIX)) or v in RESERVED_ENV:
             raise ValueError(f"{v} is set by the operator; use runtime.libtpuInitArgs / xlaFlags for flags")
         return v
+
+    @model_validator(mode="after")
+    def _value_or_reference(self) -> "EnvVar":
+        if self.value and self.value_from is not None:  # the API server refuses both
+            raise ValueError("valueFrom: not with a non-empty value")
+        return self
+
+    def container(self) -> dict[str, Any]:
+        """The entry of a container's env."""
+        return self.model_dump(by_alias=True, exclude_none=True, exclude={"value"} if self.value_from else set())
+
+
+class EnvFromSource(Base):
+    """Every key of a Secret or ConfigMap as variables (a container's envFrom), exactly one of the two."""
+
+    prefix: str | None = _desc("Prepended to every key.", default=None, max_length=253, pattern=ENV_NAME.pattern)
+    secret_ref: NameRef | None = _desc("A Secret in the job's namespace.", default=None)
+    config_map_ref: NameRef | None = _desc("A ConfigMap in the job's namespace.", default=None)
+
+    @model_validator(mode="after")
+    def _one(self) -> "EnvFromSource":
+        if (self.secret_ref is None) == (self.config_map_ref is None):
+            raise ValueError("exactly one of secretRef, configMapRef")
+        if self.prefix and (self.prefix.startswith(RESERVED_ENV_PREFIXES) or self.prefix.startswith("TPU_")):
+            raise ValueError(f"prefix: {self.prefix} names variables the operator or GKE set")
+        return self
 
 
 class SparseCoreOffloadSpec(Base):
@@ -307,8 +378,12 @@ class RuntimeSpec(Base):
                                          default_factory=list, max_length=L.MAX_FLAGS)
     xla_flags: list[Flag] = _desc("Extra XLA_FLAGS flags, each --name[=value].", default_factory=list,
                                   max_length=L.MAX_FLAGS)
-    env: list[EnvVar] = _desc("Extra environment variables for the trainer.", default_factory=list,
-                              max_length=L.MAX_ENV)
+    env: list[EnvVar] = _desc("Extra environment variables for the trainer; secrets by valueFrom.secretKeyRef.",
+                              default_factory=list, max_length=L.MAX_ENV)
+    env_from: list[EnvFromSource] = _desc(
+        "Every key of these Secrets and ConfigMaps as the trainer's variables (a container's envFrom). The env "
+        "the operator, GKE and runtime.env set wins over a key of the same name.", default_factory=list,
+        max_length=16)
     metrics_port: int = _desc("Port the coordinator serves /metrics and /status on.", default=9431,
                               ge=1024, le=65535)
     host_network: bool | None = _desc(
@@ -326,6 +401,14 @@ class RuntimeSpec(Base):
                 raise ValueError(f"{flag.split('=', 1)[0]} is set from spec.{field}, which is checked against the "
                                  f"chip; set that field instead")
         return v
+
+    def container_env_from(self) -> list[dict[str, Any]]:
+        return [e.model_dump(by_alias=True, exclude_none=True) for e in self.env_from]
+
+    @property
+    def by_reference(self) -> bool:
+        """Whether any variable comes from a Secret, ConfigMap or pod field."""
+        return bool(self.env_from) or any(e.value_from is not None for e in self.env)
 
     @field_validator("env")
     @classmethod

@@ -89,7 +89,7 @@ def _env(plan: Plan) -> list[dict[str, Any]]:
         env.append({"name": "LIBTPU_INIT_ARGS", "value": " ".join(init_args)})
     if spec.runtime.xla_flags:
         env.append({"name": "XLA_FLAGS", "value": " ".join(spec.runtime.xla_flags)})
-    env += [{"name": e.name, "value": e.value} for e in spec.runtime.env]
+    env += [e.container() for e in spec.runtime.env]  # valueFrom as a reference: the pods resolve it
     return env
 
 

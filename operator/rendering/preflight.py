@@ -69,7 +69,8 @@ def render_preflight(job: TPUTrainingJob, generation: int, default_image: str | 
     command = [*PLAN_MODULE, *plan_args(job, f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"), *slice_counts_args(job),
                "--termination-log", TERMINATION_LOG]
     env = [{"name": k, "value": v} for k, v in plan_env(job).items() if v]
-    env += [{"name": e.name, "value": e.value} for e in spec.runtime.env]
+    # Values only: a compile needs no secret, and the pre-flight never holds one (valueFrom, envFrom left out).
+    env += [{"name": e.name, "value": e.value} for e in spec.runtime.env if e.value_from is None]
     ctx = {"job": job, "name": preflight_name(name, generation), "labels": preflight_labels(name, generation),
            "owner": owner_reference(job), "deadline_s": deadline_s, "image": image, "command": command, "env": env,
            "resources": RESOURCES, "termination_log": TERMINATION_LOG, "config_dir": CONFIG_MOUNT_DIR,
