@@ -137,6 +137,16 @@ BAD = [
     ("spec.tolerations", [{"operator": "Equal", "value": "v"}], "spec.tolerations[0].operator", "must be Exists"),
     ("spec.resources", {"requests": {"gpu": "1"}}, "spec.resources.requests.gpu", "pattern"),
     ("spec.resources", {"limits": {"memory": "1" * 100}}, "spec.resources.limits.memory", "at most 64"),
+    ("spec.resources", {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}, "spec.resources.requests.memory",
+     "more than limits.memory"),
+    ("spec.resources", {"requests": {"cpu": "1500m"}, "limits": {"cpu": "1.4"}}, "spec.resources.requests.cpu",
+     "more than limits.cpu"),
+    ("spec.resources", {"requests": {"example.com/fpga": "1"}}, "spec.resources.limits.example.com/fpga",
+     "not overcommitted"),
+    ("spec.resources", {"requests": {"example.com/fpga": "1"}, "limits": {"example.com/fpga": "2"}},
+     "spec.resources.requests.example.com/fpga", "must equal"),
+    ("spec.resources", {"limits": {"example.com/fpga": "500m"}}, "spec.resources.limits.example.com/fpga",
+     "whole number"),
     ("spec.image", "ghcr.io/Upper/case:tag", "spec.image", "pattern"),
     ("spec.image", "ghcr.io/x/y@sha256:abc", "spec.image", "pattern"),
     ("spec.image", "ghcr.io/x/y:" + "t" * 129, "spec.image", "pattern"),
@@ -431,3 +441,31 @@ def test_a_local_run_refuses_values_it_cannot_read():
     doc = tiny_job(runtime={"env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})
     result = _tpujob("run", "--local", "-f", "-", stdin=yaml.safe_dump(doc))
     assert result.returncode == 2 and "spec.runtime: a local run has no Secrets" in result.stderr, result.stderr
+
+
+def test_a_growing_back_job_leaves_room_for_its_probes_pod_names():
+    from tpu_operator.api import names
+    from tpu_operator.controller import growback
+
+    assert growback.PROBE_JOB == names.GROWBACK_REPLICATED_JOB
+    # 2x2x4: 4 hosts; slices 2, minSlices 1: the probe asks for 1 slice, pods <name>-grow-g-0-3 (+ "-abcde").
+    spec = {"tpu": {"topology": "2x2x4", "slices": 2, "elastic": {"minSlices": 1, "growBack": True}},
+            "training": {"steps": 1, "globalBatch": 64, "sequenceLength": 128}}
+    longest = 63 - len("-grow-g-0-3-abcde")
+    doc = tiny_job(**spec)
+    doc["metadata"]["name"] = "a" * longest
+    parse_job(doc)
+    doc["metadata"]["name"] = "a" * (longest + 1)  # its own pods (<name>-slice-1-3) would still fit
+    with pytest.raises(InvalidJob) as exc:
+        parse_job(doc)
+    assert exc.value.problems[0].startswith("metadata.name: ") and "-grow-g-0-3" in exc.value.problems[0]
+    doc["spec"]["tpu"]["elastic"]["growBack"] = False
+    parse_job(doc)
+
+
+def test_quantities_compare_exactly():
+    from tpu_operator.api.models import quantity
+
+    assert quantity("1500m") == quantity("1.5") and quantity("1Gi") == 1024**3 and quantity("1e3") == quantity("1k")
+    parse_job(tiny_job(resources={"requests": {"cpu": "1500m", "memory": "1Gi"},
+                                  "limits": {"cpu": "1.5", "memory": "1024Mi", "example.com/fpga": "2"}}))

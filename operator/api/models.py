@@ -11,6 +11,7 @@ refuse the same inputs with the same messages.
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -504,11 +505,46 @@ class ResourcesSpec(Base):
                                                  max_length=L.MAX_RESOURCES)
 
     @model_validator(mode="after")
-    def _no_tpu(self) -> "ResourcesSpec":
+    def _as_the_api_server(self) -> "ResourcesSpec":
+        """google.com/tpu is ours; and the API server's ValidateResourceRequirements: a request at most its
+        limit; an extended resource (domain-prefixed, outside kubernetes.io) a whole number, with a limit,
+        its request equal to it (extended resources are not overcommitted)."""
+        problems = []
         for part in ("requests", "limits"):
             if "google.com/tpu" in getattr(self, part):
-                raise ValueError(f"{part}: google.com/tpu is derived from the topology; remove it")
+                problems.append((part, "google.com/tpu is derived from the topology; remove it"))
+        for name in sorted(set(self.requests) | set(self.limits)):
+            request, limit = (quantity(q) if q is not None else None for q in (self.requests.get(name),
+                                                                               self.limits.get(name)))
+            extended = "/" in name and not name.split("/")[0].endswith("kubernetes.io") and name != "google.com/tpu"
+            if extended and any(q is not None and q != int(q) for q in (request, limit)):
+                problems.append((f"limits.{name}", "an extended resource is a whole number"))
+            elif extended and limit is None:
+                problems.append((f"limits.{name}", "required with its request: extended resources are not "
+                                                   "overcommitted"))
+            elif extended and request is not None and request != limit:
+                problems.append((f"requests.{name}", f"must equal limits.{name} (extended resources are not "
+                                                     "overcommitted)"))
+            elif request is not None and limit is not None and request > limit:
+                problems.append((f"requests.{name}", f"{self.requests[name]} is more than limits.{name} "
+                                                     f"({self.limits[name]})"))
+        if problems:
+            raise ValueError(rules.joined(problems))
         return self
+
+
+_SUFFIX = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1),
+           "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
+           "P": Fraction(10**15), "E": Fraction(10**18),
+           **{f"{p}i": Fraction(2 ** (10 * (i + 1))) for i, p in enumerate("KMGTPE")}}
+
+
+def quantity(text: str) -> Fraction:
+    """The exact value of a quantity that matched `Quantity`'s pattern (digits, a fraction, a suffix)."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(?:[eE]([0-9]+)|([a-zA-Z]*))", text)
+    assert m is not None, text  # the pattern let it through
+    number = Fraction(m.group(1))
+    return number * 10 ** int(m.group(2)) if m.group(2) else number * _SUFFIX[m.group(3)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,6 +28,10 @@ def jobset_name(job: str) -> str:
     return job
 
 
+# The probe's replicated Job (controller/growback.py PROBE_JOB): its pod names count in JobSet's name rule.
+GROWBACK_REPLICATED_JOB = "g"
+
+
 def growback_name(job: str) -> str:
     """The probe JobSet that asks the cluster whether an elastic job's missing slices can be placed
     (controller/growback.py). Its pods get no DNS hostnames, so the suffix costs no hostname length."""

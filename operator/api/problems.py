@@ -6,7 +6,10 @@ import re
 
 from pydantic import ValidationError
 
-_PATH_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*): (.*)$", re.S)
+# "field.path: reason" as a validator writes it; the last part may be a domain-prefixed map key
+# (resources.limits.example.com/fpga).
+_PATH_PREFIX = re.compile(r"^(?P<path>[A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*(\.[a-z0-9][-a-z0-9.]*/[-A-Za-z0-9_.]+)?)"
+                          r": (?P<reason>.*)$", re.S)
 
 
 # What of a user's input an error message repeats: enough to recognise it, never a page of it.
@@ -48,7 +51,7 @@ def problems(exc: ValidationError, root: str = "") -> list[str]:
             line_parts, line_msg = parts, line
             m = _PATH_PREFIX.match(line)
             if m and err["type"] == "value_error":  # "topology: ..." raised by a model validator names its field
-                line_parts, line_msg = [*parts, m.group(1)], m.group(3)
+                line_parts, line_msg = [*parts, m.group("path")], m.group("reason")
             if err["type"] == "literal_error" or err["type"] == "enum":
                 line_msg = f"{shown(repr(err.get('input')))} is not allowed; {line_msg[0].lower()}{line_msg[1:]}"
             elif err["type"] == "extra_forbidden":

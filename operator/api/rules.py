@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import catalogue
 from .contract import SLICE_AXES, KernelsSpec, Mesh, ModelDims, TrainingSpec, splits_at
-from .names import longest_hostname
+from .names import GROWBACK_REPLICATED_JOB, growback_name, longest_hostname
 
 if TYPE_CHECKING:  # the models import this module; the rules only read them
     from .models import ParallelismSpec, RuntimeSpec, TPUCapacity, TPUSpec
@@ -210,8 +210,14 @@ POD_NAME_SUFFIX = len("-abcde")
 
 
 def hostname_problem(name: str, tpu: TPUSpec) -> Problem | None:
-    """The pod names JobSet derives from the job's name, with their generated suffix, must fit 63 characters."""
+    """The pod names JobSet derives from the job's name, with their generated suffix, must fit 63 characters:
+    the job's own, and for an elastic job that grows back, its probe's (`<job>-grow-g-<i>-<host>` for the
+    up to slices - minSlices slices it asks for; controller/growback.py)."""
     host = longest_hostname(name, tpu.slices, tpu.slice.hosts)
+    if tpu.elastic is not None and tpu.elastic.grow_back and tpu.slices > tpu.elastic.min_slices:
+        probe = f"{growback_name(name)}-{GROWBACK_REPLICATED_JOB}-{tpu.slices - tpu.elastic.min_slices - 1}-" \
+                f"{tpu.slice.hosts - 1}"
+        host = max(host, probe, key=len)
     if len(host) + POD_NAME_SUFFIX <= 63:
         return None
     room = 63 - POD_NAME_SUFFIX - (len(host) - len(name))
