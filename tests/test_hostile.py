@@ -105,6 +105,20 @@ CASES = [
     ("escape-in-selector-key", _spec(nodeSelector={"\x1b[2Jkey": "v"}), "spec.nodeSelector"),
     ("newline-in-env-name", _spec(runtime={"env": [{"name": "A\nB"}]}), "spec.runtime.env[0].name"),
     ("yaml-in-image", _spec(image="x\nkind: Secret"), "spec.image"),
+    # Secrets, resources, names of what the operator makes later
+    ("secret-and-value", _spec(runtime={"env": [{"name": "T", "value": "leak", "valueFrom": {
+        "secretKeyRef": {"name": "s", "key": "k"}}}]}), "spec.runtime.env[0].valueFrom"),
+    ("fieldRef-to-anything", _spec(runtime={"env": [{"name": "T", "valueFrom": {
+        "fieldRef": {"fieldPath": "spec.containers[0].env"}}}]}), "spec.runtime.env[0].valueFrom.fieldRef.fieldPath"),
+    ("envFrom-reserved-prefix", _spec(runtime={"envFrom": [{"prefix": "MEGASCALE_", "secretRef": {"name": "s"}}]}),
+     "spec.runtime.envFrom[0].prefix"),
+    ("request-over-limit", _spec(resources={"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}),
+     "spec.resources.requests.memory"),
+    ("overcommitted-extended-resource", _spec(resources={"requests": {"example.com/fpga": "1"}}),
+     "spec.resources.limits.example.com/fpga"),
+    ("grow-back-probe-name", _spec(tpu={"topology": "2x2x4", "slices": 2, "elastic": {"minSlices": 1, "growBack": True}},
+                                   training={"steps": 1, "globalBatch": 64, "sequenceLength": 128}).replace(
+        "name: tiny", "name: " + "a" * 47), "metadata.name"),
 ]
 
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -124,6 +138,17 @@ def test_hostile_input_is_one_clear_error(text, named, tmp_path, capsys):
     assert len(lines) <= cli.MAX_PROBLEMS_SHOWN + 1 and all(len(line) <= 1100 for line in lines), \
         [len(line) for line in lines][:10]
     assert not CONTROL.search(err), repr(CONTROL.search(err))
+
+
+@pytest.mark.parametrize("text,named", [c[1:] for c in CASES if c[0] in (
+    "alias-bomb", "deep-flow-nesting", "duplicate-key", "layers-10**400", "elastic-10**15-microbatches",
+    "annotations-over-256KiB", "escape-in-flag")], ids=lambda v: str(v)[:20])
+def test_render_refuses_them_too(text, named, tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    assert cli.main(["render", "-f", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and named in err and "Traceback" not in err
 
 
 def test_an_escape_is_shown_escaped_not_acted_on(tmp_path, capsys):
