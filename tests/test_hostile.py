@@ -56,6 +56,7 @@ CASES = [
     ("scalar", "just a string\n", "expected a TPUTrainingJob mapping"),
     ("too-big", "# " + "x" * (5 * 1024 * 1024) + "\n", "more than 4194304 bytes"),
     ("date-as-name", _replace("name: tiny", "name: 2024-01-01"), "metadata.name"),
+    ("name-with-trailing-newline", _replace("name: tiny", 'name: "tiny\\n"'), "metadata.name"),
     # Types and bounds as the API server has them
     ("layers-10**400", _spec(model={"preset": "tiny", "layers": 10**400}), "spec.model.layers"),
     ("bool-as-int", _replace("steps: 10", "steps: true"), "spec.training.steps"),

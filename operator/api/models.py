@@ -102,7 +102,7 @@ Capacity = Literal["onDemand", "spot", "reservation", "flexStart"]
 
 def duration_seconds(text: str) -> int | None:
     """Seconds of a duration such as 24h, 1h30m or 5400s; None if it is not one."""
-    m = re.match(DURATION, text)
+    m = re.fullmatch(DURATION, text)
     if not text or m is None:
         return None
     hours, minutes, seconds = (int(m.group(i) or 0) for i in (2, 4, 6))
@@ -685,7 +685,7 @@ class ObjectMeta(BaseModel):
     @field_validator("name")
     @classmethod
     def _dns1035(cls, v: str) -> str:
-        if not DNS1035.match(v):
+        if not DNS1035.fullmatch(v):  # fullmatch: `$` alone lets a trailing newline through
             raise ValueError(f"{v!r} must be a DNS-1035 label (lower-case letters, digits and '-', starting with "
                              "a letter): it names the JobSet, its Service and every pod hostname")
         return v
