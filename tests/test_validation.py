@@ -169,6 +169,7 @@ BAD = [
     ("spec.runtime.env", [{"name": f"E{i}", "value": "v" * 1000} for i in range(256)], "spec",
      "bytes as JSON"),
     ("metadata.namespace", "Team_A", "metadata.namespace", "pattern"),
+    ("spec.priorityClassName", "system-node-critical", "spec.priorityClassName", "reserved for the cluster"),
     # Secrets by reference: as a container's env and envFrom, each refused where the API server would refuse it.
     ("spec.runtime.env", [{"name": "T", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
      "spec.runtime.env[0].valueFrom", "not with a non-empty value"),

@@ -612,6 +612,16 @@ class TPUTrainingJobSpec(Base):
         "Default: derived from the checkpoint size per host (docs/jobs.md: What a rendered JobSet carries).",
         default=None, ge=1, le=86400)
 
+    @field_validator("priority_class_name")
+    @classmethod
+    def _not_the_clusters(cls, v: str | None) -> str | None:
+        # Kubernetes' own classes rank above every workload: a training job with one would preempt other
+        # tenants' pods and the cluster's components for its TPUs.
+        if v is not None and v.startswith("system-"):
+            raise ValueError(f"{v} is reserved for the cluster's own components; use a PriorityClass of your "
+                             "cluster's workloads")
+        return v
+
     @model_validator(mode="after")
     def _cross_field(self) -> "TPUTrainingJobSpec":
         problems = rules.spec_problems(self.sections()) + self._pod_problems()
