@@ -52,6 +52,15 @@ HOSTILE = [
     ({"training": {"steps": 1, "globalBatch": 8, "sequenceLength": 128,
                    "remat": {"policy": "custom", "tensors": {"qkv_proj": "elsewhere"}}}},
      "spec.training.remat.tensors.qkv_proj"),
+    # Bounds (api/limits.py): issue 27's elastic job never reaches the operator.
+    ({"training": {"steps": 1, "globalBatch": 48 * (10**15 + 37), "microbatches": 10**15 + 37,
+                   "sequenceLength": 128}}, "spec.training.microbatches"),
+    ({"model": {"preset": "tiny", "layers": 2**62}}, "spec.model.layers"),
+    ({"runtime": {"env": [{"name": f"E{i}"} for i in range(257)]}}, "spec.runtime.env"),
+    ({"image": "ghcr.io/Team/trainer"}, "spec.image"),
+    ({"training": {"steps": 1, "globalBatch": 8, "sequenceLength": 128, "data": {"source": "files",
+                                                                               "path": "relative/dir"}}},
+     "spec.training.data.path"),
 ]
 
 
