@@ -122,7 +122,8 @@ class DataSpec(Base):
     workers: int = _desc("Threads that read the rows of `files` ahead of the training loop (each process "
                          "reads only the rows its devices hold); 0 reads them on the training thread when "
                          "the step needs them.", default=8, ge=0, le=L.MAX_DATA_WORKERS)
-    prefetch: int = _desc("Steps whose rows the `workers` read ahead of the step being trained.", default=2, ge=1, le=L.MAX_PREFETCH)
+    prefetch: int = _desc("Steps whose rows the `workers` read ahead of the step being trained.", default=2, ge=1,
+                          le=L.MAX_PREFETCH)
     packing: bool = _desc("Pack whole documents into each sequence (truncated to sequenceLength + 1 "
                           "tokens, never split across sequences, the rest padded) instead of cutting one "
                           "stream into windows; the batch then carries document ids and a loss mask. The "

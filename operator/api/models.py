@@ -309,7 +309,8 @@ class EnvVarSource(Base):
     def _one(self) -> "EnvVarSource":
         given = [to_camel(f) for f in type(self).model_fields if getattr(self, f) is not None]
         if len(given) != 1:
-            raise ValueError(f"exactly one of secretKeyRef, configMapKeyRef, fieldRef; got {', '.join(given) or 'none'}")
+            raise ValueError("exactly one of secretKeyRef, configMapKeyRef, fieldRef; got "
+                             f"{', '.join(given) or 'none'}")
         return self
 
 
@@ -639,12 +640,13 @@ class TPUTrainingJobSpec(Base):
         if self.checkpoint.persistent_volume_claim and directory:
             path = "/" + "/".join(p for p in directory.split("/") if p)
             parts = path.split("/")
+            shown_directory = shown(repr(directory))
             if ".." in parts or "." in parts:
-                problems.append(("checkpoint.directory", f"{shown(repr(directory))}: a volume's mount path has no . or .. "
+                problems.append(("checkpoint.directory", f"{shown_directory}: a volume's mount path has no . or .. "
                                                          "parts"))
             elif path == "/" or any(path == m or m.startswith(path + "/") for m in RESERVED_MOUNTS):
-                problems.append(("checkpoint.directory", f"{shown(repr(directory))} would hide a volume the operator mounts "
-                                                         f"({', '.join(RESERVED_MOUNTS)}); choose another path"))
+                problems.append(("checkpoint.directory", f"{shown_directory} would hide a volume the operator "
+                                                         f"mounts ({', '.join(RESERVED_MOUNTS)}); choose another path"))
         size = len(self.model_dump_json(by_alias=True, exclude_unset=True))
         if size > L.MAX_SPEC_BYTES:
             problems.append(("", f"{size} bytes as JSON, more than {L.MAX_SPEC_BYTES}: the JobSet carries the "
