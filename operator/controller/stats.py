@@ -23,6 +23,9 @@ class Stats:
                               ["handler"], registry=self.registry)
         self.duration = Histogram("tpu_operator_reconcile_duration_seconds", "Time spent in one reconcile.",
                                   ["handler"], buckets=BUCKETS, registry=self.registry)
+        self.metrics_reads_skipped = Counter(
+            "tpu_operator_metrics_reads_skipped", "Trainer reads not started because the job's previous read was "
+            "still pending (a slow or hostile trainer).", registry=self.registry)
 
         self.goodput = Gauge("tpu_operator_job_goodput", "Seconds on steps that survive / seconds since the job was "
                              "created (0..1).", ["namespace", "job"], registry=self.registry)
