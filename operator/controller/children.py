@@ -2,7 +2,10 @@
 
 Names are deterministic, so an operator killed at any point and restarted creates nothing twice: a
 409 AlreadyExists adopts the object when this job owns it (its uid among the object's owner
-references), and is a `NameConflict` otherwise (the user's to resolve). I/O only; what to do is
+references), and is a `NameConflict` otherwise (the user's to resolve). A ConfigMap is adopted only
+with the contents its name stands for (`<job>-config-<hash of config.json>`, rendering/manifests.py);
+one with other contents is replaced, never trusted. ConfigMaps of earlier configs (edits before the
+JobSet existed) are owned by the job and go with it. I/O only; what to do is
 decided by the reconcile (reconcile.py) and the pre-flight (preflight.py), which both import this
 module and nothing imports back.
 """
@@ -48,11 +51,37 @@ async def ensure_child(kube: Kube, resource: Resource, manifest: Obj, owner_uid:
             raise
     existing = await kube.get(resource, namespace, name)
     if owner_uid in owner_uids(existing):
+        if resource == CONFIGMAPS and existing.get("data") != manifest.get("data"):
+            return await _replace(kube, resource, existing, manifest), True
         return existing, False
     owners = ", ".join(f"{r.get('kind')}/{r.get('name')}" for r in existing["metadata"].get("ownerReferences") or [])
     raise NameConflict(f"{manifest['kind']} {name} already exists and is "
                        f"{'owned by ' + owners if owners else 'not owned by any object'}, not by this job; "
                        "delete or rename it")
+
+
+async def _replace(kube: Kube, resource: Resource, existing: Obj, manifest: Obj) -> Obj:
+    """A ConfigMap of ours whose contents are not what its name (their hash) says: it was not made by this
+    rendering, so it is not trusted. Immutable, it cannot be updated: it is deleted (that uid only) and
+    made again. A pod that mounted it has not started training on it: the JobSet is made after this."""
+    meta = existing["metadata"]
+    try:
+        await kube.delete(resource, meta.get("namespace", "default"), meta["name"], {
+            "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta.get("uid")}})
+    except ApiError as exc:
+        if exc.status != 404:  # gone already: make it
+            raise
+    return await kube.create(resource, manifest["metadata"]["namespace"], manifest)
+
+
+def config_map_of(jobset: Obj) -> str | None:
+    """The ConfigMap the JobSet's pods mount as their config (its name carries the config's hash)."""
+    for replicated in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        pod = ((((replicated.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {})
+        for volume in pod.get("volumes") or []:
+            if volume.get("name") == "config" and volume.get("configMap"):
+                return volume["configMap"].get("name")
+    return None
 
 
 async def ensure_all(kube: Kube, owner_uid: str, *children: tuple[Resource, Obj]) -> list[tuple[Obj, bool]]:

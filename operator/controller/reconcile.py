@@ -283,7 +283,7 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
                                       job.spec.training.steps, old.phase == "Running")
     return steps.Observed(
         now=now, generation=job_obj["metadata"].get("generation"), jobset_name=name,
-        config_map=names.config_map_name(job.metadata.name), jobset_uid=uid, view=view,
+        config_map=children.config_map_of(jobset) or names.config_map_name(job.metadata.name), jobset_uid=uid, view=view,
         intent=phases.Intent(suspend=job.spec.suspend, queued=job.spec.queue_name is not None),
         policy=job.spec.failure_policy, total_steps=job.spec.training.steps,
         created_at=timestamps.parse_or_none(job_obj["metadata"].get("creationTimestamp")), created=made.created,

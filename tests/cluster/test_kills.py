@@ -14,6 +14,7 @@ from tests.cluster.conftest import OPERATOR_NAMESPACE
 from tests.cluster.kube import JOBSETS, Cluster, wait_for
 from tests.conftest import operator_job
 from tests.operator_process import Operator
+from tpu_operator.controller.children import config_map_of
 
 pytestmark = pytest.mark.cluster
 JOBS, KILLS = 10, 20
@@ -51,7 +52,7 @@ def test_twenty_kills_over_ten_jobs_leave_one_jobset_and_one_configmap_per_job(l
     config_maps = {c.metadata.name: c for c in cluster.core.list_namespaced_config_map(ns).items
                    if c.metadata.name != "kube-root-ca.crt"}
     assert sorted(jobsets) == sorted(names), sorted(jobsets)
-    assert sorted(config_maps) == sorted(f"{n}-config" for n in names), sorted(config_maps)
+    assert sorted(config_maps) == sorted(config_map_of(jobsets[n]) for n in names), sorted(config_maps)
     for name in names:
         uid = cluster.job(ns, name)["metadata"]["uid"]
         assert [r["uid"] for r in jobsets[name]["metadata"]["ownerReferences"]] == [uid]
