@@ -27,6 +27,11 @@ class NameConflict(Exception):
     pass
 
 
+class Inadmissible(Exception):
+    """The API server, or an admission webhook, refuses what the job renders: the job's to change. The
+    message is the API's."""
+
+
 def owner_uids(obj: Obj) -> list[str]:
     return [ref.get("uid") for ref in (obj.get("metadata") or {}).get("ownerReferences") or []]
 
@@ -104,8 +109,48 @@ async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | 
     if gate is not None:
         jobset = gate(jobset)
     children = [] if config_map_exists else [(CONFIGMAPS, made_config_map)]
+    await dry_run(kube, job.metadata.namespace, *children, (JOBSETS, jobset), *((PODS, p) for p in pods_of(jobset)))
     results = await ensure_all(kube, job.metadata.uid or "", *children, (JOBSETS, jobset))
     return results[-1]
+
+
+def pods_of(jobset: Obj) -> list[Obj]:
+    """One Pod per distinct pod template of the JobSet (pod 0 of each replicated Job), as the Job controller
+    would make it: what the API server validates only once pods are created, long after the JobSet was
+    accepted (tolerations, resource names, env, mounts), and what pod webhooks (GKE's TPU one) see."""
+    seen: list[Obj] = []
+    pods = []
+    for replicated in jobset["spec"].get("replicatedJobs") or []:
+        template = replicated["template"]["spec"]["template"]
+        if template in seen:
+            continue
+        seen.append(template)
+        meta = template.get("metadata") or {}
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            **meta, "generateName": f"{jobset['metadata']['name']}-{replicated['name']}-",  # a dry run: never taken
+            "namespace": jobset["metadata"]["namespace"]}, "spec": template["spec"]})
+    return pods
+
+
+def inadmissible(exc: ApiError) -> bool:
+    """A refusal of the object itself: invalid (400, 422), or denied by an admission webhook (403 with the
+    webhook's words). Anything else (RBAC, quota, a namespace being deleted, the network) says nothing
+    about the job and is left to the real request."""
+    return exc.status in (400, 422) or (exc.status == 403 and "admission webhook" in exc.message)
+
+
+async def dry_run(kube: Kube, namespace: str, *children: tuple[Resource, Obj]) -> None:
+    """Ask the API server to admit each child without storing it (`dryRun=All`: validation, defaulting and
+    webhooks run); Inadmissible with the API's words if it refuses one, before anything is created."""
+    results = await asyncio.gather(*(kube.create(r, namespace, m, dry_run=True) for r, m in children),
+                                   return_exceptions=True)
+    for (_, manifest), result in zip(children, results):
+        if isinstance(result, ApiError) and inadmissible(result):
+            meta = manifest["metadata"]
+            what = meta.get("name") or f"{meta['generateName']}* (its pods)"
+            raise Inadmissible(f"the API server refuses {manifest['kind']} {what}: {result.message}")
+        if isinstance(result, BaseException) and not isinstance(result, ApiError):
+            raise result
 
 
 def changed_fields(before: Any, after: Any, path: str = "spec") -> list[str]:

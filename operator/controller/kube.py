@@ -72,7 +72,7 @@ class ApiError(Exception):
 
 class Kube(Protocol):
     async def get(self, resource: Resource, namespace: str, name: str) -> Obj: ...
-    async def create(self, resource: Resource, namespace: str, body: Obj) -> Obj: ...
+    async def create(self, resource: Resource, namespace: str, body: Obj, dry_run: bool = False) -> Obj: ...
     async def patch(self, resource: Resource, namespace: str, name: str, body: Obj,
                     sub: str | None = None) -> Obj: ...  # JSON merge patch
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]: ...
@@ -103,8 +103,9 @@ class AsyncKube:
     async def get(self, resource: Resource, namespace: str, name: str) -> Obj:
         return await self._call("GET", resource.path(namespace, name))
 
-    async def create(self, resource: Resource, namespace: str, body: Obj) -> Obj:
-        return await self._call("POST", resource.path(namespace), body)
+    async def create(self, resource: Resource, namespace: str, body: Obj, dry_run: bool = False) -> Obj:
+        """POST; `dry_run`: admission, validation and webhooks run, nothing is stored (`?dryRun=All`)."""
+        return await self._call("POST", resource.path(namespace) + ("?dryRun=All" if dry_run else ""), body)
 
     async def patch(self, resource: Resource, namespace: str, name: str, body: Obj, sub: str | None = None) -> Obj:
         return await self._call("PATCH", resource.path(namespace, name, sub), body, "application/merge-patch+json")

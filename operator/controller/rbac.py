@@ -23,8 +23,10 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # label-selected list per JobSet event or resync: no watch, so no cluster-wide pod cache); a failed
     # JobSet's pods, for their exit codes and messages; the pre-flight's pod, for its result (its
     # termination message) or why it did not start. deletecollection: a failed or hung attempt's pods,
-    # at once (children.replace_jobset).
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "deletecollection"]},
+    # at once (children.replace_jobset). create: only ever with dryRun=All, one pod per pod template before a
+    # job's first object is made, so what the API would refuse later makes the job Invalid (children.dry_run);
+    # RBAC cannot tell a dry run from a create.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "create", "deletecollection"]},
     # --metrics-access proxy only: get, the trainer's /status; create, a POST of a profile request (profiles.py).
     {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get", "create"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},

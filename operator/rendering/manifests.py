@@ -191,11 +191,6 @@ def render(job: TPUTrainingJob, default_image: str | None = None, running: int |
     return [_render(t, ctx) for t in TEMPLATES]
 
 
-def render_config_map(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, Any]:
-    """The ConfigMap alone (the pre-flight mounts it before any JobSet exists)."""
-    return _render(TEMPLATES[0], context(job, default_image))
-
-
 def _render(template: str, ctx: dict[str, Any]) -> dict[str, Any]:
     return yaml.load(_environment().get_template(template).render(ctx), Loader=_Loader)
 

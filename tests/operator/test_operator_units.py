@@ -168,6 +168,7 @@ class FakeKube:
         self.rv = 0
         self.calls: list[tuple[str, str]] = []
         self.conflicts = 0  # status writes to refuse with 409, as if someone else had written
+        self.refuse: dict[Resource, ApiError] = {}  # creates of these refused, as the API server would
 
     def _bump(self, obj: dict[str, Any]) -> None:
         self.rv += 1
@@ -180,11 +181,16 @@ class FakeKube:
             raise ApiError(404, "not found")
         return copy.deepcopy(self.objects[path])
 
-    async def create(self, resource: Resource, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(("POST", resource.path(namespace)))
+    async def create(self, resource: Resource, namespace: str, body: dict[str, Any],
+                     dry_run: bool = False) -> dict[str, Any]:
+        self.calls.append(("DRYRUN" if dry_run else "POST", resource.path(namespace)))
+        if resource in self.refuse:  # the API server's validation or a webhook says no, dry run or not
+            raise self.refuse[resource]
         key = resource.path(namespace, body["metadata"].get("name") or f"gen-{self.rv}")
         if key in self.objects:
             raise ApiError(409, "already exists")
+        if dry_run:
+            return copy.deepcopy(body)
         obj = copy.deepcopy(body)
         obj["metadata"].setdefault("uid", f"uid-{self.rv + 1}")  # never reused
         self._bump(obj)

@@ -124,7 +124,7 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
   verbs: ["get", "list", "watch", "create"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "deletecollection"]
+  verbs: ["list", "create", "deletecollection"]
 {{- if eq .Values.operator.metricsAccess "proxy" }}
 - apiGroups: [""]
   resources: ["pods/proxy"]
