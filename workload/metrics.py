@@ -18,7 +18,7 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from .serving import Server, serve_http
+from .serving import Server, authorized, serve_http
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,11 @@ class Status:
             yield gauge
 
 
-def serve(status: Status, port: int, profile: Callable[[bytes], "tuple[int, dict]"] | None = None
-          ) -> Server | None:
+def serve(status: Status, port: int, profile: Callable[[bytes], "tuple[int, dict]"] | None = None,
+          token: str | None = None) -> Server | None:
     """Serve /status (JSON) and /metrics (Prometheus) on `port` (0 picks a free one), and `POST /profile`
-    with `profile(body)` where given (profiling.py)."""
+    with `profile(body)` where given (profiling.py), to a request with the control credential `token`
+    (serving.control_token; None: none needed)."""
 
     def respond(path: str) -> tuple[int, bytes, str]:
         if path == "/status":
@@ -91,6 +92,9 @@ def serve(status: Status, port: int, profile: Callable[[bytes], "tuple[int, dict
 
     def accept(path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:
         if path == "/profile" and profile is not None:
+            if not authorized(headers, token):
+                return 401, json.dumps({"error": "a control request needs the job's control credential "
+                                                 "(the Secret <job>-control)"}).encode(), "application/json"
             code, answer = profile(body)
             return code, json.dumps(answer).encode(), "application/json"
         return 404, b"not found\n", "text/plain"

@@ -12,12 +12,20 @@ client sends or withholds:
   answered without reading the body;
 - at most `MAX_CONNECTIONS` connections at once; one more is answered 503 and closed from the
   accepting thread, without a thread of its own.
+
+Control requests (a POST: anything that changes the trainer) need the job's control credential, a token
+the operator puts in a Secret the pods mount (`TPUJOB_CONTROL_TOKEN_FILE`; controller/control.py), in the
+header `X-Tpujob-Control-Token` (what passes the API server's pod proxy) or `Authorization: Bearer`; 401
+otherwise. A file named but unreadable refuses every control request (fail closed); no file named (a local
+run, on this machine only) takes them without.
 """
 
 from __future__ import annotations
 
+import hmac
 import io
 import logging
+import os
 import re
 import socket
 import threading
@@ -37,6 +45,32 @@ REQUEST_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 16  # the operator reads one job's trainer once at a time; scrapers are a few more
 _LENGTH = re.compile(r"\d{1,9}")
 _BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+CONTROL_TOKEN_FILE = "TPUJOB_CONTROL_TOKEN_FILE"
+CONTROL_HEADER = "x-tpujob-control-token"
+
+
+def control_token(environ=os.environ) -> str | None:
+    """The job's control credential from the file `TPUJOB_CONTROL_TOKEN_FILE` names; "" (nothing matches it)
+    if that file cannot be read; None where no file is named."""
+    path = environ.get(CONTROL_TOKEN_FILE)
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return f.read(1024).strip()
+    except OSError as exc:
+        log.error("control: cannot read the control credential %s (%s): control requests are refused", path, exc)
+        return ""
+
+
+def authorized(headers: dict[str, str], token: str | None) -> bool:
+    """Whether a control request carries the credential (compared in constant time)."""
+    if token is None:
+        return True
+    given = headers.get(CONTROL_HEADER) or headers.get("authorization", "").removeprefix("Bearer ").strip()
+    return bool(token) and hmac.compare_digest(given.encode(), token.encode())
 
 
 class RequestTooLarge(ConnectionError):

@@ -19,7 +19,8 @@ from typing import Any
 from ..api import names
 from ..api.models import KIND, TPUTrainingJob
 from ..rendering.manifests import applied_spec, render
-from .kube import CONFIGMAPS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
+from . import control
+from .kube import CONFIGMAPS, JOBSETS, PODS, SECRETS, ApiError, Kube, Obj, Resource
 from .metrics_reader import LABEL_JOBSET
 
 
@@ -108,7 +109,8 @@ async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | 
     made_config_map, jobset = render(job, default_image, running)
     if gate is not None:
         jobset = gate(jobset)
-    children = [] if config_map_exists else [(CONFIGMAPS, made_config_map)]
+    # The control credential the pods mount (control.py): made with the JobSet, kept if it exists.
+    children = [(SECRETS, control.secret(job))] + ([] if config_map_exists else [(CONFIGMAPS, made_config_map)])
     await dry_run(kube, job.metadata.namespace, *children, (JOBSETS, jobset), *((PODS, p) for p in pods_of(jobset)))
     results = await ensure_all(kube, job.metadata.uid or "", *children, (JOBSETS, jobset))
     return results[-1]

@@ -46,6 +46,7 @@ class Resource:
 JOBS = Resource(models.GROUP, models.VERSION, models.PLURAL)
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
 CONFIGMAPS = Resource("", "v1", "configmaps")
+SECRETS = Resource("", "v1", "secrets")  # only the jobs' control credentials (control.py)
 PODS = Resource("", "v1", "pods")
 EVENTS = Resource("", "v1", "events")
 BATCH_JOBS = Resource("batch", "v1", "jobs")  # the pre-flight (preflight.py)
@@ -77,7 +78,8 @@ class Kube(Protocol):
                     sub: str | None = None) -> Obj: ...  # JSON merge patch
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]: ...
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any: ...
-    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj) -> Any: ...
+    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj,
+                         headers: dict[str, str] | None = None) -> Any: ...
     async def delete(self, resource: Resource, namespace: str, name: str, body: Obj) -> Obj: ...  # DeleteOptions
     async def delete_all(self, resource: Resource, namespace: str, selector: str, body: Obj) -> Obj: ...
 
@@ -125,16 +127,20 @@ class AsyncKube:
         """GET through the API server's pod proxy; the decoded JSON body, read as untrusted (bounded.py)."""
         return await self._proxy("GET", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}")
 
-    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj) -> Any:
-        """POST a JSON body through the API server's pod proxy (RBAC `create` on pods/proxy)."""
-        return await self._proxy("POST", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}", body)
+    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj,
+                         headers: dict[str, str] | None = None) -> Any:
+        """POST a JSON body through the API server's pod proxy (RBAC `create` on pods/proxy); `headers` go with
+        it to the pod (the API server keeps its own `Authorization`)."""
+        return await self._proxy("POST", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}", body,
+                                 headers)
 
-    async def _proxy(self, method: str, path: str, body: Any = None) -> Any:
+    async def _proxy(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
         """A request whose answer comes from a pod (the tenant's trainer, passed on by the API server): its
         body is streamed and read only up to bounded.LIMIT_BYTES, never preloaded whole as `_call` does."""
         try:
             response = await self.api.call_api(
-                path, method, header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                path, method, header_params={"Content-Type": "application/json", "Accept": "application/json",
+                                             **(headers or {})},
                 body=body, auth_settings=["BearerToken"], _preload_content=False, _request_timeout=self.timeout_s)
             async with response:
                 if not 200 <= response.status <= 299:

@@ -32,7 +32,7 @@ import aiohttp
 
 from ..api.lifecycle import Progress, TerminationRecord
 from ..api.profiling import ProfileReport
-from . import bounded
+from . import bounded, control
 from .kube import PODS, ApiError, Kube
 from .status import Sample
 
@@ -58,7 +58,14 @@ class Unreachable(Exception):
 
 
 class Refusal(Exception):
-    """The trainer refused a control request (HTTP 400 or 409); the message is its reason."""
+    """The trainer refused a control request (HTTP 400, 401 or 409); the message is its reason."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+REFUSALS = (400, 401, 409)  # a bad request, no or a wrong control credential, another profile being traced
 
 
 def pod0_selector(jobset_name: str) -> str:
@@ -98,6 +105,7 @@ class MetricsReader:
         self.kube, self.access, self.timeout_s = kube, access, timeout_s
         self._pods: dict[tuple[str, str], tuple[str, str]] = {}  # (ns, jobset) -> (pod name, pod IP)
         self._session: aiohttp.ClientSession | None = None
+        self.tokens = control.Tokens(kube)  # the jobs' control credentials, for POST /profile
 
     async def close(self) -> None:
         if self._session is not None:
@@ -147,9 +155,15 @@ class MetricsReader:
     async def post_profile(self, namespace: str, jobset_name: str, port: int, steps: str) -> ProfileReport:
         """`POST /profile {"steps": steps}` to process 0, the way `/status` is read: the trainer's answer,
         accepted or refused (400, 409: a report with state failed and its reason); Unreachable otherwise."""
+        headers = {}
+        token = await self.tokens.token(namespace, jobset_name)  # the job's name is its JobSet's
+        if token is not None:
+            headers[control.HEADER] = token
         try:
-            answer = await self._ask(namespace, jobset_name, port, "profile", {"steps": steps})
+            answer = await self._ask(namespace, jobset_name, port, "profile", {"steps": steps}, headers)
         except Refusal as exc:
+            if exc.status == 401:  # a Secret made again since it was read: read it afresh next time
+                self.tokens.forget(namespace, jobset_name)
             return ProfileReport(requested=steps, state="failed", message=str(exc))
         except Unreachable:
             self.forget(namespace, jobset_name)
@@ -159,25 +173,26 @@ class MetricsReader:
         except ValueError:
             raise Unreachable(f"/profile answered {str(answer)[:200]!r}, not a profile report") from None
 
-    async def _ask(self, namespace: str, jobset_name: str, port: int, path: str, body: dict | None = None) -> Any:
+    async def _ask(self, namespace: str, jobset_name: str, port: int, path: str, body: dict | None = None,
+                   headers: dict[str, str] | None = None) -> Any:
         """GET (or, with a body, POST) `path` of process 0, by proxy or directly, within one deadline of
         `timeout_s` for the whole exchange: a trainer that trickles its answer is given up on like one that
-        does not answer. Refusal: the trainer refused a POST (400, 409) through the proxy."""
+        does not answer. Refusal: the trainer refused a POST (400, 401, 409)."""
         name, ip = await self._pod0(namespace, jobset_name)
         where = f"pod proxy {namespace}/{name}:{port}/{path}" if self.access == "proxy" else f"http://{ip}:{port}/{path}"
         try:
             async with asyncio.timeout(self.timeout_s):
                 if self.access == "direct":
                     return await self._exchange("GET" if body is None else "POST", f"http://{ip}:{port}/{path}",
-                                                (200,) if body is None else (200, 400, 409), body)
+                                                (200,) if body is None else (200, 400, 409), body, headers)
                 if body is None:
                     return await self.kube.proxy_get(namespace, name, port, path)
-                return await self.kube.proxy_post(namespace, name, port, path, body)
+                return await self.kube.proxy_post(namespace, name, port, path, body, headers)
         except TimeoutError:
             raise Unreachable(f"{where}: no complete answer within {self.timeout_s:g} s") from None
         except ApiError as exc:
-            if body is not None and exc.status in (400, 409):  # the trainer's refusal, passed on by the API server
-                raise Refusal(exc.message) from None
+            if body is not None and exc.status in REFUSALS:  # the trainer's refusal, passed on by the API server
+                raise Refusal(exc.message, exc.status) from None
             raise Unreachable(f"{where}: {exc}") from None
 
     async def _pod0(self, namespace: str, jobset_name: str) -> tuple[str, str]:
@@ -199,10 +214,13 @@ class MetricsReader:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         return self._session
 
-    async def _exchange(self, method: str, url: str, answers: tuple[int, ...], body: dict | None = None) -> Any:
+    async def _exchange(self, method: str, url: str, answers: tuple[int, ...], body: dict | None = None,
+                        headers: dict[str, str] | None = None) -> Any:
         """One request to the trainer, its answer read as untrusted: at most bounded.LIMIT_BYTES of it."""
         try:
-            async with self._client().request(method, url, json=body) as response:
+            async with self._client().request(method, url, json=body, headers=headers) as response:
+                if response.status == 401 and body is not None:
+                    raise Refusal(f"{url} refused the job's control credential (HTTP 401)", 401)
                 if response.status not in answers:
                     raise Unreachable(f"{url} answered HTTP {response.status}")
                 return await bounded.read_json(response)

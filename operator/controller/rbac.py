@@ -17,6 +17,9 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # delete: a ConfigMap of ours whose contents are not its name's is replaced (children.py); immutable,
     # it cannot be updated
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "delete"]},
+    # The jobs' control credentials (control.py): create with the JobSet; get, adoption after a 409 and the
+    # token the operator sends with a profile request.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # The pre-flight compile (a kopf index of our batch Jobs); get: adoption after a 409.
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
     # list: pod 0 of a JobSet, for its metrics; a JobSet's pods when some are not ready, to say why (one

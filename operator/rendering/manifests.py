@@ -26,6 +26,10 @@ TEMPLATES = ("configmap.yaml.j2", "jobset.yaml.j2")
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 TPU_RESOURCE = "google.com/tpu"
 DEFAULT_COMMAND = ["python", "-m", "tpu_workload", "--config", f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"]
+# The job's control credential (a Secret the operator makes, controller/control.py), mounted read-only: the
+# trainer takes control requests (POST /profile) only with it (workload/serving.py).
+CONTROL_MOUNT_DIR = "/var/run/tpujob-control"
+CONTROL_TOKEN_KEY = "token"
 JOB_INDEX = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
@@ -72,6 +76,7 @@ def _env(plan: Plan) -> list[dict[str, Any]]:
         {"name": "TPUJOB_SLICE_ID", **field(JOB_INDEX)},
         {"name": "TPUJOB_HOST_ID", **field(COMPLETION_INDEX)},
         {"name": "TPUJOB_METRICS_PORT", "value": str(spec.runtime.metrics_port)},
+        {"name": "TPUJOB_CONTROL_TOKEN_FILE", "value": f"{CONTROL_MOUNT_DIR}/{CONTROL_TOKEN_KEY}"},
     ]
     if spec.tpu.elastic is not None:
         # The slices that run now: the trainer applies it to the ConfigMap's whole-job config
@@ -121,10 +126,13 @@ def _volumes(plan: Plan, config_map: str) -> tuple[list[dict[str, Any]], list[di
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_map}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "control", "secret": {"secretName": names.control_secret_name(plan.job.metadata.name),
+                                       "defaultMode": 0o444}},  # one container: whatever user the trainer runs as
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "control", "mountPath": CONTROL_MOUNT_DIR, "readOnly": True},
     ]
     if ckpt.persistent_volume_claim:
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": ckpt.persistent_volume_claim}})

@@ -44,6 +44,7 @@ TIMING_DEPENDENT = {("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1}
 BUDGET = {
     # each with a dry run first (children.dry_run): the ConfigMap, the JobSet and one pod per pod template
     ("create", "configmaps"): 2, ("create", "jobsets"): 2, ("create", "pods"): 1,
+    ("create", "secrets"): 2,  # the job's control credential (controller/control.py), dry run and create
     ("create", "events"): 2,  # Created, Succeeded
     # the JobSet's pods not ready yet (why: Scheduled, ContainersReady); pod 0 found for the metrics; pod 0's
     # termination record when the JobSet completed (its process has exited: the final step and checkpoint)

@@ -4,6 +4,7 @@ manager over an in-memory API, the work queue, the metrics reader, the Prometheu
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 import json
@@ -19,7 +20,7 @@ from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.models import TPUTrainingJobStatus
 from tpu_operator.controller import children, metrics_reader, phases, reconcile, status as status_lib
 from tpu_operator.controller.conditions import set_condition
-from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, ApiError, Resource
+from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS, ApiError, Resource
 from tpu_operator.controller.manager import Manager
 from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable, pick_pod, to_sample
 from tpu_operator.controller.queue import WorkQueue
@@ -192,6 +193,8 @@ class FakeKube:
         if dry_run:
             return copy.deepcopy(body)
         obj = copy.deepcopy(body)
+        if "stringData" in obj:  # as the API server stores a Secret
+            obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
         obj["metadata"].setdefault("uid", f"uid-{self.rv + 1}")  # never reused
         self._bump(obj)
         self.objects[key] = obj
@@ -288,7 +291,8 @@ def test_reconcile_creates_then_adopts_without_duplicates():
     obj = kube.add_job(tiny_job())
     outcome, notices = run_reconcile(kube, obj)
     assert outcome.result == "created" and [n.reason for n in notices] == ["Created"]
-    assert writes(kube) == [("POST", CONFIGMAPS.path("default")), ("POST", JOBSETS.path("default")),
+    assert writes(kube) == [("POST", SECRETS.path("default")), ("POST", CONFIGMAPS.path("default")),
+                            ("POST", JOBSETS.path("default")),
                             ("PATCH", JOBS.path("default", "tiny", "status"))]  # one status write
     first = dict(kube.objects)
     outcome, notices = run_reconcile(kube, kube.job())  # a restart that has not seen the JobSet: adopt it

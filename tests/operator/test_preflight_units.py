@@ -16,7 +16,7 @@ from tests.operator.test_operator_units import FakeKube, job_status
 from tpu_operator.api.contract import PlanResult, StepResources
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import preflight, reconcile
-from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, PODS
+from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS
 from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_operator.rendering.preflight import preflight_labels
 
@@ -129,7 +129,7 @@ def test_it_fits_the_jobset_is_created_with_status_plan():
     finish(kube, DONE, ended(FITS, 0))
     outcome, notices = run(kube, T1)
     assert outcome.result == "created" and [n.reason for n in notices] == ["Planned", "Created"]
-    assert posts(kube) == [JOBSETS.path("default")]  # the ConfigMap exists already
+    assert posts(kube) == [SECRETS.path("default"), JOBSETS.path("default")]  # the ConfigMap exists already
     assert [c[0] for c in kube.calls].count("LIST") == 1
     status = job_status(kube)
     assert status.condition("Planned").status == "True" and status.condition("Ready").reason == "PodsPending"
@@ -270,7 +270,8 @@ def queued_started() -> FakeKube:
     kube.add_job(tiny_job(queueName="tpu-queue"))
     outcome, notices = run(kube, T0)
     assert outcome.result == "planning" and notices == []
-    assert posts(kube) == [CONFIGMAPS.path("default"), BATCH_JOBS.path("default"), JOBSETS.path("default")]
+    assert posts(kube) == [CONFIGMAPS.path("default"), BATCH_JOBS.path("default"), SECRETS.path("default"),
+                           JOBSETS.path("default")]
     kube.objects[BATCH_JOBS.path("default", "tiny-plan-1")]["metadata"]["creationTimestamp"] = T0
     jobset = kube.jobset()
     assert jobset["spec"]["suspend"] is True and preflight.gated(jobset)

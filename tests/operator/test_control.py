@@ -1,0 +1,100 @@
+"""The job's control credential (controller/control.py, workload/serving.py): the operator makes the Secret
+with the JobSet and the pods mount it; the trainer's own server (a real one, in this process) takes a control
+request only with the token, and the operator's reader sends it, read back from the Secret."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.conftest import operator_job as tiny_job
+from tests.operator.test_operator_units import FakeKube, add_pod0, run_reconcile
+from tpu_operator.controller.kube import SECRETS
+from tpu_operator.controller.metrics_reader import MetricsReader
+from tpu_workload import metrics, serving
+
+REPORT = {"requested": "2-3", "steps": "2-3", "state": "pending"}
+
+
+@pytest.fixture
+def trainer():
+    """The trainer's server with the token "s3cret", counting the profile requests that got through."""
+    got: list[bytes] = []
+
+    def profile(body: bytes):
+        got.append(body)
+        return 200, REPORT
+
+    server = metrics.serve(metrics.Status(10, 1), 0, profile=profile, token="s3cret")
+    yield server.server_address[1], got
+    server.shutdown()
+    server.server_close()
+
+
+def post(port: int, headers: dict[str, str]) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/profile", data=b'{"steps": "2-3"}', method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_control_requests_need_the_token_reads_do_not(trainer):
+    port, got = trainer
+    assert post(port, {}) == 401 and post(port, {"X-Tpujob-Control-Token": "guess"}) == 401
+    assert post(port, {"Authorization": "Bearer s3cre"}) == 401 and got == []
+    assert post(port, {"X-Tpujob-Control-Token": "s3cret"}) == 200
+    assert post(port, {"Authorization": "Bearer s3cret"}) == 200 and len(got) == 2
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as response:
+        assert json.loads(response.read())["total_steps"] == 10
+
+
+def test_an_unreadable_token_file_refuses_every_control_request(tmp_path):
+    assert serving.control_token({}) is None  # a local run: nothing named
+    assert serving.control_token({serving.CONTROL_TOKEN_FILE: str(tmp_path / "missing")}) == ""
+    assert not serving.authorized({serving.CONTROL_HEADER: ""}, "")
+    (tmp_path / "token").write_text("s3cret\n")
+    assert serving.control_token({serving.CONTROL_TOKEN_FILE: str(tmp_path / "token")}) == "s3cret"
+
+
+def test_the_operator_makes_the_secret_the_pods_mount_and_sends_its_token(trainer):
+    port, got = trainer
+    kube = FakeKube()
+    outcome, _ = run_reconcile(kube, kube.add_job(tiny_job()))
+    assert outcome.result == "created"
+    secret = kube.objects[SECRETS.path("default", "tiny-control")]
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "job-uid" and secret["immutable"] is True
+    pod = kube.jobset()["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert {"name": "control", "secret": {"secretName": "tiny-control", "defaultMode": 0o444}} in pod["volumes"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["TPUJOB_CONTROL_TOKEN_FILE"] == "/var/run/tpujob-control/token"
+    again = FakeKube()
+    again.objects = kube.objects  # a restarted operator: the Secret is adopted with its token, not made anew
+    run_reconcile(again, kube.job())
+    assert again.objects[SECRETS.path("default", "tiny-control")]["data"] == secret["data"]
+
+
+
+def test_the_reader_sends_the_token_of_the_jobs_secret(trainer):
+    port, got = trainer
+    kube = FakeKube()
+    add_pod0(kube, jobset_name="tiny", ip="127.0.0.1")  # in namespace ml
+
+    async def send(token: str) -> str:
+        kube.objects[SECRETS.path("ml", "tiny-control")] = {
+            "metadata": {"name": "tiny-control"}, "data": {"token": base64.b64encode(token.encode()).decode()}}
+        reader = MetricsReader(kube, "direct")
+        try:
+            return (await reader.post_profile("ml", "tiny", port, "2-3")).state
+        finally:
+            await reader.close()
+
+    assert asyncio.run(send("s3cret")) == "pending" and len(got) == 1
+    assert asyncio.run(send("not-it")) == "failed" and len(got) == 1
