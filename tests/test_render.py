@@ -289,6 +289,10 @@ def test_the_config_map_name_is_a_hash_of_what_it_holds_and_it_is_immutable():
     assert {"name": "config", "configMap": {"name": other["metadata"]["name"]}} in _pod(other_js)["volumes"]
     preflight_volumes = render_preflight(parse_job(edited), 2)["spec"]["template"]["spec"]["volumes"]
     assert {"name": "config", "configMap": {"name": other["metadata"]["name"]}} in preflight_volumes
+    # An elastic job on fewer slices mounts the same ConfigMap: the trainer applies TPUJOB_SLICES to it.
+    elastic = parse_job(tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 3, "elastic": {"minSlices": 1}},
+                                 training={"steps": 10, "globalBatch": 48, "sequenceLength": 128}))
+    assert render(elastic)[0] == render(elastic, None, 2)[0]
 
 
 def test_a_jobset_records_the_spec_it_was_made_from_and_only_a_real_change_differs():
