@@ -7,14 +7,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
+from kubernetes_asyncio import client as k8s
 
 from tests.conftest import operator_job as tiny_job
 from tests.operator.test_operator_units import FakeKube, add_pod0, run_reconcile
-from tpu_operator.controller.kube import SECRETS
+from tpu_operator.controller.kube import SECRETS, AsyncKube
 from tpu_operator.controller.metrics_reader import MetricsReader
 from tpu_workload import metrics, serving
 
@@ -98,3 +102,74 @@ def test_the_reader_sends_the_token_of_the_jobs_secret(trainer):
 
     assert asyncio.run(send("s3cret")) == "pending" and len(got) == 1
     assert asyncio.run(send("not-it")) == "failed" and len(got) == 1
+
+
+class ApiServer:
+    """Just the API server paths the reader uses, over a real socket: the pod list, the job's Secret, and the
+    pod proxy's POST /profile, answering as the trainer would (the token checked; 400 for a bad range)."""
+
+    def __init__(self, token: str):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                if "/pods?" in self.path:
+                    return self._json(200, {"items": [{"metadata": {"name": "job-slice-0-0-x"},
+                                                       "status": {"phase": "Running", "podIP": "10.0.0.1"}}]})
+                if self.path.endswith("/secrets/job-control"):
+                    return self._json(200, {"data": {"token": base64.b64encode(token.encode()).decode()}})
+                return self._json(404, {"message": "not found"})
+
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.seen.append(self.headers.get("X-Tpujob-Control-Token"))
+                if not self.path.endswith("/pods/job-slice-0-0-x:9431/proxy/profile"):
+                    return self._json(404, {"message": "not found"})
+                if self.headers.get("X-Tpujob-Control-Token") != "s3cret":
+                    return self._json(401, {"error": "a control request needs the job's control credential"})
+                if body["steps"] == "9-1":
+                    return self._json(400, {"error": "bad", "requested": "9-1", "state": "failed",
+                                            "message": "steps: the first step (9) is after the last (1)"})
+                return self._json(200, REPORT)
+
+            def _json(self, code: int, value: Any) -> None:
+                data = json.dumps(value).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.seen: list[str | None] = []
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def post(self, steps: str) -> Any:
+        async def send():
+            kube = AsyncKube(k8s.ApiClient(k8s.Configuration(host=f"http://127.0.0.1:{self.http.server_address[1]}")))
+            reader = MetricsReader(kube, "proxy")
+            try:
+                return await reader.post_profile("ml", "job", 9431, steps)
+            finally:
+                await reader.close()
+                await kube.close()
+
+        return asyncio.run(send())
+
+
+@pytest.mark.parametrize("token, steps, state, message", [
+    ("s3cret", "2-3", "pending", ""),
+    ("s3cret", "9-1", "failed", "the first step (9) is after the last (1)"),  # the trainer's refusal, passed on
+    ("other", "2-3", "failed", "control credential"),  # a Secret that is not the trainer's
+])
+def test_through_the_pod_proxy_the_token_goes_in_its_own_header(token, steps, state, message):
+    api = ApiServer(token)
+    try:
+        report = api.post(steps)
+    finally:
+        api.http.shutdown()
+        api.http.server_close()
+    assert report.state == state and message in report.message and api.seen == [token]
