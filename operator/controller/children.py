@@ -134,11 +134,15 @@ def pods_of(jobset: Obj) -> list[Obj]:
     return pods
 
 
+DENIALS = ("admission webhook", "violates PodSecurity")  # a webhook's or Pod Security admission's 403
+
+
 def inadmissible(exc: ApiError) -> bool:
-    """A refusal of the object itself: invalid (400, 422), or denied by an admission webhook (403 with the
-    webhook's words). Anything else (RBAC, quota, a namespace being deleted, the network) says nothing
-    about the job and is left to the real request."""
-    return exc.status in (400, 422) or (exc.status == 403 and "admission webhook" in exc.message)
+    """A refusal of the object itself: invalid (400, 422), or denied by an admission webhook or the
+    namespace's Pod Security level (403 with their words). Anything else (RBAC, quota, a missing service
+    account, a namespace being deleted, the network) says nothing about the job and is left to the real
+    request."""
+    return exc.status in (400, 422) or (exc.status == 403 and any(d in exc.message for d in DENIALS))
 
 
 async def dry_run(kube: Kube, namespace: str, *children: tuple[Resource, Obj]) -> None:

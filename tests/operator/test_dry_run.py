@@ -4,6 +4,8 @@ with the API's words, and nothing is created. Over the in-memory API, which refu
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import operator_job as tiny_job, tiny_job as planned_job
 from tests.operator.test_operator_units import FakeKube, job_status, run_reconcile
 from tests.operator.test_preflight_units import run
@@ -11,6 +13,8 @@ from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBSETS, PODS, 
 
 TOLERATION = ('Pod "tiny-slice-x" is invalid: spec.tolerations[1].effect: Invalid value: "NoSchedule": effect must be '
               "'NoExecute' when `tolerationSeconds` is set")
+PODSECURITY = ('pods "tiny-slice-x" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot != true '
+               '(pod or container "trainer" must set securityContext.runAsNonRoot=true)')
 WEBHOOK = ('admission webhook "vjobset.kb.io" denied the request: spec.replicatedJobs[0].name: Invalid value: '
            '"slice": the JobSet name is too long')
 
@@ -44,11 +48,15 @@ def test_a_pod_the_api_refuses_makes_the_job_invalid_in_its_words_with_nothing_c
     assert not [p for p in kube.objects if p.startswith(CONFIGMAPS.path("default"))]
 
 
-def test_a_webhook_denial_is_invalid_too_but_rbac_or_quota_are_not_the_jobs():
+@pytest.mark.parametrize("resource, message", [(JOBSETS, WEBHOOK), (PODS, PODSECURITY)])
+def test_a_webhook_or_pod_security_denial_is_invalid_too(resource, message):
     kube = FakeKube()
-    kube.refuse[JOBSETS] = ApiError(403, WEBHOOK, "POST")
+    kube.refuse[resource] = ApiError(403, message, "POST")
     run_reconcile(kube, kube.add_job(tiny_job()))
-    assert job_status(kube).phase == "Invalid" and WEBHOOK in job_status(kube).message
+    assert job_status(kube).phase == "Invalid" and message in job_status(kube).message
+
+
+def test_rbac_or_quota_refusals_are_not_the_jobs():
     quota = FakeKube()
     quota.refuse[PODS] = ApiError(403, 'pods "x" is forbidden: exceeded quota: tpu, requested: google.com/tpu=4',
                                   "POST")
