@@ -18,6 +18,8 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from tpu_operator.api.profiling import CONTROL_REFUSED
+
 from .serving import Server, authorized, serve_http
 
 log = logging.getLogger(__name__)
@@ -93,8 +95,7 @@ def serve(status: Status, port: int, profile: Callable[[bytes], "tuple[int, dict
     def accept(path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:
         if path == "/profile" and profile is not None:
             if not authorized(headers, token):
-                return 401, json.dumps({"error": "a control request needs the job's control credential "
-                                                 "(the Secret <job>-control)"}).encode(), "application/json"
+                return 401, json.dumps({"error": CONTROL_REFUSED}).encode(), "application/json"
             code, answer = profile(body)
             return code, json.dumps(answer).encode(), "application/json"
         return 404, b"not found\n", "text/plain"

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import aiohttp
 
 from ..api.lifecycle import Progress, TerminationRecord
-from ..api.profiling import ProfileReport
+from ..api.profiling import CONTROL_REFUSED, ProfileReport
 from . import bounded, control
 from .kube import PODS, ApiError, Kube
 from .status import Sample
@@ -154,7 +154,8 @@ class MetricsReader:
 
     async def post_profile(self, namespace: str, jobset_name: str, port: int, steps: str) -> ProfileReport:
         """`POST /profile {"steps": steps}` to process 0, the way `/status` is read: the trainer's answer,
-        accepted or refused (400, 409: a report with state failed and its reason); Unreachable otherwise."""
+        accepted or refused (400, 401 without the job's control credential, 409: a report with state failed
+        and its reason); Unreachable otherwise. The job's control token goes with it (control.py)."""
         headers = {}
         token = await self.tokens.token(namespace, jobset_name)  # the job's name is its JobSet's
         if token is not None:
@@ -191,7 +192,9 @@ class MetricsReader:
         except TimeoutError:
             raise Unreachable(f"{where}: no complete answer within {self.timeout_s:g} s") from None
         except ApiError as exc:
-            if body is not None and exc.status in REFUSALS:  # the trainer's refusal, passed on by the API server
+            # The trainer's refusal, passed on by the API server (a 401 of the API server's own, for the
+            # operator's credential, is not the trainer's: Unreachable, tried again later).
+            if body is not None and exc.status in REFUSALS and (exc.status != 401 or CONTROL_REFUSED in exc.message):
                 raise Refusal(exc.message, exc.status) from None
             raise Unreachable(f"{where}: {exc}") from None
 

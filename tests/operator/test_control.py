@@ -19,7 +19,8 @@ from kubernetes_asyncio import client as k8s
 from tests.conftest import operator_job as tiny_job
 from tests.operator.test_operator_units import FakeKube, add_pod0, run_reconcile
 from tpu_operator.controller.kube import SECRETS, AsyncKube
-from tpu_operator.controller.metrics_reader import MetricsReader
+from tpu_operator.api.profiling import CONTROL_REFUSED
+from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable
 from tpu_workload import metrics, serving
 
 REPORT = {"requested": "2-3", "steps": "2-3", "state": "pending"}
@@ -125,8 +126,10 @@ class ApiServer:
                 server.seen.append(self.headers.get("X-Tpujob-Control-Token"))
                 if not self.path.endswith("/pods/job-slice-0-0-x:9431/proxy/profile"):
                     return self._json(404, {"message": "not found"})
+                if self.headers.get("X-Tpujob-Control-Token") == "expired":  # as if the operator's own were
+                    return self._json(401, {"kind": "Status", "status": "Failure", "message": "Unauthorized"})
                 if self.headers.get("X-Tpujob-Control-Token") != "s3cret":
-                    return self._json(401, {"error": "a control request needs the job's control credential"})
+                    return self._json(401, {"error": CONTROL_REFUSED})
                 if body["steps"] == "9-1":
                     return self._json(400, {"error": "bad", "requested": "9-1", "state": "failed",
                                             "message": "steps: the first step (9) is after the last (1)"})
@@ -173,3 +176,14 @@ def test_through_the_pod_proxy_the_token_goes_in_its_own_header(token, steps, st
         api.http.shutdown()
         api.http.server_close()
     assert report.state == state and message in report.message and api.seen == [token]
+
+
+def test_the_api_servers_own_401_is_not_the_trainers_refusal():
+    # Unreachable: the request is sent again later, and the profile is not recorded as refused.
+    api = ApiServer("expired")
+    try:
+        with pytest.raises(Unreachable, match="Unauthorized"):
+            api.post("2-3")
+    finally:
+        api.http.shutdown()
+        api.http.server_close()
