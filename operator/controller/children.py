@@ -102,8 +102,11 @@ async def ensure_all(kube: Kube, owner_uid: str, *children: tuple[Resource, Obj]
 
 async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | None, config_map_exists: bool = False,
                           gate: Any = None, running: int | None = None) -> tuple[Obj, bool]:
-    """The ConfigMap (unless known to exist: the pre-flight made it) and the JobSet (through `gate`, e.g.
-    the pre-flight's admission gate, when given): (the JobSet, whether it was created now)."""
+    """The control Secret and the ConfigMap (unless known to exist: the pre-flight made it), then the JobSet
+    (through `gate`, e.g. the pre-flight's admission gate, when given): (the JobSet, whether it was created
+    now). The JobSet comes last: an operator killed in between finds no JobSet and makes them again (a 409
+    adopts them), where one found with its JobSet would never be looked for, and its pods would wait for a
+    volume for good."""
     if running is not None and running not in job.spec.tpu.slice_counts:  # the spec changed under it: all slices
         running = None
     made_config_map, jobset = render(job, default_image, running)
@@ -112,8 +115,8 @@ async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | 
     # The control credential the pods mount (control.py): made with the JobSet, kept if it exists.
     children = [(SECRETS, control.secret(job))] + ([] if config_map_exists else [(CONFIGMAPS, made_config_map)])
     await dry_run(kube, job.metadata.namespace, *children, (JOBSETS, jobset), *((PODS, p) for p in pods_of(jobset)))
-    results = await ensure_all(kube, job.metadata.uid or "", *children, (JOBSETS, jobset))
-    return results[-1]
+    await ensure_all(kube, job.metadata.uid or "", *children)
+    return await ensure_child(kube, JOBSETS, jobset, job.metadata.uid or "")
 
 
 def pods_of(jobset: Obj) -> list[Obj]:

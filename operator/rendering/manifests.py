@@ -126,8 +126,10 @@ def _volumes(plan: Plan, config_map: str) -> tuple[list[dict[str, Any]], list[di
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_map}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        # optional: a pod without it (a job made before the Secret existed) trains on, refusing control requests;
+        # one container: readable by whatever user the trainer runs as
         {"name": "control", "secret": {"secretName": names.control_secret_name(plan.job.metadata.name),
-                                       "defaultMode": 0o444}},  # one container: whatever user the trainer runs as
+                                       "defaultMode": 0o444, "optional": True}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True},

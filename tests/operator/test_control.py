@@ -18,7 +18,7 @@ from kubernetes_asyncio import client as k8s
 
 from tests.conftest import operator_job as tiny_job
 from tests.operator.test_operator_units import FakeKube, add_pod0, run_reconcile
-from tpu_operator.controller.kube import SECRETS, AsyncKube
+from tpu_operator.controller.kube import JOBSETS, SECRETS, ApiError, AsyncKube
 from tpu_operator.api.profiling import CONTROL_REFUSED
 from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable
 from tpu_workload import metrics, serving
@@ -77,7 +77,8 @@ def test_the_operator_makes_the_secret_the_pods_mount_and_sends_its_token(traine
     secret = kube.objects[SECRETS.path("default", "tiny-control")]
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "job-uid" and secret["immutable"] is True
     pod = kube.jobset()["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    assert {"name": "control", "secret": {"secretName": "tiny-control", "defaultMode": 0o444}} in pod["volumes"]
+    assert {"name": "control", "secret": {"secretName": "tiny-control", "defaultMode": 0o444, "optional": True}} \
+        in pod["volumes"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["TPUJOB_CONTROL_TOKEN_FILE"] == "/var/run/tpujob-control/token"
     again = FakeKube()
@@ -85,6 +86,20 @@ def test_the_operator_makes_the_secret_the_pods_mount_and_sends_its_token(traine
     run_reconcile(again, kube.job())
     assert again.objects[SECRETS.path("default", "tiny-control")]["data"] == secret["data"]
 
+
+
+def test_no_jobset_is_made_before_the_secret_and_config_map_it_mounts():
+    # An operator that fails (or is killed) between them finds no JobSet and makes all three again; a JobSet
+    # made first would never be looked at again, and its pods would wait for a volume for good.
+    kube = FakeKube()
+    kube.refuse[SECRETS] = ApiError(500, "etcdserver: request timed out", "POST")
+    obj = kube.add_job(tiny_job())
+    with pytest.raises(ApiError):
+        run_reconcile(kube, obj)
+    assert kube.jobset() is None and ("POST", JOBSETS.path("default")) not in kube.calls
+    del kube.refuse[SECRETS]
+    assert run_reconcile(kube, kube.job())[0].result == "created"
+    assert SECRETS.path("default", "tiny-control") in kube.objects and kube.jobset() is not None
 
 
 def test_the_reader_sends_the_token_of_the_jobs_secret(trainer):
