@@ -272,6 +272,7 @@ class Manager:
         if forget_stats:
             self.stats.forget_job(key)
         self.reader.forget(key[0], names.jobset_name(key[1]))
+        self.reader.tokens.forget(key[0], names.jobset_name(key[1]))  # a job made again under the name has its own
 
     async def _ticker(self) -> None:
         while True:
