@@ -215,7 +215,7 @@ def event_table() -> list[Reason]:
                                 if v not in ("Fits", "DoesNotFit", "VmemOverflow", "RejectedFlags"))
     return [
         Reason("Normal", "", "Created", "the ConfigMap and the JobSet were created."),
-        Reason("Warning", "", "Invalid", "the spec does not validate (phase Invalid)."),
+        Reason("Warning", "", "Invalid", "the spec does not validate, or the API server refuses what it renders (phase Invalid)."),
         Reason("Warning", "", "NameConflict", "a child's name is taken by an object this job does not own."),
         Reason("Warning", "", "SpecChangeRefused", "a spec change after the JobSet exists was refused."),
         Reason("Normal", "", "Planned", "the pre-flight says the step fits."),

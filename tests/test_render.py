@@ -1,6 +1,7 @@
 """Rendering: golden manifests, the real JobSet schema, hostile strings, names that must fit."""
 
 import copy
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ import yaml
 from tests.conftest import EXAMPLES, TEST_IMAGE, example, tiny_job
 from tpu_operator.api.contract import TrainerConfig
 from tpu_operator.rendering.manifests import render, to_yaml_stream
+from tpu_operator.rendering.preflight import render_preflight
 from tpu_operator.api.validation import InvalidJob, parse_job
 from tpu_operator.controller.children import refused_changes
 
@@ -194,9 +196,14 @@ def test_hostile_strings_never_change_structure(hostile, jobset_schema):
         command=["sh", "-c", hostile],
         args=[hostile],
         nodeSelector={"example.com/pool": "p"},
-        tolerations=[{"key": "example.com/x", "operator": "Equal", "value": hostile, "effect": "NoSchedule"}],
+        tolerations=[{"key": "example.com/x", "operator": "Equal", "value": "plain", "effect": "NoSchedule"}],
     )
     doc["metadata"]["labels"] = {"team": "a"}
+    # A toleration's value is a label value to Kubernetes: a hostile one is refused, naming it, never rendered.
+    refused = copy.deepcopy(doc)
+    refused["spec"]["tolerations"][0]["value"] = hostile
+    with pytest.raises(InvalidJob, match=r"spec\.tolerations\[0\]\.value"):
+        parse_job(refused)
     cm, js = render(parse_job(doc))
     baseline_cm, baseline_js = render(parse_job(tiny_job(
         runtime={"env": [{"name": "USER_VALUE", "value": "plain"}]}, command=["sh", "-c", "plain"], args=["plain"],
@@ -214,7 +221,6 @@ def test_hostile_strings_never_change_structure(hostile, jobset_schema):
     container = _pod(js)["containers"][0]
     assert container["command"] == ["sh", "-c", hostile] and container["args"] == [hostile]
     assert _env(js)["USER_VALUE"] == hostile
-    assert _pod(js)["tolerations"][1]["value"] == hostile
     # The YAML stream round-trips exactly: two documents, same content.
     assert list(yaml.safe_load_all(to_yaml_stream([cm, js]))) == [cm, js]
     jobset_schema.admit(js, "JobSet", "jobset.x-k8s.io")
@@ -270,8 +276,28 @@ def test_config_map_is_the_trainer_config():
     cm, js = render(parse_job(tiny_job()))
     cfg = json.loads(cm["data"]["config.json"])
     assert cfg["mesh"] == {"data": 1, "fsdp": 8, "context": 1, "expert": 1, "tensor": 1}
-    assert {"name": "config", "configMap": {"name": "tiny-config"}} in _pod(js)["volumes"]
+    assert {"name": "config", "configMap": {"name": cm["metadata"]["name"]}} in _pod(js)["volumes"]
     assert _pod(js)["containers"][0]["command"][-1] == "/etc/tpujob/config.json"
+
+
+def test_the_config_map_name_is_a_hash_of_what_it_holds_and_it_is_immutable():
+    """Pods and the pre-flight mount the config by name: an edit renders a new name, the same job the same."""
+    job = parse_job(tiny_job())
+    cm, js = render(job)
+    digest = hashlib.sha256(cm["data"]["config.json"].encode()).hexdigest()[:10]
+    assert cm["metadata"]["name"] == f"tiny-config-{digest}" and cm["immutable"] is True
+    assert render(parse_job(tiny_job()))[0] == cm  # deterministic: a restarted operator adopts it
+    edited = tiny_job()
+    edited["spec"]["training"]["steps"] = 7
+    other, other_js = render(parse_job(edited))
+    assert other["metadata"]["name"] != cm["metadata"]["name"]
+    assert {"name": "config", "configMap": {"name": other["metadata"]["name"]}} in _pod(other_js)["volumes"]
+    preflight_volumes = render_preflight(parse_job(edited), 2)["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "config", "configMap": {"name": other["metadata"]["name"]}} in preflight_volumes
+    # An elastic job on fewer slices mounts the same ConfigMap: the trainer applies TPUJOB_SLICES to it.
+    elastic = parse_job(tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 3, "elastic": {"minSlices": 1}},
+                                 training={"steps": 10, "globalBatch": 48, "sequenceLength": 128}))
+    assert render(elastic)[0] == render(elastic, None, 2)[0]
 
 
 def test_a_jobset_records_the_spec_it_was_made_from_and_only_a_real_change_differs():

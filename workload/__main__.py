@@ -45,7 +45,7 @@ def _exit_now(code: int) -> None:
 def _train(config: str, clock) -> None:
     from tpu_operator.api.contract import TrainerConfig
 
-    from . import compile_cache, exits, metrics, runtime
+    from . import compile_cache, exits, metrics, runtime, serving
 
     with open(config) as f:
         cfg = TrainerConfig.model_validate_json(f.read())
@@ -84,7 +84,7 @@ def _train(config: str, clock) -> None:
     profiler = profiling.for_config(cfg, train.tensorboard_dir(cfg, env.run_dir), status,
                                      metrics.emit) if main else None
     # Process 0 serves /status and /metrics from start-up (compile included) until it exits.
-    server = metrics.serve(status, port, profile=profiler.answer) if main else None
+    server = metrics.serve(status, port, profile=profiler.answer, token=serving.control_token()) if main else None
     try:
         train.run(cfg, peak_flops_per_device=runtime.peak_flops_per_device(env, cfg.peak_flops_per_device),
                   run_dir=env.run_dir, status=status, clock=clock,

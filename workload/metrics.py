@@ -1,6 +1,7 @@
 """What process 0 reports: JSON lines on stdout, /status and /metrics over HTTP, TensorBoard.
 
-The HTTP server (stdlib, daemon thread) serves the latest values until the process exits;
+The HTTP server (serving.py: stdlib, daemon threads, every request bounded in bytes, time and number)
+serves the latest values until the process exits;
 `TPUJOB_LINGER_SECONDS` keeps it up that long after training completes so the operator can read
 the final values.
 """
@@ -13,10 +14,13 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+
+from tpu_operator.api.profiling import CONTROL_REFUSED
+
+from .serving import Server, authorized, serve_http
 
 log = logging.getLogger(__name__)
 
@@ -75,48 +79,11 @@ class Status:
             yield gauge
 
 
-Respond = Callable[[str], "tuple[int, bytes, str]"]  # path -> (HTTP status, body, content type)
-Accept = Callable[[str, bytes], "tuple[int, bytes, str]"]  # path, request body -> (HTTP status, body, type)
-MAX_POST_BYTES = 4096  # a POST here is a small JSON request (/profile)
-
-
-def serve_http(respond: Respond, port: int, host: str = "0.0.0.0", accept: Accept | None = None) -> ThreadingHTTPServer:
-    """Answer GET requests with `respond(path)`, and POST requests with `accept(path, body)` where given, from
-    a daemon thread (port 0 picks a free one)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self._send(*respond(self.path.split("?")[0]))
-
-        def do_POST(self):  # noqa: N802
-            length = int(self.headers.get("Content-Length") or 0)
-            if accept is None:
-                self._send(405, b"method not allowed\n", "text/plain")
-            elif length > MAX_POST_BYTES:
-                self._send(413, b"request body too large\n", "text/plain")
-            else:
-                self._send(*accept(self.path.split("?")[0], self.rfile.read(length)))
-
-        def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True, name="http").start()
-    return server
-
-
-def serve(status: Status, port: int, profile: Callable[[bytes], "tuple[int, dict]"] | None = None
-          ) -> ThreadingHTTPServer | None:
+def serve(status: Status, port: int, profile: Callable[[bytes], "tuple[int, dict]"] | None = None,
+          token: str | None = None) -> Server | None:
     """Serve /status (JSON) and /metrics (Prometheus) on `port` (0 picks a free one), and `POST /profile`
-    with `profile(body)` where given (profiling.py)."""
+    with `profile(body)` where given (profiling.py), to a request with the control credential `token`
+    (serving.control_token; None: none needed)."""
 
     def respond(path: str) -> tuple[int, bytes, str]:
         if path == "/status":
@@ -125,8 +92,10 @@ def serve(status: Status, port: int, profile: Callable[[bytes], "tuple[int, dict
             return 200, status.prometheus(), CONTENT_TYPE_LATEST
         return 404, b"not found\n", "text/plain"
 
-    def accept(path: str, body: bytes) -> tuple[int, bytes, str]:
+    def accept(path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:
         if path == "/profile" and profile is not None:
+            if not authorized(headers, token):
+                return 401, json.dumps({"error": CONTROL_REFUSED}).encode(), "application/json"
             code, answer = profile(body)
             return code, json.dumps(answer).encode(), "application/json"
         return 404, b"not found\n", "text/plain"

@@ -10,6 +10,10 @@ The trace starts once step A-1 has completed, before step A is dispatched, and s
 completed: it holds steps A..B and nothing of the steps around them. Both waits for the device happen
 only then; while nothing is asked for, the loop's hook reads one attribute per step.
 
+A trace holds at most MAX_TRACE_STEPS steps (parse_steps refuses more) and is stopped at the first step
+that completes MAX_TRACE_SECONDS after it started: the profiler holds every event in host memory until it
+writes the file.
+
 The answers (`ProfileReport`, api/profiling.py) also go to `/status` as `profile`: requested steps, the
 steps traced, the state (pending, capturing, done, failed), the directory and, once written, the file.
 """
@@ -19,12 +23,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import jax
 from etils import epath
 
-from tpu_operator.api.profiling import ProfileReport, StepRange, parse_steps
+from tpu_operator.api.profiling import MAX_TRACE_SECONDS, ProfileReport, StepRange, parse_steps
 
 from .metrics import Status
 from .train import Hook, Run
@@ -37,14 +42,15 @@ class Profiler:
     the same one asked for again is answered as before (the operator may send it again after a restart)."""
 
     def __init__(self, total_steps: int, logdir: str | None, status: Status | None = None,
-                 emit: Callable[[dict], None] | None = None):
-        self.total, self.logdir, self.status = total_steps, logdir, status
+                 emit: Callable[[dict], None] | None = None, clock: Callable[[], float] = time.monotonic):
+        self.total, self.logdir, self.status, self.clock = total_steps, logdir, status, clock
         self.emit = emit  # process 0's JSON lines: a `{"profile": ...}` line once a trace is done or failed
         self._lock = threading.Lock()
         self._range: StepRange | None = None  # pending or being captured: what the loop's hook looks at
         self._report: ProfileReport | None = None
         self._dispatched: int | None = None  # the latest step the loop dispatched; None before the run starts
         self._capturing = False
+        self._started = 0.0  # when the trace started (clock)
         self._before: set[str] = set()
 
     # --- requests (the HTTP thread, or the config at start-up) --------------------------------------
@@ -127,6 +133,10 @@ class Profiler:
             if self._capturing and step >= wanted.last:
                 jax.block_until_ready(state)  # the trace ends with step `last` completed
                 self._stop(step)
+            elif self._capturing and self.clock() - self._started > MAX_TRACE_SECONDS:
+                jax.block_until_ready(state)  # slow steps: the trace ends here, its events held in memory so far
+                self._stop(step, why=f"the trace stopped after step {step}: a trace lasts at most "
+                                     f"{MAX_TRACE_SECONDS} s")
             elif not self._capturing and step >= wanted.first - 1:
                 jax.block_until_ready(state)  # and begins with nothing before step `first` in flight
                 if step >= wanted.last:  # asked for while its last step was being dispatched
@@ -167,11 +177,11 @@ class Profiler:
             log.warning("profile: could not start the trace: %s", exc)
             self._set(None, self._report.model_copy(update=dict(state="failed", message=f"start_trace: {exc}")))
             return
-        self._capturing = True
+        self._capturing, self._started = True, self.clock()
         log.info("profile: tracing steps %s", self._range)
         self._set(self._range, self._report.model_copy(update=dict(state="capturing")))
 
-    def _stop(self, step: int | None, ended: bool = False) -> None:
+    def _stop(self, step: int | None, ended: bool = False, why: str = "") -> None:
         self._capturing = False
         try:
             jax.profiler.stop_trace()
@@ -187,6 +197,8 @@ class Profiler:
         update = dict(state="done", path=new[-1])
         if ended:
             update["message"] = f"the run ended at step {step}: the trace stops there"
+        elif why:
+            update.update(message=why, steps=f"{self._range.first}-{step}")
         log.info("profile: steps %s traced: %s", self._range, new[-1])
         self._set(None, self._report.model_copy(update=update))
 

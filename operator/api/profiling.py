@@ -24,7 +24,16 @@ from pydantic import ConfigDict
 from .lifecycle import Untrusted
 
 ANNOTATION_PREFIX = "steps:"
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+# digits bounded: int() of a 5000-digit string is slow, and no job has 10^12 steps
+_RANGE = re.compile(r"^\s*(\d{1,12})\s*(?:-\s*(\d{1,12})\s*)?$")
+# A trace holds every event of its steps in the host's memory until it is written: a few steps show
+# what a step does, and a long range could take the trainer's host memory (and the disk) with it.
+MAX_TRACE_STEPS = 50
+# ... and however few its steps, a trace stops this long after it started (slow steps, a hang).
+MAX_TRACE_SECONDS = 600
+# The trainer's 401 to a control request without the job's credential (workload/serving.py), which the
+# operator tells from the API server's own 401 (controller/metrics_reader.py).
+CONTROL_REFUSED = "a control request needs the job's control credential (the Secret <job>-control)"
 # pending: asked for, its first step not reached yet; capturing: the trace is on; done: the trace is
 # written (path); failed: it could not be captured (message).
 ProfileState = Literal["pending", "capturing", "done", "failed"]
@@ -44,13 +53,16 @@ def parse_steps(text: object, total_steps: int | None = None) -> StepRange:
     range must lie within the job's steps."""
     match = _RANGE.match(text) if isinstance(text, str) else None
     if match is None:
-        raise ValueError(f"{text!r} is not a step range: write FIRST-LAST, e.g. 100-105 (steps count from 1)")
+        shown = repr(text)[:40] + ("..." if len(repr(text)) > 40 else "")  # the request is anyone's: echo little
+        raise ValueError(f"{shown} is not a step range: write FIRST-LAST, e.g. 100-105 (steps count from 1)")
     first = int(match.group(1))
     last = int(match.group(2)) if match.group(2) is not None else first
     if first < 1:
         raise ValueError(f"{text!r}: steps count from 1")
     if first > last:
         raise ValueError(f"{text!r}: the first step ({first}) is after the last ({last})")
+    if last - first + 1 > MAX_TRACE_STEPS:
+        raise ValueError(f"{text!r}: {last - first + 1} steps; a trace may hold at most {MAX_TRACE_STEPS} steps")
     if total_steps is not None and last > total_steps:
         raise ValueError(f"{text!r}: the job has {total_steps} steps; the last step to trace must be at most "
                          f"{total_steps}")
@@ -60,7 +72,7 @@ def parse_steps(text: object, total_steps: int | None = None) -> StepRange:
 def parse_annotation(value: object, total_steps: int | None = None) -> StepRange:
     """The annotation's value, `steps:A-B`; ValueError saying what is wrong with it."""
     if not isinstance(value, str) or not value.strip().startswith(ANNOTATION_PREFIX):
-        raise ValueError(f"{value!r} does not start with {ANNOTATION_PREFIX!r}: write steps:FIRST-LAST, "
+        raise ValueError(f"{repr(value)[:40]} does not start with {ANNOTATION_PREFIX!r}: write steps:FIRST-LAST, "
                          f"e.g. steps:100-105")
     return parse_steps(value.strip()[len(ANNOTATION_PREFIX):], total_steps)
 

@@ -2,7 +2,10 @@
 
 Names are deterministic, so an operator killed at any point and restarted creates nothing twice: a
 409 AlreadyExists adopts the object when this job owns it (its uid among the object's owner
-references), and is a `NameConflict` otherwise (the user's to resolve). I/O only; what to do is
+references), and is a `NameConflict` otherwise (the user's to resolve). A ConfigMap is adopted only
+with the contents its name stands for (`<job>-config-<hash of config.json>`, rendering/manifests.py);
+one with other contents is replaced, never trusted. ConfigMaps of earlier configs (edits before the
+JobSet existed) are owned by the job and go with it. I/O only; what to do is
 decided by the reconcile (reconcile.py) and the pre-flight (preflight.py), which both import this
 module and nothing imports back.
 """
@@ -16,12 +19,18 @@ from typing import Any
 from ..api import names
 from ..api.models import KIND, TPUTrainingJob
 from ..rendering.manifests import applied_spec, render
-from .kube import CONFIGMAPS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
+from . import control
+from .kube import CONFIGMAPS, JOBSETS, PODS, SECRETS, ApiError, Kube, Obj, Resource
 from .metrics_reader import LABEL_JOBSET
 
 
 class NameConflict(Exception):
     pass
+
+
+class Inadmissible(Exception):
+    """The API server, or an admission webhook, refuses what the job renders: the job's to change. The
+    message is the API's."""
 
 
 def owner_uids(obj: Obj) -> list[str]:
@@ -48,11 +57,37 @@ async def ensure_child(kube: Kube, resource: Resource, manifest: Obj, owner_uid:
             raise
     existing = await kube.get(resource, namespace, name)
     if owner_uid in owner_uids(existing):
+        if resource == CONFIGMAPS and existing.get("data") != manifest.get("data"):
+            return await _replace(kube, resource, existing, manifest), True
         return existing, False
     owners = ", ".join(f"{r.get('kind')}/{r.get('name')}" for r in existing["metadata"].get("ownerReferences") or [])
     raise NameConflict(f"{manifest['kind']} {name} already exists and is "
                        f"{'owned by ' + owners if owners else 'not owned by any object'}, not by this job; "
                        "delete or rename it")
+
+
+async def _replace(kube: Kube, resource: Resource, existing: Obj, manifest: Obj) -> Obj:
+    """A ConfigMap of ours whose contents are not what its name (their hash) says: it was not made by this
+    rendering, so it is not trusted. Immutable, it cannot be updated: it is deleted (that uid only) and
+    made again. A pod that mounted it has not started training on it: the JobSet is made after this."""
+    meta = existing["metadata"]
+    try:
+        await kube.delete(resource, meta.get("namespace", "default"), meta["name"], {
+            "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta.get("uid")}})
+    except ApiError as exc:
+        if exc.status != 404:  # gone already: make it
+            raise
+    return await kube.create(resource, manifest["metadata"]["namespace"], manifest)
+
+
+def config_map_of(jobset: Obj) -> str | None:
+    """The ConfigMap the JobSet's pods mount as their config (its name carries the config's hash)."""
+    for replicated in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        pod = ((((replicated.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {})
+        for volume in pod.get("volumes") or []:
+            if volume.get("name") == "config" and volume.get("configMap"):
+                return volume["configMap"].get("name")
+    return None
 
 
 async def ensure_all(kube: Kube, owner_uid: str, *children: tuple[Resource, Obj]) -> list[tuple[Obj, bool]]:
@@ -67,16 +102,64 @@ async def ensure_all(kube: Kube, owner_uid: str, *children: tuple[Resource, Obj]
 
 async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | None, config_map_exists: bool = False,
                           gate: Any = None, running: int | None = None) -> tuple[Obj, bool]:
-    """The ConfigMap (unless known to exist: the pre-flight made it) and the JobSet (through `gate`, e.g.
-    the pre-flight's admission gate, when given): (the JobSet, whether it was created now)."""
+    """The control Secret and the ConfigMap (unless known to exist: the pre-flight made it), then the JobSet
+    (through `gate`, e.g. the pre-flight's admission gate, when given): (the JobSet, whether it was created
+    now). The JobSet comes last: an operator killed in between finds no JobSet and makes them again (a 409
+    adopts them), where one found with its JobSet would never be looked for, and its pods would wait for a
+    volume for good."""
     if running is not None and running not in job.spec.tpu.slice_counts:  # the spec changed under it: all slices
         running = None
     made_config_map, jobset = render(job, default_image, running)
     if gate is not None:
         jobset = gate(jobset)
-    children = [] if config_map_exists else [(CONFIGMAPS, made_config_map)]
-    results = await ensure_all(kube, job.metadata.uid or "", *children, (JOBSETS, jobset))
-    return results[-1]
+    # The control credential the pods mount (control.py): made with the JobSet, kept if it exists.
+    children = [(SECRETS, control.secret(job))] + ([] if config_map_exists else [(CONFIGMAPS, made_config_map)])
+    await dry_run(kube, job.metadata.namespace, *children, (JOBSETS, jobset), *((PODS, p) for p in pods_of(jobset)))
+    await ensure_all(kube, job.metadata.uid or "", *children)
+    return await ensure_child(kube, JOBSETS, jobset, job.metadata.uid or "")
+
+
+def pods_of(jobset: Obj) -> list[Obj]:
+    """One Pod per distinct pod template of the JobSet (pod 0 of each replicated Job), as the Job controller
+    would make it: what the API server validates only once pods are created, long after the JobSet was
+    accepted (tolerations, resource names, env, mounts), and what pod webhooks (GKE's TPU one) see."""
+    seen: list[Obj] = []
+    pods = []
+    for replicated in jobset["spec"].get("replicatedJobs") or []:
+        template = replicated["template"]["spec"]["template"]
+        if template in seen:
+            continue
+        seen.append(template)
+        meta = template.get("metadata") or {}
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            **meta, "generateName": f"{jobset['metadata']['name']}-{replicated['name']}-",  # a dry run: never taken
+            "namespace": jobset["metadata"]["namespace"]}, "spec": template["spec"]})
+    return pods
+
+
+DENIALS = ("admission webhook", "violates PodSecurity")  # a webhook's or Pod Security admission's 403
+
+
+def inadmissible(exc: ApiError) -> bool:
+    """A refusal of the object itself: invalid (400, 422), or denied by an admission webhook or the
+    namespace's Pod Security level (403 with their words). Anything else (RBAC, quota, a missing service
+    account, a namespace being deleted, the network) says nothing about the job and is left to the real
+    request."""
+    return exc.status in (400, 422) or (exc.status == 403 and any(d in exc.message for d in DENIALS))
+
+
+async def dry_run(kube: Kube, namespace: str, *children: tuple[Resource, Obj]) -> None:
+    """Ask the API server to admit each child without storing it (`dryRun=All`: validation, defaulting and
+    webhooks run); Inadmissible with the API's words if it refuses one, before anything is created."""
+    results = await asyncio.gather(*(kube.create(r, namespace, m, dry_run=True) for r, m in children),
+                                   return_exceptions=True)
+    for (_, manifest), result in zip(children, results):
+        if isinstance(result, ApiError) and inadmissible(result):
+            meta = manifest["metadata"]
+            what = meta.get("name") or f"{meta['generateName']}* (its pods)"
+            raise Inadmissible(f"the API server refuses {manifest['kind']} {what}: {result.message}")
+        if isinstance(result, BaseException) and not isinstance(result, ApiError):
+            raise result
 
 
 def changed_fields(before: Any, after: Any, path: str = "spec") -> list[str]:

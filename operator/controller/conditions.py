@@ -43,7 +43,8 @@ TYPES: tuple[ConditionType, ...] = (
     ConditionType("Ready", "True", "training is progressing (phase Running), or the job has succeeded", (
         _r("Progressing", "True: the job's slices are running"),
         _r("Completed", "True: the job succeeded"),
-        _r("InvalidSpec", "False: the spec does not validate; the message names the fields"),
+        _r("InvalidSpec", "False: the spec does not validate (the message names the fields), or the API server "
+           "refuses, in a dry run, what it renders (the message is the API's)"),
         _r("DoesNotFit", "False: the pre-flight compile says the job cannot run as written"),
         _r("Planning", "False: the pre-flight compile is running; the JobSet is created after it"),
         _r("NameConflict", "False: a child's name is taken by an object this job does not own"),

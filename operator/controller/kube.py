@@ -23,6 +23,7 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..api import models
+from . import bounded
 
 Obj = dict[str, Any]
 USER_AGENT = "tpu-operator"
@@ -45,6 +46,7 @@ class Resource:
 JOBS = Resource(models.GROUP, models.VERSION, models.PLURAL)
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
 CONFIGMAPS = Resource("", "v1", "configmaps")
+SECRETS = Resource("", "v1", "secrets")  # only the jobs' control credentials (control.py)
 PODS = Resource("", "v1", "pods")
 EVENTS = Resource("", "v1", "events")
 BATCH_JOBS = Resource("batch", "v1", "jobs")  # the pre-flight (preflight.py)
@@ -71,12 +73,13 @@ class ApiError(Exception):
 
 class Kube(Protocol):
     async def get(self, resource: Resource, namespace: str, name: str) -> Obj: ...
-    async def create(self, resource: Resource, namespace: str, body: Obj) -> Obj: ...
+    async def create(self, resource: Resource, namespace: str, body: Obj, dry_run: bool = False) -> Obj: ...
     async def patch(self, resource: Resource, namespace: str, name: str, body: Obj,
                     sub: str | None = None) -> Obj: ...  # JSON merge patch
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]: ...
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any: ...
-    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj) -> Any: ...
+    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj,
+                         headers: dict[str, str] | None = None) -> Any: ...
     async def delete(self, resource: Resource, namespace: str, name: str, body: Obj) -> Obj: ...  # DeleteOptions
     async def delete_all(self, resource: Resource, namespace: str, selector: str, body: Obj) -> Obj: ...
 
@@ -102,8 +105,9 @@ class AsyncKube:
     async def get(self, resource: Resource, namespace: str, name: str) -> Obj:
         return await self._call("GET", resource.path(namespace, name))
 
-    async def create(self, resource: Resource, namespace: str, body: Obj) -> Obj:
-        return await self._call("POST", resource.path(namespace), body)
+    async def create(self, resource: Resource, namespace: str, body: Obj, dry_run: bool = False) -> Obj:
+        """POST; `dry_run`: admission, validation and webhooks run, nothing is stored (`?dryRun=All`)."""
+        return await self._call("POST", resource.path(namespace) + ("?dryRun=All" if dry_run else ""), body)
 
     async def patch(self, resource: Resource, namespace: str, name: str, body: Obj, sub: str | None = None) -> Obj:
         return await self._call("PATCH", resource.path(namespace, name, sub), body, "application/merge-patch+json")
@@ -120,12 +124,32 @@ class AsyncKube:
         return await self._call("DELETE", f"{resource.path(namespace)}?labelSelector={quote(selector, safe='')}", body)
 
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any:
-        """GET through the API server's pod proxy; the decoded JSON body (or its text)."""
-        return await self._call("GET", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}")
+        """GET through the API server's pod proxy; the decoded JSON body, read as untrusted (bounded.py)."""
+        return await self._proxy("GET", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}")
 
-    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj) -> Any:
-        """POST a JSON body through the API server's pod proxy (RBAC `create` on pods/proxy)."""
-        return await self._call("POST", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}", body)
+    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj,
+                         headers: dict[str, str] | None = None) -> Any:
+        """POST a JSON body through the API server's pod proxy (RBAC `create` on pods/proxy); `headers` go with
+        it to the pod (the API server keeps its own `Authorization`)."""
+        return await self._proxy("POST", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}", body,
+                                 headers)
+
+    async def _proxy(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+        """A request whose answer comes from a pod (the tenant's trainer, passed on by the API server): its
+        body is streamed and read only up to bounded.LIMIT_BYTES, never preloaded whole as `_call` does."""
+        try:
+            response = await self.api.call_api(
+                path, method, header_params={"Content-Type": "application/json", "Accept": "application/json",
+                                             **(headers or {})},
+                body=body, auth_settings=["BearerToken"], _preload_content=False, _request_timeout=self.timeout_s)
+            async with response:
+                if not 200 <= response.status <= 299:
+                    raise ApiError(response.status, _message(await bounded.read_body(response)), method)
+                return await bounded.read_json(response)
+        except bounded.Refused as exc:
+            raise ApiError(0, str(exc), method) from None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise ApiError(0, f"{type(exc).__name__}: {exc}", method) from None
 
     async def close(self) -> None:
         await self.api.close()
@@ -136,6 +160,17 @@ def _reason(exc: ApiException) -> str:
         return json.loads(exc.body).get("message") or exc.reason or ""
     except (TypeError, ValueError, AttributeError):
         return str(exc.reason or exc.body or "")
+
+
+def _message(body: bytes) -> str:
+    """The `message` of a refusal's JSON body (a Status, or the trainer's own answer), else its first words."""
+    try:
+        found = bounded.parse_json(body)
+        if isinstance(found, dict) and isinstance(found.get("message"), str) and found["message"]:
+            return found["message"][:1000]
+    except bounded.Refused:
+        pass
+    return body[:200].decode("utf-8", "replace")
 
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NETRC")

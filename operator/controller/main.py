@@ -4,8 +4,8 @@ Credentials come from kubernetes_asyncio's loaders (in a pod the service account
 $KUBECONFIG or ~/.kube/config, exec plugins included), for the controller's own client and, through
 the login handler, for kopf's watches alike. Logs are JSON lines; `health_port` serves kopf's liveness
 endpoint at /healthz; `metrics_port` serves the operator's Prometheus metrics at /metrics
-(prometheus_client). $TPUJOB_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR) sets the log level; `verbose`
-means DEBUG.
+(prometheus_client), the event loop's lag among them (loop_lag.py). $TPUJOB_LOG_LEVEL (DEBUG, INFO,
+WARNING, ERROR) sets the log level; `verbose` means DEBUG.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
     import kopf
     import prometheus_client
 
-    from . import handlers
+    from . import handlers, loop_lag
     from .events import EventPoster
     from .kube import AsyncKube, api_client, configuration
     from .manager import Manager
@@ -106,11 +106,13 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
         prometheus_client.disable_created_metrics()
         prometheus_client.start_http_server(options.metrics_port, options.metrics_host, registry=stats.registry)
     liveness = f"http://{options.health_host}:{options.health_port}/healthz" if options.health_port else None
+    lag = asyncio.create_task(loop_lag.watch(stats.loop_lag.observe), name="loop-lag")
     try:
         await kopf.operator(registry=registry, settings=_settings(options), standalone=options.standalone,
                             clusterwide=not options.namespaces, namespaces=list(options.namespaces),
                             liveness_endpoint=liveness)
     finally:
+        lag.cancel()
         await events.drain()
         await kube.close()
     return 0

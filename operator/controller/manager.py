@@ -15,8 +15,9 @@
   (diagnosis.py); nothing else lists pods, except the metrics reader finding pod 0 once.
 - A ticker adds unfinished jobs with a JobSet every `resync_interval_s` (the reconcile then GETs the
   JobSet once, to catch up on an event that was lost), and reads the trainer of every Running job every
-  `metrics_interval_s`, outside the workers (a slow trainer never holds up a reconcile); the sample is
-  applied, and written if something changed, by the next reconcile of that job.
+  `metrics_interval_s`, outside the workers (a slow trainer never holds up a reconcile), one read per
+  job at most: a read due while the job's last one is pending is skipped; the sample is applied, and
+  written if something changed, by the next reconcile of that job.
 - The status a reconcile wrote is kept until the watch delivers it (`written`), so the next reconcile
   computes from it and not from the version before, which would only conflict. Likewise a JobSet a
   reconcile created or adopted is kept until the watch delivers it (`made`): the job's own status
@@ -84,6 +85,7 @@ class Manager:
         self.reads = asyncio.Semaphore(concurrent_reads)
         self.tasks: list[asyncio.Task] = []
         self.reading: set[asyncio.Task] = set()
+        self.reading_jobs: set[Key] = set()  # the jobs whose trainer is being read: one read each at most
         self.rng = random.Random()
 
     # --- what sets reconciles going ---------------------------------------------------------------
@@ -270,6 +272,7 @@ class Manager:
         if forget_stats:
             self.stats.forget_job(key)
         self.reader.forget(key[0], names.jobset_name(key[1]))
+        self.reader.tokens.forget(key[0], names.jobset_name(key[1]))  # a job made again under the name has its own
 
     async def _ticker(self) -> None:
         while True:
@@ -281,10 +284,20 @@ class Manager:
             for key, due in list(self.due_metrics.items()):
                 if due <= now:
                     self.due_metrics[key] = now + self.config.metrics_interval_s
-                    read = asyncio.create_task(self._read_metrics(key))
-                    self.reading.add(read)
-                    read.add_done_callback(self.reading.discard)
+                    self.start_read(key)
             await asyncio.sleep(self.tick_s)
+
+    def start_read(self, key: Key) -> bool:
+        """Read the job's trainer in the background, unless a read of it is still pending: then this one is
+        skipped (counted), never queued behind it, so a slow trainer holds one read at most."""
+        if key in self.reading_jobs:
+            self.stats.metrics_reads_skipped.inc()
+            return False
+        read = asyncio.create_task(self._read_metrics(key))
+        self.reading.add(read)
+        self.reading_jobs.add(key)
+        read.add_done_callback(lambda task: (self.reading.discard(task), self.reading_jobs.discard(key)))
+        return True
 
     async def _read_metrics(self, key: Key) -> None:
         async with self.reads:

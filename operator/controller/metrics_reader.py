@@ -11,6 +11,11 @@ pods); `forget` drops it when the JobSet restarts. Any failure is a Sample with 
 caller keeps the last values and sets Metrics=False, so a trainer that is slow to start never
 crashes the operator.
 
+Every answer is the tenant's and untrusted: one deadline (`timeout_s`, 3 s) covers the whole exchange,
+connect to last byte, and at most 64 KiB of the body is read (bounded.py), whatever it declares. The
+manager keeps at most one read per job in flight (a read due while the last one is pending is skipped),
+so a slow trainer costs one pending read, not a queue of them.
+
 `final` reads what process 0 said as it ended, for a JobSet that completed: a completed pod's process
 has exited, so nothing serves /status any more; its termination record (the trainer's last line,
 api/lifecycle.py, kept by the kubelet as the container's `terminated.message`) carries the final step
@@ -19,13 +24,15 @@ and checkpoint. One pod list.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any, Literal
 
 import aiohttp
 
 from ..api.lifecycle import Progress, TerminationRecord
-from ..api.profiling import ProfileReport
+from ..api.profiling import CONTROL_REFUSED, ProfileReport
+from . import bounded, control
 from .kube import PODS, ApiError, Kube
 from .status import Sample
 
@@ -48,6 +55,17 @@ FIELDS: dict[str, tuple[str, type]] = {
 
 class Unreachable(Exception):
     """The trainer's status endpoint could not be read; the message says why."""
+
+
+class Refusal(Exception):
+    """The trainer refused a control request (HTTP 400, 401 or 409); the message is its reason."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+REFUSALS = (400, 401, 409)  # a bad request, no or a wrong control credential, another profile being traced
 
 
 def pod0_selector(jobset_name: str) -> str:
@@ -87,6 +105,7 @@ class MetricsReader:
         self.kube, self.access, self.timeout_s = kube, access, timeout_s
         self._pods: dict[tuple[str, str], tuple[str, str]] = {}  # (ns, jobset) -> (pod name, pod IP)
         self._session: aiohttp.ClientSession | None = None
+        self.tokens = control.Tokens(kube)  # the jobs' control credentials, for POST /profile
 
     async def close(self) -> None:
         if self._session is not None:
@@ -131,46 +150,53 @@ class MetricsReader:
                             f"(selector {selector})")
 
     async def _read(self, namespace: str, jobset_name: str, port: int) -> Sample:
-        name, ip = await self._pod0(namespace, jobset_name)
-        if self.access == "proxy":
-            try:
-                body = await self.kube.proxy_get(namespace, name, port, "status")
-            except ApiError as exc:
-                raise Unreachable(f"pod proxy {namespace}/{name}:{port}/status: {exc}") from None
-        else:
-            body = await self._get_direct(f"http://{ip}:{port}/status")
-        return to_sample(body)
+        return to_sample(await self._ask(namespace, jobset_name, port, "status"))
 
     async def post_profile(self, namespace: str, jobset_name: str, port: int, steps: str) -> ProfileReport:
         """`POST /profile {"steps": steps}` to process 0, the way `/status` is read: the trainer's answer,
-        accepted or refused (400, 409: a report with state failed and its reason); Unreachable otherwise."""
-        name, ip = await self._pod0(namespace, jobset_name)
-        body = {"steps": steps}
-        if self.access == "proxy":
-            try:
-                answer = await self.kube.proxy_post(namespace, name, port, "profile", body)
-            except ApiError as exc:
-                if exc.status in (400, 409):  # the trainer's refusal, passed on by the API server
-                    return ProfileReport(requested=steps, state="failed", message=exc.message)
-                self.forget(namespace, jobset_name)
-                raise Unreachable(f"pod proxy {namespace}/{name}:{port}/profile: {exc}") from None
-        else:
-            answer = await self._post_direct(f"http://{ip}:{port}/profile", body)
+        accepted or refused (400, 401 without the job's control credential, 409: a report with state failed
+        and its reason); Unreachable otherwise. The job's control token goes with it (control.py)."""
+        headers = {}
+        token = await self.tokens.token(namespace, jobset_name)  # the job's name is its JobSet's
+        if token is not None:
+            headers[control.HEADER] = token
+        try:
+            answer = await self._ask(namespace, jobset_name, port, "profile", {"steps": steps}, headers)
+        except Refusal as exc:
+            if exc.status == 401:  # a Secret made again since it was read: read it afresh next time
+                self.tokens.forget(namespace, jobset_name)
+            return ProfileReport(requested=steps, state="failed", message=str(exc))
+        except Unreachable:
+            self.forget(namespace, jobset_name)
+            raise
         try:
             return ProfileReport.model_validate(answer)
         except ValueError:
             raise Unreachable(f"/profile answered {str(answer)[:200]!r}, not a profile report") from None
 
-    async def _post_direct(self, url: str, body: dict) -> Any:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+    async def _ask(self, namespace: str, jobset_name: str, port: int, path: str, body: dict | None = None,
+                   headers: dict[str, str] | None = None) -> Any:
+        """GET (or, with a body, POST) `path` of process 0, by proxy or directly, within one deadline of
+        `timeout_s` for the whole exchange: a trainer that trickles its answer is given up on like one that
+        does not answer. Refusal: the trainer refused a POST (400, 401, 409)."""
+        name, ip = await self._pod0(namespace, jobset_name)
+        where = f"pod proxy {namespace}/{name}:{port}/{path}" if self.access == "proxy" else f"http://{ip}:{port}/{path}"
         try:
-            async with self._session.post(url, json=body) as response:
-                if response.status not in (200, 400, 409):
-                    raise Unreachable(f"{url} answered HTTP {response.status}")
-                return await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            raise Unreachable(f"{url}: {type(exc).__name__}: {exc}") from None
+            async with asyncio.timeout(self.timeout_s):
+                if self.access == "direct":
+                    return await self._exchange("GET" if body is None else "POST", f"http://{ip}:{port}/{path}",
+                                                (200,) if body is None else (200, 400, 409), body, headers)
+                if body is None:
+                    return await self.kube.proxy_get(namespace, name, port, path)
+                return await self.kube.proxy_post(namespace, name, port, path, body, headers)
+        except TimeoutError:
+            raise Unreachable(f"{where}: no complete answer within {self.timeout_s:g} s") from None
+        except ApiError as exc:
+            # The trainer's refusal, passed on by the API server (a 401 of the API server's own, for the
+            # operator's credential, is not the trainer's: Unreachable, tried again later).
+            if body is not None and exc.status in REFUSALS and (exc.status != 401 or CONTROL_REFUSED in exc.message):
+                raise Refusal(exc.message, exc.status) from None
+            raise Unreachable(f"{where}: {exc}") from None
 
     async def _pod0(self, namespace: str, jobset_name: str) -> tuple[str, str]:
         key = (namespace, jobset_name)
@@ -186,13 +212,20 @@ class MetricsReader:
             self._pods[key] = (pod["metadata"]["name"], pod["status"]["podIP"])
         return self._pods[key]
 
-    async def _get_direct(self, url: str) -> Any:
+    def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        return self._session
+
+    async def _exchange(self, method: str, url: str, answers: tuple[int, ...], body: dict | None = None,
+                        headers: dict[str, str] | None = None) -> Any:
+        """One request to the trainer, its answer read as untrusted: at most bounded.LIMIT_BYTES of it."""
         try:
-            async with self._session.get(url) as response:
-                if response.status != 200:
+            async with self._client().request(method, url, json=body, headers=headers) as response:
+                if response.status == 401 and body is not None:
+                    raise Refusal(f"{url} refused the job's control credential (HTTP 401)", 401)
+                if response.status not in answers:
                     raise Unreachable(f"{url} answered HTTP {response.status}")
-                return await response.json(content_type=None)
+                return await bounded.read_json(response)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             raise Unreachable(f"{url}: {type(exc).__name__}: {exc}") from None

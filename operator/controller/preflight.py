@@ -48,13 +48,13 @@ from ..api import names, timestamps
 from ..api.contract import JOB_MUST_CHANGE, PlanResult
 from ..api.models import PlanStatus, TPUTrainingJob, TPUTrainingJobStatus
 from ..api.plan import Plan
-from ..rendering.manifests import render_config_map
+from ..rendering.manifests import render
 from ..rendering.plan_report import problems
 from ..rendering.preflight import (DEADLINE_S, LABEL_GENERATION, LABEL_ROLE, ROLE, preflight_labels, preflight_name,
                                    render_preflight)
 from . import children, diagnosis
 from .conditions import set_condition
-from .kube import BATCH_JOBS, CONFIGMAPS, PODS, Kube, Obj
+from .kube import BATCH_JOBS, CONFIGMAPS, JOBSETS, PODS, Kube, Obj
 from .phases import Compute, Notice
 
 COMPILING = "Compiling"
@@ -312,6 +312,11 @@ async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Ob
 
 async def _create(kube: Kube, job: TPUTrainingJob, generation: int, timing: Timing,
                   default_image: str | None) -> None:
-    """The ConfigMap and the pre-flight Job, side by side (a pod waits for its ConfigMap volume)."""
-    await children.ensure_all(kube, job.metadata.uid or "", (CONFIGMAPS, render_config_map(job, default_image)),
+    """The ConfigMap and the pre-flight Job, side by side (a pod waits for its ConfigMap volume), once the
+    API server has admitted, in a dry run, the ConfigMap and the JobSet with its pods: a job it would refuse
+    later is Invalid before a CPU node compiles anything (children.Inadmissible)."""
+    config_map, jobset = render(job, default_image)
+    await children.dry_run(kube, job.metadata.namespace, (CONFIGMAPS, config_map), (JOBSETS, jobset),
+                           *((PODS, p) for p in children.pods_of(jobset)))
+    await children.ensure_all(kube, job.metadata.uid or "", (CONFIGMAPS, config_map),
                               (BATCH_JOBS, render_preflight(job, generation, default_image, timing.deadline_s)))

@@ -14,15 +14,22 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # hung JobSet (api/failures.py).
     {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create"]},
+    # delete: a ConfigMap of ours whose contents are not its name's is replaced (children.py); immutable,
+    # it cannot be updated
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "delete"]},
+    # The jobs' control credentials (control.py): create with the JobSet; get, adoption after a 409 and the
+    # token the operator sends with a profile request.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # The pre-flight compile (a kopf index of our batch Jobs); get: adoption after a 409.
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
     # list: pod 0 of a JobSet, for its metrics; a JobSet's pods when some are not ready, to say why (one
     # label-selected list per JobSet event or resync: no watch, so no cluster-wide pod cache); a failed
     # JobSet's pods, for their exit codes and messages; the pre-flight's pod, for its result (its
     # termination message) or why it did not start. deletecollection: a failed or hung attempt's pods,
-    # at once (children.replace_jobset).
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "deletecollection"]},
+    # at once (children.replace_jobset). create: only ever with dryRun=All, one pod per pod template before a
+    # job's first object is made, so what the API would refuse later makes the job Invalid (children.dry_run);
+    # RBAC cannot tell a dry run from a create.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "create", "deletecollection"]},
     # --metrics-access proxy only: get, the trainer's /status; create, a POST of a profile request (profiles.py).
     {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get", "create"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},

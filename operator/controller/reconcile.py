@@ -42,7 +42,7 @@ from ..api.timestamps import Clock
 from ..api.validation import InvalidJob, parse_job
 from . import (children, diagnosis, growback, health, kueue, phases, preflight, profiles, restarts,
                status as status_lib, steps)
-from .children import NameConflict, owner_of
+from .children import Inadmissible, NameConflict, owner_of
 from .kube import JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 from .metrics_reader import LABEL_JOBSET, MetricsReader
 from .phases import Compute, Notice
@@ -248,6 +248,11 @@ async def converge(means: Means, job: TPUTrainingJob, job_obj: Obj, seen: Seen,
         done = await write_change(kube, job_obj, lambda s, g, t: status_lib.conflicted(s, message, g, t), now,
                                   means.emit)
         return Outcome("conflict", done, means.config.conflict_retry_s)
+    except Inadmissible as exc:  # the API's own words, before anything of the job was created
+        problems = [str(exc)]
+        done = await write_change(kube, job_obj, lambda s, g, t: status_lib.invalid(s, problems, g, t), now,
+                                  means.emit)
+        return Outcome("invalid" if done else "gone", done)
 
 
 # --- observe -----------------------------------------------------------------------------------------
@@ -283,7 +288,7 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
                                       job.spec.training.steps, old.phase == "Running")
     return steps.Observed(
         now=now, generation=job_obj["metadata"].get("generation"), jobset_name=name,
-        config_map=names.config_map_name(job.metadata.name), jobset_uid=uid, view=view,
+        config_map=children.config_map_of(jobset) or names.config_map_name(job.metadata.name), jobset_uid=uid, view=view,
         intent=phases.Intent(suspend=job.spec.suspend, queued=job.spec.queue_name is not None),
         policy=job.spec.failure_policy, total_steps=job.spec.training.steps,
         created_at=timestamps.parse_or_none(job_obj["metadata"].get("creationTimestamp")), created=made.created,

@@ -1,5 +1,5 @@
 """The operator's own Prometheus metrics (prometheus_client): reconciles by trigger and result, the
-failed ones, and how long they took; and per job its goodput, badput by bucket and restarts by
+failed ones, and how long they took; the event loop's lag; and per job its goodput, badput by bucket and restarts by
 cause, as its status says (a deleted job's series are dropped). Served at
 `--metrics-port` /metrics."""
 
@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from ..api.goodput import BUCKETS as BADPUT_BUCKETS
 from ..api.models import TPUTrainingJobStatus
 
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FAILED = ("error", "api_error")
 
@@ -23,6 +24,12 @@ class Stats:
                               ["handler"], registry=self.registry)
         self.duration = Histogram("tpu_operator_reconcile_duration_seconds", "Time spent in one reconcile.",
                                   ["handler"], buckets=BUCKETS, registry=self.registry)
+        self.loop_lag = Histogram("tpu_operator_event_loop_lag_seconds", "How much later than asked the event loop "
+                                  "woke a timer due every 0.1 s: what every job waited behind the work in front of it "
+                                  "(loop_lag.py).", buckets=LAG_BUCKETS, registry=self.registry)
+        self.metrics_reads_skipped = Counter(
+            "tpu_operator_metrics_reads_skipped", "Trainer reads not started because the job's previous read was "
+            "still pending (a slow or hostile trainer).", registry=self.registry)
 
         self.goodput = Gauge("tpu_operator_job_goodput", "Seconds on steps that survive / seconds since the job was "
                              "created (0..1).", ["namespace", "job"], registry=self.registry)

@@ -53,7 +53,9 @@ def free_port() -> int:
 
 def _materialise_volumes(pod_spec: dict[str, Any], config_maps: Mapping[str, Mapping[str, str]],
                          volume_dir: Path) -> dict[str, Path]:
-    """Each volume becomes a directory; ConfigMap volumes get their files. Returns mountPath → dir."""
+    """Each volume becomes a directory; ConfigMap volumes get their files, and Secret volumes too where
+    `config_maps` has them by name (files by key, decoded); a Secret not given stays an empty directory (the
+    trainer then refuses control requests: its credential is missing). Returns mountPath → dir."""
     volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
     mounts: dict[str, Path] = {}
     for mount in pod_spec["containers"][0].get("volumeMounts", []):
@@ -65,6 +67,9 @@ def _materialise_volumes(pod_spec: dict[str, Any], config_maps: Mapping[str, Map
             if data is None:
                 raise LookupError(f"ConfigMap {volume['configMap']['name']} of volume {mount['name']} not found")
             for key, text in data.items():
+                (local / key).write_text(text)
+        elif "secret" in volume:
+            for key, text in (config_maps.get(volume["secret"].get("secretName")) or {}).items():
                 (local / key).write_text(text)
         mounts[mount["mountPath"]] = local
     return mounts

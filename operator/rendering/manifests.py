@@ -7,6 +7,7 @@ user string can never add a key or a document.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from functools import lru_cache
 from importlib import resources
@@ -25,6 +26,10 @@ TEMPLATES = ("configmap.yaml.j2", "jobset.yaml.j2")
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 TPU_RESOURCE = "google.com/tpu"
 DEFAULT_COMMAND = ["python", "-m", "tpu_workload", "--config", f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"]
+# The job's control credential (a Secret the operator makes, controller/control.py), mounted read-only: the
+# trainer takes control requests (POST /profile) only with it (workload/serving.py).
+CONTROL_MOUNT_DIR = "/var/run/tpujob-control"
+CONTROL_TOKEN_KEY = "token"
 JOB_INDEX = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
@@ -71,6 +76,7 @@ def _env(plan: Plan) -> list[dict[str, Any]]:
         {"name": "TPUJOB_SLICE_ID", **field(JOB_INDEX)},
         {"name": "TPUJOB_HOST_ID", **field(COMPLETION_INDEX)},
         {"name": "TPUJOB_METRICS_PORT", "value": str(spec.runtime.metrics_port)},
+        {"name": "TPUJOB_CONTROL_TOKEN_FILE", "value": f"{CONTROL_MOUNT_DIR}/{CONTROL_TOKEN_KEY}"},
     ]
     if spec.tpu.elastic is not None:
         # The slices that run now: the trainer applies it to the ConfigMap's whole-job config
@@ -100,15 +106,35 @@ def _resources(plan: Plan) -> dict[str, Any]:
             "limits": {**spec.resources.limits, TPU_RESOURCE: chips}}
 
 
-def _volumes(plan: Plan) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    name, ckpt = plan.job.metadata.name, plan.job.spec.checkpoint
+def trainer_config_json(plan: Plan) -> str:
+    """What the ConfigMap holds: the whole job's trainer config (the same whatever slices an elastic job
+    runs on: the trainer applies TPUJOB_SLICES to it)."""
+    return plan.trainer_config().model_dump_json(by_alias=True, indent=2)
+
+
+def config_map_name(job_name: str, config_json: str) -> str:
+    """`<job>-config-<sha10>`: the name carries a hash of the config it holds, so pods that mount it by name
+    mount that config and no other. The ConfigMap is immutable: an edit of the job (allowed until its JobSet
+    exists) renders a new config under a new name, never a change of the old one that a pod started before
+    it or a pre-flight compiled; and one found under the name with other contents was not made by this
+    rendering (children.py replaces it)."""
+    return f"{names.config_map_name(job_name)}-{hashlib.sha256(config_json.encode()).hexdigest()[:10]}"
+
+
+def _volumes(plan: Plan, config_map: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    ckpt = plan.job.spec.checkpoint
     volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": names.config_map_name(name)}},
+        {"name": "config", "configMap": {"name": config_map}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        # optional: a pod without it (a job made before the Secret existed) trains on, refusing control requests;
+        # one container: readable by whatever user the trainer runs as
+        {"name": "control", "secret": {"secretName": names.control_secret_name(plan.job.metadata.name),
+                                       "defaultMode": 0o444, "optional": True}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "control", "mountPath": CONTROL_MOUNT_DIR, "readOnly": True},
     ]
     if ckpt.persistent_volume_claim:
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": ckpt.persistent_volume_claim}})
@@ -130,12 +156,14 @@ def context(job: TPUTrainingJob, default_image: str | None = None, running: int 
     plan = Plan(job, running)
     spec, name = job.spec, job.metadata.name
     image = default_image if default_image and "image" not in spec.model_fields_set else spec.image
-    volumes, mounts = _volumes(plan)
+    config_json = trainer_config_json(plan)
+    config_map = config_map_name(name, config_json)
+    volumes, mounts = _volumes(plan, config_map)
     return {
         "job": job,
         "plan": plan,
         "owner": owner_reference(job),
-        "names": {"jobset": names.jobset_name(name), "config_map": names.config_map_name(name),
+        "names": {"jobset": names.jobset_name(name), "config_map": config_map,
                   "replicated_job": names.REPLICATED_JOB},
         "labels": {**names.labels(name)},
         "jobset_labels": {**names.labels(name), **placement.jobset_labels(spec)},
@@ -146,7 +174,7 @@ def context(job: TPUTrainingJob, default_image: str | None = None, running: int 
         "suspend": spec.suspend or spec.queue_name is not None,
         "ports": {"jax": names.JAX_COORDINATOR_PORT, "megascale": names.MEGASCALE_PORT},
         "config_file": CONFIG_FILE,
-        "config_json": plan.trainer_config().model_dump_json(by_alias=True, indent=2),
+        "config_json": config_json,
         "image": image,
         "command": list(spec.command) if spec.command else DEFAULT_COMMAND,
         "node_selector": {
@@ -171,11 +199,6 @@ def render(job: TPUTrainingJob, default_image: str | None = None, running: int |
     as in `context`."""
     ctx = context(job, default_image, running)
     return [_render(t, ctx) for t in TEMPLATES]
-
-
-def render_config_map(job: TPUTrainingJob, default_image: str | None = None) -> dict[str, Any]:
-    """The ConfigMap alone (the pre-flight mounts it before any JobSet exists)."""
-    return _render(TEMPLATES[0], context(job, default_image))
 
 
 def _render(template: str, ctx: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from ..api import names
 from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, TPUTrainingJob
 from ..api.plan import Plan
 from . import libtpu
-from .manifests import _environment, _Loader, owner_reference
+from .manifests import _environment, _Loader, config_map_name, owner_reference, trainer_config_json
 
 PLAN_MODULE = ["python", "-m", "tpu_workload.plan"]
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
@@ -74,5 +74,5 @@ def render_preflight(job: TPUTrainingJob, generation: int, default_image: str | 
     ctx = {"job": job, "name": preflight_name(name, generation), "labels": preflight_labels(name, generation),
            "owner": owner_reference(job), "deadline_s": deadline_s, "image": image, "command": command, "env": env,
            "resources": RESOURCES, "termination_log": TERMINATION_LOG, "config_dir": CONFIG_MOUNT_DIR,
-           "config_map": names.config_map_name(name)}
+           "config_map": config_map_name(name, trainer_config_json(Plan(job)))}  # the config it plans
     return yaml.load(_environment().get_template("preflight.yaml.j2").render(ctx), Loader=_Loader)

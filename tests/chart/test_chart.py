@@ -173,9 +173,10 @@ def test_default_rbac_is_cluster_wide_least_privilege(helm, tmp_path):
     role = one(docs, "ClusterRole")
     assert rules_of(role) == {**NAMESPACED_RULES, **CRD_RULES, **NAMESPACE_RULES}
     # Kueue's Workloads are followed through a watch and only ever patched for spec.active (a queued job's
-    # suspend); pods are listed, never watched, and a failed or hung attempt's pods deleted as a collection.
+    # suspend); pods are listed, never watched, and a failed or hung attempt's pods deleted as a collection;
+    # created only in a dry run (children.dry_run).
     assert rules_of(role)[("kueue.x-k8s.io", "workloads")] == {"list", "watch", "patch"}
-    assert rules_of(role)[("", "pods")] == {"list", "deletecollection"}
+    assert rules_of(role)[("", "pods")] == {"list", "create", "deletecollection"}
     # The pre-flight compile: a batch Job per job spec generation, watched through a kopf index.
     assert rules_of(role)[("batch", "jobs")] == {"get", "list", "watch", "create"}
     binding = one(docs, "ClusterRoleBinding")

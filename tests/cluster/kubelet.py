@@ -26,6 +26,7 @@ Logs are under DIR/<namespace>/<pod>/log.
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime as dt
 import logging
 import os
@@ -170,6 +171,10 @@ class ProcessKubelet:
             if "configMap" in volume:
                 name = volume["configMap"]["name"]
                 found[name] = self.core.read_namespaced_config_map(name, pod["metadata"]["namespace"]).data or {}
+            elif "secret" in volume:  # the job's control credential (controller/control.py)
+                name = volume["secret"]["secretName"]
+                data = self.core.read_namespaced_secret(name, pod["metadata"]["namespace"]).data or {}
+                found[name] = {k: base64.b64decode(v).decode() for k, v in data.items()}
         return found
 
     def _process(self, pod: dict[str, Any]) -> tuple[list[str], dict[str, str], Path]:

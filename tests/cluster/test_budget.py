@@ -42,7 +42,9 @@ class Trainer:
 # makes them ready within a second, so it may see them ready first); everything else is exact.
 TIMING_DEPENDENT = {("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1}
 BUDGET = {
-    ("create", "configmaps"): 1, ("create", "jobsets"): 1,
+    # each with a dry run first (children.dry_run): the ConfigMap, the JobSet and one pod per pod template
+    ("create", "configmaps"): 2, ("create", "jobsets"): 2, ("create", "pods"): 1,
+    ("create", "secrets"): 2,  # the job's control credential (controller/control.py), dry run and create
     ("create", "events"): 2,  # Created, Succeeded
     # the JobSet's pods not ready yet (why: Scheduled, ContainersReady); pod 0 found for the metrics; pod 0's
     # termination record when the JobSet completed (its process has exited: the final step and checkpoint)
@@ -54,7 +56,10 @@ BUDGET = {
 # pod once it ended, the status while it compiles (Planned=Unknown, Compiling) and the Event Planned.
 # What the operator lists, then watches, in a namespace it serves (kopf's watches and indices).
 WATCHED = {"tputrainingjobs", "jobsets", "jobs", "workloads"}
-PREFLIGHT = {("create", "jobs"): 1, ("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1, ("create", "events"): 1}
+# The dry run before the pre-flight (the ConfigMap, the JobSet, a pod) and again before the JobSet (the JobSet and
+# a pod: the ConfigMap is the pre-flight's).
+PREFLIGHT = {("create", "jobs"): 1, ("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1, ("create", "events"): 1,
+             ("create", "configmaps"): 0, ("create", "jobsets"): 1, ("create", "pods"): 1}
 
 
 @pytest.mark.parametrize("preflight", ["skip", "compile"])

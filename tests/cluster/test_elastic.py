@@ -16,6 +16,7 @@ from tests.cluster.kube import JOBSETS, Cluster, condition, wait_for
 from tests.cluster.nodes import KUBELET_LABEL
 from tests.conftest import operator_job
 from tests.operator_process import Operator
+from tpu_operator.controller.children import config_map_of
 from tpu_operator.local.pods import free_port
 
 pytestmark = pytest.mark.cluster
@@ -68,7 +69,7 @@ def test_a_slice_killed_shrinks_the_job_and_it_grows_back_after_a_checkpoint(loc
              "Running on two slices past a checkpoint", diagnose=diagnose)
     pods = cluster.pods(ns, "jobset.sigs.k8s.io/jobset-name=elastic")
     assert sorted(p["spec"]["nodeName"] for p in pods) == ["tpu7x-2x2x1-p0-0", "tpu7x-2x2x1-p1-0"], pods
-    config_map = cluster.core.read_namespaced_config_map("elastic-config", ns).data
+    config_map = cluster.core.read_namespaced_config_map(config_map_of(cluster.get(JOBSETS, ns, "elastic")), ns).data
 
     # 2. Slice 1's host process killed: the job goes on on slice 0, from the checkpoint.
     pids = wait_for(lambda: trainer_pids("elastic", 1), 60, "slice 1's trainer process")
@@ -85,7 +86,7 @@ def test_a_slice_killed_shrinks_the_job_and_it_grows_back_after_a_checkpoint(loc
     (rj,) = small["spec"]["replicatedJobs"]
     env = {e["name"]: e.get("value") for e in rj["template"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert rj["replicas"] == 1 and env["TPUJOB_SLICES"] == "1" and env["TPUJOB_NUM_PROCESSES"] == "1"
-    assert cluster.core.read_namespaced_config_map("elastic-config", ns).data == config_map  # same global batch
+    assert cluster.core.read_namespaced_config_map(config_map_of(small), ns).data == config_map  # same global batch
 
     # 3. Grow back: after its next checkpoint the probe is placed on the free pool, the one-slice JobSet is stopped
     # (SIGTERM: the step in flight saved) and the job finishes on both slices.

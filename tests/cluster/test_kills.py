@@ -14,6 +14,7 @@ from tests.cluster.conftest import OPERATOR_NAMESPACE
 from tests.cluster.kube import JOBSETS, Cluster, wait_for
 from tests.conftest import operator_job
 from tests.operator_process import Operator
+from tpu_operator.controller.children import config_map_of
 
 pytestmark = pytest.mark.cluster
 JOBS, KILLS = 10, 20
@@ -51,14 +52,15 @@ def test_twenty_kills_over_ten_jobs_leave_one_jobset_and_one_configmap_per_job(l
     config_maps = {c.metadata.name: c for c in cluster.core.list_namespaced_config_map(ns).items
                    if c.metadata.name != "kube-root-ca.crt"}
     assert sorted(jobsets) == sorted(names), sorted(jobsets)
-    assert sorted(config_maps) == sorted(f"{n}-config" for n in names), sorted(config_maps)
+    assert sorted(config_maps) == sorted(config_map_of(jobsets[n]) for n in names), sorted(config_maps)
     for name in names:
         uid = cluster.job(ns, name)["metadata"]["uid"]
         assert [r["uid"] for r in jobsets[name]["metadata"]["ownerReferences"]] == [uid]
-    # Each created once: one successful POST per child, no JobSet deleted and made again.
+    # Each created once: one successful POST per child, no JobSet deleted and made again (dry runs store nothing).
     user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
     writes = [(e["verb"], e["objectRef"].get("resource"), e["responseStatus"]["code"]) for e in cluster.audit(since)
-              if e["user"]["username"] == user and e["objectRef"].get("namespace") == ns]
+              if e["user"]["username"] == user and e["objectRef"].get("namespace") == ns
+              and "dryRun=" not in e.get("requestURI", "")]
     assert sum(1 for w in writes if w[:2] == ("create", "jobsets") and w[2] == 201) == JOBS, writes
     assert sum(1 for w in writes if w[:2] == ("create", "configmaps") and w[2] == 201) == JOBS, writes
     assert not [w for w in writes if w[:2] == ("delete", "jobsets")], writes

@@ -14,6 +14,7 @@ import pytest
 from tests.cluster.kube import JOBSETS, Cluster, condition, wait_for
 from tests.conftest import operator_job
 from tests.operator_process import Operator
+from tpu_operator.controller.children import config_map_of
 
 pytestmark = pytest.mark.cluster
 WAIT_S = 90
@@ -38,7 +39,7 @@ def test_valid_job_gets_its_configmap_and_jobset_owned_by_it(local_cluster: Clus
     status = status_where(cluster, ns, "shape", lambda s: s.get("phase") == "Running", "phase Running", operator)
     uid = cluster.job(ns, "shape")["metadata"]["uid"]
     jobset = cluster.get(JOBSETS, ns, "shape")
-    config_map = cluster.api.sanitize_for_serialization(cluster.core.read_namespaced_config_map("shape-config", ns))
+    config_map = cluster.api.sanitize_for_serialization(cluster.core.read_namespaced_config_map(config_map_of(jobset), ns))
     for child in (jobset, config_map):
         (ref,) = child["metadata"]["ownerReferences"]
         assert ref["uid"] == uid and ref["kind"] == "TPUTrainingJob" and ref["controller"] is True

@@ -30,6 +30,7 @@ from tests.images.container import (Image, exec_in_image, own_dir, podman, proce
                                     running)
 from tests.cluster.kube import Cluster, wait_for
 from tpu_operator.api.models import TPUTrainingJob
+from tpu_operator.controller.children import config_map_of
 from tpu_operator.local.pods import free_port, local_pods
 from tpu_operator.rendering.manifests import render as render_job
 
@@ -222,7 +223,7 @@ def test_operator_image_turns_a_job_into_a_jobset_and_status(images, helm, clust
         jobset = json.loads(cluster.kubectl("get", "jobset", status["jobSetName"], "-n", ns, "-o", "json").stdout)
         _, trainer = pod_container(jobset)
         assert trainer["image"] == images.workload.tag  # the chart's --default-image
-        config_map = json.loads(cluster.kubectl("get", "configmap", "tiny-config", "-n", ns, "-o", "json").stdout)
+        config_map = json.loads(cluster.kubectl("get", "configmap", config_map_of(jobset), "-n", ns, "-o", "json").stdout)
         assert json.loads(config_map["data"]["config.json"])["name"] == "tiny"
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
             assert "tpu_operator_reconciles_total" in response.read().decode()

@@ -4,6 +4,7 @@ manager over an in-memory API, the work queue, the metrics reader, the Prometheu
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 import json
@@ -19,7 +20,7 @@ from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.models import TPUTrainingJobStatus
 from tpu_operator.controller import children, metrics_reader, phases, reconcile, status as status_lib
 from tpu_operator.controller.conditions import set_condition
-from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, ApiError, Resource
+from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS, ApiError, Resource
 from tpu_operator.controller.manager import Manager
 from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable, pick_pod, to_sample
 from tpu_operator.controller.queue import WorkQueue
@@ -168,6 +169,7 @@ class FakeKube:
         self.rv = 0
         self.calls: list[tuple[str, str]] = []
         self.conflicts = 0  # status writes to refuse with 409, as if someone else had written
+        self.refuse: dict[Resource, ApiError] = {}  # creates of these refused, as the API server would
 
     def _bump(self, obj: dict[str, Any]) -> None:
         self.rv += 1
@@ -180,12 +182,19 @@ class FakeKube:
             raise ApiError(404, "not found")
         return copy.deepcopy(self.objects[path])
 
-    async def create(self, resource: Resource, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(("POST", resource.path(namespace)))
+    async def create(self, resource: Resource, namespace: str, body: dict[str, Any],
+                     dry_run: bool = False) -> dict[str, Any]:
+        self.calls.append(("DRYRUN" if dry_run else "POST", resource.path(namespace)))
+        if resource in self.refuse:  # the API server's validation or a webhook says no, dry run or not
+            raise self.refuse[resource]
         key = resource.path(namespace, body["metadata"].get("name") or f"gen-{self.rv}")
         if key in self.objects:
             raise ApiError(409, "already exists")
+        if dry_run:
+            return copy.deepcopy(body)
         obj = copy.deepcopy(body)
+        if "stringData" in obj:  # as the API server stores a Secret
+            obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
         obj["metadata"].setdefault("uid", f"uid-{self.rv + 1}")  # never reused
         self._bump(obj)
         self.objects[key] = obj
@@ -282,7 +291,8 @@ def test_reconcile_creates_then_adopts_without_duplicates():
     obj = kube.add_job(tiny_job())
     outcome, notices = run_reconcile(kube, obj)
     assert outcome.result == "created" and [n.reason for n in notices] == ["Created"]
-    assert writes(kube) == [("POST", CONFIGMAPS.path("default")), ("POST", JOBSETS.path("default")),
+    assert writes(kube) == [("POST", SECRETS.path("default")), ("POST", CONFIGMAPS.path("default")),
+                            ("POST", JOBSETS.path("default")),
                             ("PATCH", JOBS.path("default", "tiny", "status"))]  # one status write
     first = dict(kube.objects)
     outcome, notices = run_reconcile(kube, kube.job())  # a restart that has not seen the JobSet: adopt it

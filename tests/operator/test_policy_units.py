@@ -74,12 +74,13 @@ class Forbidding(FakeKube):
         super().__init__()
         self.forbid = True
 
-    async def create(self, resource: Resource, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, resource: Resource, namespace: str, body: dict[str, Any],
+                     dry_run: bool = False) -> dict[str, Any]:
         if resource == JOBSETS and self.forbid:
-            self.calls.append(("POST", resource.path(namespace)))
+            self.calls.append(("DRYRUN" if dry_run else "POST", resource.path(namespace)))
             raise ApiError(403, 'jobsets.jobset.x-k8s.io is forbidden: User "op" cannot create resource "jobsets"',
                            "POST")
-        return await super().create(resource, namespace, body)
+        return await super().create(resource, namespace, body, dry_run)
 
 
 async def _work(manager, key) -> str:  # noqa: ANN001

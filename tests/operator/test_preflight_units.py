@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from tests.operator.test_operator_units import FakeKube, job_status
 from tpu_operator.api.contract import PlanResult, StepResources
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import preflight, reconcile
-from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, PODS
+from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS
 from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_operator.rendering.preflight import preflight_labels
 
@@ -128,7 +129,7 @@ def test_it_fits_the_jobset_is_created_with_status_plan():
     finish(kube, DONE, ended(FITS, 0))
     outcome, notices = run(kube, T1)
     assert outcome.result == "created" and [n.reason for n in notices] == ["Planned", "Created"]
-    assert posts(kube) == [JOBSETS.path("default")]  # the ConfigMap exists already
+    assert posts(kube) == [SECRETS.path("default"), JOBSETS.path("default")]  # the ConfigMap exists already
     assert [c[0] for c in kube.calls].count("LIST") == 1
     status = job_status(kube)
     assert status.condition("Planned").status == "True" and status.condition("Ready").reason == "PodsPending"
@@ -218,6 +219,39 @@ def test_an_edit_after_does_not_fit_plans_the_new_generation():
     assert status.condition("Planned").observed_generation == 2
 
 
+def config_volume(pod_spec: dict[str, Any]) -> str:
+    return next(v["configMap"]["name"] for v in pod_spec["volumes"] if v["name"] == "config")
+
+
+def test_an_edit_after_does_not_fit_plans_and_runs_the_edited_config():
+    # The fix a DoesNotFit message asks for is what the new pre-flight compiles and what the pods mount:
+    # the edited config is a new ConfigMap (its name: a hash of it), the first one is left as it was.
+    kube = started()
+    first = next(o for p, o in kube.objects.items() if p.startswith(CONFIGMAPS.path("default") + "/"))
+    finish(kube, FAILED, ended(TOO_BIG, 2))
+    run(kube, T1)
+    obj = kube.objects[JOBS.path("default", "tiny")]
+    obj["metadata"]["generation"] = 2
+    obj["spec"]["training"]["globalBatch"] = 16
+    run(kube, LATE)
+    maps = {o["metadata"]["name"]: o for p, o in kube.objects.items() if p.startswith(CONFIGMAPS.path("default") + "/")}
+    edited = next(o for name, o in maps.items() if name != first["metadata"]["name"])
+    assert len(maps) == 2 and maps[first["metadata"]["name"]]["data"] == first["data"]
+    assert json.loads(edited["data"]["config.json"])["training"]["globalBatch"] == 16
+    plan_pod = kube.objects[BATCH_JOBS.path("default", "tiny-plan-2")]["spec"]["template"]["spec"]
+    assert config_volume(plan_pod) == edited["metadata"]["name"]
+    kube.objects[BATCH_JOBS.path("default", "tiny-plan-2")]["metadata"]["creationTimestamp"] = LATE
+    kube.objects[BATCH_JOBS.path("default", "tiny-plan-2")]["status"] = DONE
+    fits = pod(terminated={"exitCode": 0, "reason": "Completed", "message": FITS.to_termination_message()},
+               phase="Succeeded")
+    fits["metadata"] = {"name": "tiny-plan-2-x", "labels": preflight_labels("tiny", 2)}
+    kube.objects[PODS.path("default", "tiny-plan-2-x")] = fits
+    outcome, _ = run(kube, LATE)
+    assert outcome.result == "created"
+    trainer_pod = kube.jobset()["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert config_volume(trainer_pod) == edited["metadata"]["name"]
+
+
 def test_a_job_with_its_own_command_or_preflight_skip_gets_its_jobset_at_once():
     for doc in (tiny_job(plan={"preflight": "skip"}), tiny_job(command=["python", "-c", "pass"])):
         kube = FakeKube()
@@ -236,7 +270,8 @@ def queued_started() -> FakeKube:
     kube.add_job(tiny_job(queueName="tpu-queue"))
     outcome, notices = run(kube, T0)
     assert outcome.result == "planning" and notices == []
-    assert posts(kube) == [CONFIGMAPS.path("default"), BATCH_JOBS.path("default"), JOBSETS.path("default")]
+    assert posts(kube) == [CONFIGMAPS.path("default"), BATCH_JOBS.path("default"), SECRETS.path("default"),
+                           JOBSETS.path("default")]
     kube.objects[BATCH_JOBS.path("default", "tiny-plan-1")]["metadata"]["creationTimestamp"] = T0
     jobset = kube.jobset()
     assert jobset["spec"]["suspend"] is True and preflight.gated(jobset)

@@ -57,10 +57,13 @@ class _Run:  # only what Profiler.hooks reads of a train.Run
 
 @pytest.mark.parametrize("steps,reason", [
     ("5-2", "the first step (5) is after the last (2)"), ("0-3", "steps count from 1"),
-    ("90-101", "the job has 100 steps"), ("a-b", "is not a step range"), (7, "is not a step range")])
+    ("90-101", "the job has 100 steps"), ("a-b", "is not a step range"), (7, "is not a step range"),
+    ("1-51", "a trace may hold at most 50 steps"), ("1-" + "9" * 5000, "is not a step range"),
+    ("x" * 4000, "is not a step range")])
 def test_bad_ranges_are_refused_with_the_reason(profiler, steps, reason):
     code, answer = profiler.answer(json.dumps({"steps": steps}).encode())
     assert code == 400 and reason in answer["error"] and answer["state"] == "failed"
+    assert len(answer["error"]) < 200  # the request is anyone's: little of it is echoed
     assert profiler.report() is None  # a refused request changes nothing
 
 
@@ -88,10 +91,28 @@ def test_a_range_before_the_resumed_step_is_refitted(profiler):
     assert profiler.request("5-20")[0] == 200
     profiler.hooks(_Run(start=8))  # the run resumed from a checkpoint at step 8
     assert profiler.report().steps == "9-20" and "resumed after step 8" in profiler.report().message
+    profiler.close(8)  # its trace started (step 9 is next): stop it, or the next trace in this process fails
     other = profiling.Profiler(total_steps=100, logdir="/tmp/unused")
     other.request("2-3")
     other.hooks(_Run(start=8))
     assert other.report().state == "failed" and "already run" in other.report().message
+
+
+def test_a_trace_of_slow_steps_stops_at_its_time_cap(tmp_path):
+    # The clock is the profiler's own (injected): what is tested is the cap, not the time anything takes.
+    now = [0.0]
+    profiler = profiling.Profiler(total_steps=100, logdir=str(tmp_path), clock=lambda: now[0])
+    assert profiler.request("1-40")[0] == 200
+    profiler.hooks(_Run(start=0))  # step 1 is next: the trace starts now
+    assert profiler.report().state == "capturing"
+    profiler.on_state(1, {})
+    now[0] += profiling.MAX_TRACE_SECONDS + 1
+    profiler.on_state(2, {})
+    report = profiler.report()
+    assert report.state == "done" and report.steps == "1-2" and report.path
+    assert f"at most {profiling.MAX_TRACE_SECONDS} s" in report.message
+    profiler.on_state(3, {})
+    assert profiler.report() == report  # nothing more is traced
 
 
 def test_no_directory_no_trace():
