@@ -80,7 +80,8 @@ def test_one_jobs_requests_over_its_life_stay_within_budget(local_cluster: Clust
         time.sleep(1)  # audit timestamps have microseconds; requests after this line are the job's
         since = time.time()
         record = TerminationRecord(code=0, progress=Progress(started_at=time.time(), step=5, last_checkpoint_step=5))
-        cluster.apply(job_doc("frugal", plan={"preflight": preflight}, runtime={"metricsPort": trainer.port, "env": [
+        # hostNetwork: kwok gives a pod on the pod network an address nothing serves; on its node's, the stand-in.
+        cluster.apply(job_doc("frugal", plan={"preflight": preflight}, runtime={"metricsPort": trainer.port, "hostNetwork": True, "env": [
             {"name": "KWOK_EXIT_AFTER", "value": "8s"}, {"name": "KWOK_EXIT_MESSAGE", "value": record.message()}]}),
             namespace=ns)
         status_where(cluster, ns, "frugal", lambda s: s.get("phase") == "Running" and s.get("step") == 3,

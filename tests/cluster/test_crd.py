@@ -122,6 +122,8 @@ def test_an_unset_image_stays_unset_for_the_operators_default(crd: Cluster):
     # The API server fills in the CRD's defaults; spec.image has none, so the operator's --default-image
     # (the chart's operator.defaultImage) still applies to a job that names no image.
     ns = crd.namespace("image")
+    imageless = job("imageless")
+    imageless["spec"].pop("image", None)
     stored = json.loads(crd.kubectl("create", "--dry-run=server", "-n", ns, "-o", "json", "-f", "-",
-                                    input=yaml.safe_dump(job("imageless"))).stdout)
+                                    input=yaml.safe_dump(imageless)).stdout)
     assert "image" not in stored["spec"] and stored["spec"]["imagePullPolicy"] == "IfNotPresent", stored["spec"]

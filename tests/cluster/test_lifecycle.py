@@ -112,8 +112,10 @@ def test_a_slice_that_cannot_be_placed_says_why_in_the_schedulers_words(local_cl
     print(f"scheduler's words in status.message {time.monotonic() - started:.1f} s after the job was created")
     assert status["phase"] == "Pending", status
     nodes = len(cluster.core.list_node().items)
-    assert f"cannot be scheduled: 0/{nodes} nodes are available: 1 Insufficient google.com/tpu" in status["message"], \
-        status["message"]
+    # One slice runs on the pod network (spec.runtime.hostNetwork off), so no host port keeps the 15 placed pods'
+    # nodes out: the 16th pod finds all 16 hosts of the pool full, 15 by its own slice and 1 by the blocker.
+    assert f"cannot be scheduled: 0/{nodes} nodes are available: " in status["message"], status["message"]
+    assert "16 Insufficient google.com/tpu" in status["message"], status["message"]
     scheduled = condition(status, "Scheduled")
     assert scheduled["status"] == "False" and scheduled["reason"] == "Unschedulable", scheduled
     events = wait_for(lambda: [e for e in cluster.events(ns, "wide") if "Insufficient google.com/tpu" in e["message"]],
