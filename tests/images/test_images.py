@@ -252,9 +252,14 @@ def test_workload_image_trains_the_quickstart_as_two_processes(images, tmp_path)
                 (host / key).write_text(text)
         elif "persistentVolumeClaim" in volume:
             host = pvc
-        else:  # the in-memory emptyDir: the container's own /dev/shm tmpfs
-            assert volume == {"name": mount["name"], "emptyDir": {"medium": "Memory"}} and mount["mountPath"] == "/dev/shm"
+        elif "secret" in volume:  # the job's control credential, as the kubelet writes the operator's Secret
+            host = own_dir(tmp_path / "volumes" / mount["name"], 65532)
+            (host / "token").write_text("control-token-of-this-test")
+        elif volume["emptyDir"].get("medium") == "Memory":  # the container's own /dev/shm tmpfs
+            assert mount["mountPath"] == "/dev/shm", mount
             continue
+        else:  # a disk emptyDir (/tmp on the read-only root, checkpoints without a claim): writable by the pod
+            host = own_dir(tmp_path / "volumes" / mount["name"], 65532)
         volumes.append(f"{host}:{mount['mountPath']}" + (":ro" if mount.get("readOnly") else ""))
 
     # Pod hostnames and fieldRefs as JobSet and the Job controller give them (tpu_operator.local.pods).
@@ -278,7 +283,8 @@ def test_workload_image_trains_the_quickstart_as_two_processes(images, tmp_path)
             command, *args = container["command"]  # a pod's command replaces the image's entrypoint
             trainers.append(stack.enter_context(running(
                 images.workload, *args, entrypoint=command, name=f"tpu-images-workload-{i}", log_dir=tmp_path,
-                env=env, grace=5, volumes=[*volumes, f"{hosts}:/etc/hosts:ro"])))
+                env=env, grace=5, volumes=[*volumes, f"{hosts}:/etc/hosts:ro"],
+                read_only=container["securityContext"]["readOnlyRootFilesystem"])))
 
         def completed() -> dict[str, Any] | None:
             for t in trainers:
