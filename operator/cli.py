@@ -17,6 +17,7 @@ from .rendering.manifests import render, to_yaml_stream
 from .rendering.summary import summary
 
 EXIT_INVALID = 2
+EXIT_NOT_CHECKED = 3  # validate --server: the server was not asked (unreachable, no credentials)
 
 
 def load_jobs(path: str, needs_image: bool = False, default_image: str | None = None) -> list[TPUTrainingJob]:
@@ -43,7 +44,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    for job in load_jobs(args.file, needs_image=args.default_image is not None, default_image=args.default_image):
+    needs_image = args.default_image is not None or args.server  # the server is sent the rendered pods
+    jobs = load_jobs(args.file, needs_image=needs_image, default_image=args.default_image)
+    for job in jobs:
         print("\n".join(shown(line, 1000) for line in summary(Plan(job))))  # flag values are the user's
         if job.spec.image is None and args.default_image is None:
             print("image: not set: the operator's --default-image (a job is Invalid where the operator has none)")
@@ -51,7 +54,51 @@ def cmd_validate(args: argparse.Namespace) -> int:
             from .api.capacity import check_capacity
 
             print(check_capacity(job, args.project, args.zone))
+    if args.server:
+        import asyncio
+
+        return asyncio.run(server_check(jobs, args.default_image, args.namespace))
     return 0
+
+
+async def server_check(jobs: list[TPUTrainingJob], default_image: str | None, namespace: str | None) -> int:
+    """The operator's own dry run (children.dry_run: `?dryRun=All`) of each job's ConfigMap, JobSet and one pod
+    per pod template, against the kubeconfig's cluster (as the operator does before it creates anything):
+    EXIT_INVALID with the API's refusal naming the object, 0 when all are admitted, EXIT_NOT_CHECKED when
+    the server cannot be reached or will not answer (no credentials, RBAC, JobSet not installed)."""
+    from .controller.children import Inadmissible, dry_run, pods_of
+    from .controller.kube import CONFIGMAPS, JOBSETS, PODS, ApiError, AsyncKube, api_client, configuration
+
+    try:
+        credentials = await configuration()
+    except Exception as exc:  # noqa: BLE001 -- any loader failure means the same thing
+        print(f"error: not checked by a server: no kubeconfig ({type(exc).__name__}: {shown(str(exc), 500)})",
+              file=sys.stderr)
+        return EXIT_NOT_CHECKED
+    api = api_client(credentials)
+    worst = 0
+    try:
+        kube = AsyncKube(api)
+        for job in jobs:
+            if namespace:
+                job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": namespace})})
+            config_map, jobset = render(job, default_image)
+            where = f"{job.metadata.namespace}/{job.metadata.name}"
+            try:
+                await dry_run(kube, job.metadata.namespace, (CONFIGMAPS, config_map), (JOBSETS, jobset),
+                              *((PODS, p) for p in pods_of(jobset)), strict=True)
+            except Inadmissible as exc:
+                print(f"error: {where}: {shown(str(exc), 1000)}", file=sys.stderr)
+                worst = EXIT_INVALID
+            except ApiError as exc:
+                print(f"error: {where}: not checked by the server {credentials.host}: {shown(str(exc), 500)}",
+                      file=sys.stderr)
+                return EXIT_NOT_CHECKED
+            else:
+                print(f"server: {credentials.host} admits {where} in a dry run (its ConfigMap, JobSet and pods)")
+    finally:
+        await api.close()
+    return worst
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -221,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zone", help="zone for the capacity look-up, e.g. us-central1-c")
     p.add_argument("--default-image", help="the operator's --default-image: a job that names no image must get "
                                            "one from it")
+    p.add_argument("--server", action="store_true",
+                   help="then a server-side dry run of its ConfigMap, JobSet and pods against the kubeconfig's "
+                        "cluster: exit 2 refused, 3 not checked (unreachable)")
+    p.add_argument("--namespace", "-n", help="with --server: the namespace to check in (default: the job's)")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("plan", help="compile a job's train step for its TPU slice (libtpu, no TPU) and check "
                                     "that it fits: exit 0 fits, 2 it does not, 3 not checked")

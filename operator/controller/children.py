@@ -148,9 +148,11 @@ def inadmissible(exc: ApiError) -> bool:
     return exc.status in (400, 422) or (exc.status == 403 and any(d in exc.message for d in DENIALS))
 
 
-async def dry_run(kube: Kube, namespace: str, *children: tuple[Resource, Obj]) -> None:
+async def dry_run(kube: Kube, namespace: str, *children: tuple[Resource, Obj], strict: bool = False) -> None:
     """Ask the API server to admit each child without storing it (`dryRun=All`: validation, defaulting and
-    webhooks run); Inadmissible with the API's words if it refuses one, before anything is created."""
+    webhooks run); Inadmissible with the API's words if it refuses one, before anything is created. Any
+    other ApiError (the network, RBAC, no JobSet CRD) is left to the real request, or raised when `strict`
+    (`tpujob validate --server`: then nothing was checked)."""
     results = await asyncio.gather(*(kube.create(r, namespace, m, dry_run=True) for r, m in children),
                                    return_exceptions=True)
     for (_, manifest), result in zip(children, results):
@@ -158,7 +160,8 @@ async def dry_run(kube: Kube, namespace: str, *children: tuple[Resource, Obj]) -
             meta = manifest["metadata"]
             what = meta.get("name") or f"{meta['generateName']}* (its pods)"
             raise Inadmissible(f"the API server refuses {manifest['kind']} {what}: {result.message}")
-        if isinstance(result, BaseException) and not isinstance(result, ApiError):
+    for result in results:
+        if isinstance(result, BaseException) and (strict or not isinstance(result, ApiError)):
             raise result
 
 
