@@ -41,6 +41,8 @@ class OperatorOptions:
 def _settings(options: OperatorOptions):  # noqa: ANN202 -- kopf is imported lazily
     import kopf
 
+    from . import handlers
+
     settings = kopf.OperatorSettings()
     settings.peering.standalone = options.standalone
     settings.peering.clusterwide = not options.namespaces
@@ -51,6 +53,7 @@ def _settings(options: OperatorOptions):  # noqa: ANN202 -- kopf is imported laz
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
+    handlers.select_server_side(settings)
     return settings
 
 
