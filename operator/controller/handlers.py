@@ -41,6 +41,17 @@ PREFLIGHT = (BATCH_JOBS.group, BATCH_JOBS.version, BATCH_JOBS.plural)
 OUR_PREFLIGHTS = {names.LABEL_JOB: kopf.PRESENT, LABEL_ROLE: ROLE}
 NODE = ("", "v1", "nodes")
 TPU_NODES = {health.ACCELERATOR_LABEL: kopf.PRESENT}  # GKE's TPU nodes only: no other node is cached
+# The same filters as label selectors of the watches themselves (kopf >= 1.45: settings.watching.label_selectors).
+# A handler's `labels=` is kopf's own filter, applied after the event arrived: without these, every JobSet, batch
+# Job and Node of the cluster is listed, sent and decoded on the operator's one event loop only to be dropped.
+SERVER_SIDE = {JOBSET: names.LABEL_JOB, PREFLIGHT: f"{names.LABEL_JOB},{LABEL_ROLE}={ROLE}",
+               NODE: health.ACCELERATOR_LABEL}
+
+
+def select_server_side(settings: kopf.OperatorSettings) -> None:
+    """Have the API server send only what the handlers of SERVER_SIDE's resources keep."""
+    for resource, selector in SERVER_SIDE.items():
+        settings.watching.label_selectors[resource] = selector
 
 
 def _owned_by_a_jobset(body: kopf.Body, **_: Any) -> bool:
