@@ -109,7 +109,7 @@ async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | 
     volume for good."""
     if running is not None and running not in job.spec.tpu.slice_counts:  # the spec changed under it: all slices
         running = None
-    made_config_map, jobset = render(job, default_image, running)
+    made_config_map, jobset = await asyncio.to_thread(render, job, default_image, running)  # off the loop, as parsing
     if gate is not None:
         jobset = gate(jobset)
     # The control credential the pods mount (control.py): made with the JobSet, kept if it exists.

@@ -37,6 +37,7 @@ longer the job's (an edit while it compiled: the spec is still open then) is del
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 from collections.abc import Sequence
@@ -315,7 +316,7 @@ async def _create(kube: Kube, job: TPUTrainingJob, generation: int, timing: Timi
     """The ConfigMap and the pre-flight Job, side by side (a pod waits for its ConfigMap volume), once the
     API server has admitted, in a dry run, the ConfigMap and the JobSet with its pods: a job it would refuse
     later is Invalid before a CPU node compiles anything (children.Inadmissible)."""
-    config_map, jobset = render(job, default_image)
+    config_map, jobset = await asyncio.to_thread(render, job, default_image)  # off the event loop
     await children.dry_run(kube, job.metadata.namespace, (CONFIGMAPS, config_map), (JOBSETS, jobset),
                            *((PODS, p) for p in children.pods_of(jobset)))
     await children.ensure_all(kube, job.metadata.uid or "", (CONFIGMAPS, config_map),

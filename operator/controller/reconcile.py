@@ -30,6 +30,7 @@ name, so two never exist. The goodput ledger moves with the same reconcile (acco
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import logging
@@ -331,8 +332,11 @@ async def reconcile(means: Means, job_obj: Obj, seen: Seen = Seen()) -> Outcome:
         return Outcome("finished")  # never re-run a finished job, e.g. when its JobSet was deleted by a TTL
     t = means.clock()
     try:
-        job = parse_job({k: job_obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in job_obj},
-                        needs_image=True, default_image=means.config.default_image)
+        # Off the event loop: a spec at the CRD's bounds takes milliseconds to validate, and every tenant's
+        # reconciles and metrics reads share the loop (the thread gives the GIL back every few ms).
+        job = await asyncio.to_thread(
+            parse_job, {k: job_obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in job_obj},
+            needs_image=True, default_image=means.config.default_image)
     except InvalidJob as exc:
         problems = exc.problems
         done = await write_change(means.kube, job_obj, lambda s, g, at: status_lib.invalid(s, problems, g, at), t,
