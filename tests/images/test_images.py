@@ -208,7 +208,9 @@ def test_operator_image_turns_a_job_into_a_jobset_and_status(images, helm, clust
         assert status["CapEff"] == "0000000000000000" and status["NoNewPrivs"] == "1"
         assert "ro" in root_mount_options(pid)
 
-        cluster.apply(operator_job(), namespace=ns)
+        imageless = operator_job()
+        imageless["spec"].pop("image", None)  # the operator's --default-image (the chart's value) fills it in
+        cluster.apply(imageless, namespace=ns)
 
         def job_status() -> dict[str, Any] | None:
             status = cluster.status(ns, "tiny")
