@@ -132,3 +132,35 @@ def _pump(stdout) -> queue.Queue:
 
     threading.Thread(target=pump, daemon=True).start()
     return lines
+
+
+def loss_and_grads(base, sh, seq: int):
+    """`value_and_grad(**changes)`: the loss and gradients of `base` with `changes` made to its ModelConfig, on
+    one fixed batch of 8 x `seq` tokens and `base`'s initial parameters, under mesh `sh`; two ways of
+    computing the same model (chunks, slices, tiles) then compare. Each call traces anew, so a module
+    constant patched between calls (a compute dtype) takes effect."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from tpu_workload import model as model_lib, sharding
+
+    params = nnx.split(model_lib.Decoder(base, nnx.Rngs(0)))[1].to_pure_dict()
+    tokens_BT = jnp.asarray(np.random.default_rng(1).integers(0, base.dims.vocab, (8, seq), dtype=np.int32))
+    targets_BT = jnp.roll(tokens_BT, -1, axis=1)
+    pos_BT = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (8, seq))
+
+    def value_and_grad(**changes):
+        graphdef = nnx.split(model_lib.Decoder(dataclasses.replace(base, **changes), nnx.Rngs(0)))[0]
+
+        @jax.jit
+        def f(p):
+            with sharding.use(sh):
+                return jax.value_and_grad(
+                    lambda q: model_lib.loss_fn(nnx.merge(graphdef, q), tokens_BT, targets_BT, pos_BT)[0])(p)
+
+        return f(params)
+
+    return value_and_grad

@@ -11,15 +11,12 @@ bf16 before it is summed across devices, as autodiff rounds a bf16 weight's grad
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from conftest import trainer_config
+from conftest import loss_and_grads, trainer_config
 from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec
 from tpu_workload import loss, model as model_lib, sharding, train
 
@@ -29,26 +26,10 @@ def test_tiled_cross_entropy_matches_the_whole_head(context):
     dims = ModelDims(layers=2, model_dim=64, heads=4, kv_heads=2, head_dim=16, mlp_dim=128, vocab=512)
     base = model_lib.ModelConfig(dims=dims, kernels=KernelsSpec(attention="xla"), remat=RematSpec(policy="full"))
     sh = sharding.Sharder(sharding.make_mesh(dict(data=1, fsdp=8 // context, context=context, expert=1, tensor=1)))
-    params = nnx.split(model_lib.Decoder(base, nnx.Rngs(0)))[1].to_pure_dict()
-    rng = np.random.default_rng(1)
-    tokens_BT = jnp.asarray(rng.integers(0, dims.vocab, (8, 256), dtype=np.int32))
-    targets_BT = jnp.roll(tokens_BT, -1, axis=1)
-    pos_BT = jnp.broadcast_to(jnp.arange(256, dtype=jnp.int32), (8, 256))
+    value_and_grad = loss_and_grads(base, sh, 256)
 
-    def value_and_grad(chunks, tiles):
-        cfg = dataclasses.replace(base, loss_chunks=chunks, vocab_tiles=tiles)
-        graphdef = nnx.split(model_lib.Decoder(cfg, nnx.Rngs(0)))[0]
-
-        @jax.jit
-        def f(p):
-            with sharding.use(sh):
-                return jax.value_and_grad(
-                    lambda q: model_lib.loss_fn(nnx.merge(graphdef, q), tokens_BT, targets_BT, pos_BT)[0])(p)
-
-        return f(params)
-
-    loss1, grads1 = value_and_grad(1, 1)
-    loss4, grads4 = value_and_grad(4, 4)
+    loss1, grads1 = value_and_grad(loss_chunks=1, vocab_tiles=1)
+    loss4, grads4 = value_and_grad(loss_chunks=4, vocab_tiles=4)
     np.testing.assert_allclose(float(loss4), float(loss1), rtol=1e-6)
     for (path, g1), g4 in zip(jax.tree_util.tree_flatten_with_path(grads1)[0], jax.tree.leaves(grads4)):
         g1, g4 = np.asarray(g1), np.asarray(g4)

@@ -10,14 +10,12 @@ off it: bf16), on FSDP and on tensor parallelism (F itself split).
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
+from conftest import loss_and_grads
 from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec
 from tpu_workload import loss as loss_lib, model as model_lib, sharding
 
@@ -28,29 +26,13 @@ DIMS = ModelDims(layers=2, model_dim=64, heads=4, kv_heads=2, head_dim=16, mlp_d
 def test_sliced_mlp_equals_the_whole_mlp(mesh, monkeypatch):
     base = model_lib.ModelConfig(dims=DIMS, kernels=KernelsSpec(attention="xla"), remat=RematSpec(policy="full"))
     sh = sharding.Sharder(sharding.make_mesh(dict(data=1, fsdp=1, context=1, expert=1, tensor=1) | mesh))
-    params = nnx.split(model_lib.Decoder(base, nnx.Rngs(0)))[1].to_pure_dict()
-    rng = np.random.default_rng(1)
-    tokens_BT = jnp.asarray(rng.integers(0, DIMS.vocab, (8, 128), dtype=np.int32))
-    targets_BT = jnp.roll(tokens_BT, -1, axis=1)
-    pos_BT = jnp.broadcast_to(jnp.arange(128, dtype=jnp.int32), (8, 128))
+    value_and_grad = loss_and_grads(base, sh, 128)
 
-    def value_and_grad(slices):
-        cfg = dataclasses.replace(base, mlp_chunks=slices)
-        graphdef = nnx.split(model_lib.Decoder(cfg, nnx.Rngs(0)))[0]
-
-        @jax.jit
-        def f(p):
-            with sharding.use(sh):
-                return jax.value_and_grad(
-                    lambda q: model_lib.loss_fn(nnx.merge(graphdef, q), tokens_BT, targets_BT, pos_BT)[0])(p)
-
-        return f(params)
-
-    loss1, grads1 = value_and_grad(1)
-    loss4, grads4 = value_and_grad(4)
+    loss1, grads1 = value_and_grad(mlp_chunks=1)
+    loss4, grads4 = value_and_grad(mlp_chunks=4)
     monkeypatch.setattr(model_lib, "COMPUTE", jnp.float32)  # the same model in f32: the reference
     monkeypatch.setattr(loss_lib, "HEAD_DTYPE", jnp.float32)
-    _, exact = value_and_grad(1)
+    _, exact = value_and_grad(mlp_chunks=1)
     np.testing.assert_allclose(float(loss4), float(loss1), rtol=1e-4)
     for (path, g1), g4, g in zip(jax.tree_util.tree_flatten_with_path(grads1)[0], jax.tree.leaves(grads4),
                                  jax.tree.leaves(exact)):
