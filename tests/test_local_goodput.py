@@ -34,7 +34,7 @@ def test_killed_host_then_sigterm_restart_resume_and_goodput_accounts_for_the_ti
         for line in proc.stdout:  # a line per step: "step 6/18  loss ...  ckpt 4"
             out.append(line)
             words = line.split()
-            step = int(words[1].split("/")[0]) if words[:1] == ["step"] else None
+            step = int(words[1].split("/")[0]) if words[:1] == ["step"] and "/" in words[1] else None
             if stage == "kill" and step is not None and step >= 6 and words[-1] not in ("-", "0"):
                 os.kill(local_trainer_pid(run_dir, "TPUJOB_HOST_ID", 1), signal.SIGKILL)  # a node lost
                 stage = "restarted"

@@ -212,11 +212,12 @@ def tune_gmm(shape: GmmShape, *, cache_dir: str, search: dict | None = None, int
     w_in = jax.random.normal(ks[1], (shape.experts, shape.d, shape.f), jnp.bfloat16)
     w_out = jax.random.normal(ks[2], (shape.experts, shape.f, shape.d), jnp.bfloat16)
     sizes = jnp.full((shape.experts,), shape.rows // shape.experts, jnp.int32)
+    router_w = jnp.ones((shape.rows,), jnp.float32)  # each row's router weight: the experts' SwiGLU scales by it
 
     def swiglu(tiles: dict):
         spec = GmmSpec(**{p: GmmTiles(**t) for p, t in tiles.items()})
         mm = moe.Matmul(impl="gmm", tiles=spec, interpret=interpret, fp8=shape.fp8)
-        return lambda x, a, b, c: moe._swiglu(x, sizes, a, b, c, mm)
+        return lambda x, a, b, c: moe._swiglu(x, router_w, sizes, a, b, c, mm)
 
     def time_stage(stage: str, fixed: dict, search: dict) -> dict:
         def run(x, a, b, c, **tiles):

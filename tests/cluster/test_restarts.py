@@ -51,8 +51,10 @@ def test_retryable_exit_restarts_by_cause_after_the_backoff_until_the_budget_is_
     assert "restart budget spent (1 of maxRestarts 1 used)" in failed["message"], failed["message"]
     assert failed["restarts"]["total"] == 1
     assert cluster.get(JOBSETS, ns, "flaky")["metadata"]["uid"] == second["metadata"]["uid"]  # kept, for its logs
-    reasons = [e["reason"] for e in cluster.events(ns, "flaky")]
-    assert reasons.count("Restarted") == 1 and "Failed" in reasons, reasons
+    # Events are posted after the status write that decides them: wait for the last one, then count.
+    reasons = wait_for(lambda: (r := [e["reason"] for e in cluster.events(ns, "flaky")]) and "Failed" in r and r,
+                       WAIT_S, "the Failed Event")
+    assert reasons.count("Restarted") == 1, reasons
 
 
 def test_user_error_fails_the_job_at_once_quoting_the_trainer(local_cluster: Cluster, operator: Operator):

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import uuid
 
+import fsspec
+import fsspec.implementations.memory
+from fsspec.registry import _registry
 import jax
 import pytest
 import tune_jax
@@ -74,7 +77,7 @@ def test_a_context_shard_is_timed_on_its_own_queries(tmp_path):
 
 def test_the_cache_key_names_every_degree_that_changes_the_kernels_shapes():
     base = dict(data=1, fsdp=2, context=1, expert=1, tensor=1)
-    keys = {tuning.SplashShape.of(splash_config("c", seq=256, mesh=dict(base, **change))).key(KIND)
+    keys = {tuning.SplashShape.of(splash_config("/c", seq=256, mesh=dict(base, **change))).key(KIND)
             for change in ({}, dict(fsdp=1, context=2), dict(fsdp=1, tensor=2))}
     assert len(keys) == 3, keys  # fsdp changes nothing a device's kernel sees; context and tensor do
     moe = trainer_config("tiny-moe", mesh=dict(base, fsdp=1, expert=2))
@@ -113,10 +116,22 @@ def test_gmm_tiles_tuned_per_pass_and_used_where_the_job_leaves_the_defaults(tmp
     assert train.model_config(mine, interpret=True).kernels.gmm.forward.m == 256  # the user's
 
 
+class MemoryGCS(fsspec.implementations.memory.MemoryFileSystem):
+    """fsspec's in-memory filesystem under the gs:// protocol: stands in for GCS (the spec takes gs:// or an
+    absolute path), with the same read/merge/write path as any object store."""
+
+    protocol = ("gs",)
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol("memory://" + str(path).removeprefix("gs://"))
+
+
 def test_cli_tunes_the_configs_shape_into_a_url_cache(tmp_path, monkeypatch, capsys):
-    """An fsspec memory:// directory stands in for gs:// (same read/merge/write path)."""
+    """A gs:// cache (fsspec's memory filesystem standing in for GCS): read, merged, written whole."""
+    monkeypatch.setitem(_registry, "gs", MemoryGCS)  # fsspec looks here first
     monkeypatch.setattr(tuning, "splash_search", lambda shape: {"forward": {"block_q": (128,), "block_kv": (128,)}})
-    cache = f"memory://tuning-{uuid.uuid4().hex}"
+    cache = f"gs://tuning-{uuid.uuid4().hex}"
     tuning._write(cache, "other-chip|splash|seq=1", {"block_q": 512})
     cfg = splash_config(cache)
     path = tmp_path / "config.json"
