@@ -56,6 +56,9 @@ BUDGET = {
 # pod once it ended, the status while it compiles (Planned=Unknown, Compiling) and the Event Planned.
 # What the operator lists, then watches, in a namespace it serves (kopf's watches and indices).
 WATCHED = {"tputrainingjobs", "jobsets", "jobs", "workloads"}
+# kopf lists a collection again whenever its watch ends: at the server timeout (main.py: 300 s) or when the stream
+# breaks on a loaded machine. That is the operator's cost per watch, not the job's: each may come once in its life.
+RELISTS = {("list", resource): 1 for resource in WATCHED}
 # The dry run before the pre-flight (the ConfigMap, the JobSet, a pod) and again before the JobSet (the JobSet and
 # a pod: the ConfigMap is the pre-flight's).
 PREFLIGHT = {("create", "jobs"): 1, ("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1, ("create", "events"): 1,
@@ -104,6 +107,8 @@ def test_one_jobs_requests_over_its_life_stay_within_budget(local_cluster: Clust
     if preflight == "compile":
         for key, n in PREFLIGHT.items():
             budget[key] = budget.get(key, 0) + n
-    assert set(counts) == set(budget), counts
+    assert set(budget) <= set(counts) <= set(budget) | set(RELISTS), counts
     for key, most in budget.items():
         assert most - TIMING_DEPENDENT.get(key, 0) <= counts[key] <= most, (key, counts)
+    for key, most in RELISTS.items():
+        assert counts.get(key, 0) <= most, (key, counts)
