@@ -146,7 +146,7 @@ def columns() -> str:
 
 
 def phases() -> str:
-    from .api.models import Phase
+    from .api.status import Phase
     from .controller import phases as rule
 
     listed = ", ".join(f"`{p}`" for p in get_args(Phase))
@@ -272,7 +272,7 @@ def _label_values() -> dict[str, str]:
 
 def metrics_operator() -> str:
     """The operator's registry after one reconcile and one job's figures, so every series has its labels."""
-    from .api.models import TPUTrainingJobStatus
+    from .api.status import TPUTrainingJobStatus
     from .controller.stats import Stats
 
     stats = Stats()

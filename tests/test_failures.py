@@ -6,7 +6,7 @@ import pytest
 from tpu_operator.api import goodput as g
 from tpu_operator.api.failures import PodExit, RestartCounts, root_cause, verdict
 from tpu_operator.api.lifecycle import Progress, TerminationRecord, exit_code
-from tpu_operator.api.models import FailurePolicySpec
+from tpu_operator.api.spec import FailurePolicySpec
 from tpu_operator.api.validation import InvalidJob, parse_job
 from tests.conftest import tiny_job
 

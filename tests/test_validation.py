@@ -465,7 +465,7 @@ def test_a_growing_back_job_leaves_room_for_its_probes_pod_names():
 
 
 def test_quantities_compare_exactly():
-    from tpu_operator.api.models import quantity
+    from tpu_operator.api.spec import quantity
 
     assert quantity("1500m") == quantity("1.5") and quantity("1Gi") == 1024**3 and quantity("1e3") == quantity("1k")
     parse_job(tiny_job(resources={"requests": {"cpu": "1500m", "memory": "1Gi"},

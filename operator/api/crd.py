@@ -1,4 +1,5 @@
-"""Generate the TPUTrainingJob CRD from the pydantic models (`tpujob crd`).
+"""Generate the TPUTrainingJob CRD from the pydantic models (`tpujob crd`): the spec of `models.py`, the status
+of `status.py`.
 
 pydantic emits JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3.0 schema. The
 conversion inlines $refs, turns `X | None` into `nullable`, int-or-"auto" into
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 
 from . import models
+from .status import TPUTrainingJobStatus
 
 CRD_FILE = "tputrainingjob.yaml"
 PRINTER_COLUMNS = [
@@ -129,7 +131,7 @@ def build() -> dict[str, Any]:
     spec_schema = _schema(models.TPUTrainingJobSpec)
     for field in models.OPERATOR_DEFAULTED_FIELDS:  # the API server would fill them in: unset must stay unset
         spec_schema["properties"][models.TPUTrainingJobSpec.model_fields[field].alias or field].pop("default", None)
-    status_schema = _schema(models.TPUTrainingJobStatus, mode="serialization")
+    status_schema = _schema(TPUTrainingJobStatus, mode="serialization")
     status_schema["properties"]["conditions"].update(
         {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
     return {

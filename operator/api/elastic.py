@@ -22,10 +22,8 @@ the way a preemption stops it (SIGTERM: the step in flight is saved), so a grow-
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .models import TPUSpec
+from .spec import TPUSpec
 
 
 @dataclasses.dataclass(frozen=True)

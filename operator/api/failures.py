@@ -32,19 +32,15 @@ the peers of a lost host fail right after it.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from .backoff import exponential
 from .contract import Base, _desc
-from .lifecycle import ExitCode, Progress, TerminationRecord
+from .lifecycle import NEVER_RESTARTED, ExitCode, Progress, TerminationRecord
+from .spec import FailurePolicySpec
 from .timestamps import Timestamp
 
-if TYPE_CHECKING:  # models imports this module for its defaults
-    from .models import FailurePolicySpec
-
 Cause = Literal["failure", "preemption", "hang", "hardware"]
-DEFAULT_RESTART_ON_EXIT_CODES = (int(ExitCode.RETRYABLE), int(ExitCode.KILLED), int(ExitCode.STOPPED))
-NEVER_RESTARTED = (int(ExitCode.USER),)
 CLASSES = {int(ExitCode.OK): "finished", int(ExitCode.UNEXPECTED): "unexpected error",
            int(ExitCode.USER): "user or configuration error", int(ExitCode.RETRYABLE): "retryable infrastructure failure",
            int(ExitCode.KILLED): "killed", int(ExitCode.STOPPED): "stopped by SIGTERM"}

@@ -47,6 +47,12 @@ class ExitCode(enum.IntEnum):
     STOPPED = 143  # 128 + SIGTERM
 
 
+# The table's last column: the codes spec.failurePolicy.restartOnExitCodes lists by default, and the one no
+# policy may list (api/failures.py applies them).
+DEFAULT_RESTART_ON_EXIT_CODES = (int(ExitCode.RETRYABLE), int(ExitCode.KILLED), int(ExitCode.STOPPED))
+NEVER_RESTARTED = (int(ExitCode.USER),)
+
+
 def exit_code(returncode: int) -> int:
     """A process's exit status as Kubernetes reports it: death by signal N is 128 + N."""
     return 128 - returncode if returncode < 0 else returncode

@@ -6,6 +6,8 @@ import re
 
 from pydantic import ValidationError
 
+Problem = tuple[str, str]  # (path under spec, reason): what a validator finds, before `joined` writes it
+
 # "field.path: reason" as a validator writes it; the last part may be a domain-prefixed map key
 # (resources.limits.example.com/fpga).
 _PATH_PREFIX = re.compile(r"^(?P<path>[A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*(\.[a-z0-9][-a-z0-9.]*/[-A-Za-z0-9_.]+)?)"
@@ -42,7 +44,7 @@ def _loc_part(part: object) -> str | None:
 
 def problems(exc: ValidationError, root: str = "") -> list[str]:
     """Every problem of `exc` as 'path: reason', one per path, in input order. A validator that finds
-    several problems raises one message with a 'path: reason' per line (rules.joined)."""
+    several problems raises one message with a 'path: reason' per line (`joined`)."""
     by_path: dict[str, list[str]] = {}
     for err in exc.errors():
         parts = [p for p in map(_loc_part, err["loc"]) if p is not None]
@@ -61,3 +63,8 @@ def problems(exc: ValidationError, root: str = "") -> list[str]:
             if line_msg not in msgs:
                 msgs.append(line_msg)
     return [f"{path}: {' or '.join(msgs)}" for path, msgs in by_path.items()]
+
+
+def joined(problems: list[Problem]) -> str:
+    """One validator message for several problems, one 'path: reason' per line (read back by `problems`)."""
+    return "\n".join(f"{path}: {reason}" if path else reason for path, reason in problems)

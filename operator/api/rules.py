@@ -13,16 +13,11 @@ Rules return (path under `spec`, reason) pairs; the path names the field to chan
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
 from . import catalogue
 from .contract import SLICE_AXES, KernelsSpec, Mesh, ModelDims, TrainingSpec, splits_at
 from .names import GROWBACK_REPLICATED_JOB, growback_name, longest_hostname
-
-if TYPE_CHECKING:  # the models import this module; the rules only read them
-    from .models import ParallelismSpec, RuntimeSpec, TPUCapacity, TPUSpec
-
-Problem = tuple[str, str]  # (path under spec, reason)
+from .problems import Problem
+from .spec import ParallelismSpec, RuntimeSpec, TPUCapacity, TPUSpec
 
 
 @dataclass(frozen=True)
@@ -190,7 +185,7 @@ def _capacity_problems(tpu: TPUCapacity, queueing: Queueing | None) -> list[Prob
     return problems
 
 
-def _runtime_problems(gen: catalogue.Generation, runtime: Any) -> list[Problem]:
+def _runtime_problems(gen: catalogue.Generation, runtime: RuntimeSpec) -> list[Problem]:
     problems = []
     offload = runtime.sparse_core_offload
     if not gen.sparse_core and any(getattr(offload, f) for f in type(offload).model_fields):
@@ -225,7 +220,3 @@ def hostname_problem(name: str, tpu: TPUSpec) -> Problem | None:
                              f"characters, and JobSet's webhook wants it and a {POD_NAME_SUFFIX}-character "
                              f"generated suffix within 63; use at most {room}")
 
-
-def joined(problems: list[Problem]) -> str:
-    """One validator message for several problems, one 'path: reason' per line (see problems.py)."""
-    return "\n".join(f"{path}: {reason}" if path else reason for path, reason in problems)

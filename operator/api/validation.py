@@ -10,7 +10,8 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from . import rules
-from .models import ObjectMeta, TPUCapacity, TPUSpec, TPUTrainingJob, TPUTrainingJobSpec
+from .models import ObjectMeta, TPUTrainingJob, TPUTrainingJobSpec
+from .spec import TPUCapacity, TPUSpec
 from .problems import problems, shown
 
 

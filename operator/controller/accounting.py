@@ -18,7 +18,7 @@ import datetime
 
 from ..api import goodput as ledger_lib
 from ..api.lifecycle import Progress
-from ..api.models import TPUTrainingJobStatus
+from ..api.status import TPUTrainingJobStatus
 from .status import Sample
 
 

@@ -17,7 +17,7 @@ import dataclasses
 import datetime
 from collections.abc import Sequence
 
-from ..api.models import Condition, ConditionStatus
+from ..api.status import Condition, ConditionStatus
 
 
 @dataclasses.dataclass(frozen=True)

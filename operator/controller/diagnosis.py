@@ -25,7 +25,7 @@ import datetime
 from collections.abc import Iterable
 from typing import Any
 
-from ..api.models import Condition, TPUTrainingJobStatus
+from ..api.status import Condition, TPUTrainingJobStatus
 from .conditions import set_condition
 from .phases import JobSetView, Notice
 

@@ -27,7 +27,9 @@ from __future__ import annotations
 import datetime
 
 from ..api import elastic, names
-from ..api.models import SliceStatus, TPUSpec, TPUTrainingJob, TPUTrainingJobStatus
+from ..api.models import TPUTrainingJob
+from ..api.spec import TPUSpec
+from ..api.status import SliceStatus, TPUTrainingJobStatus
 from ..rendering.manifests import render
 from .children import ensure_child
 from .conditions import set_condition

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..api import names, timestamps
 from ..api.failures import RestartCounts
-from ..api.models import TPUTrainingJobStatus
+from ..api.status import TPUTrainingJobStatus
 from ..rendering.placement import KUEUE_QUEUE_LABEL
 from .conditions import set_condition
 from .phases import Notice

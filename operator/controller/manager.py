@@ -35,7 +35,8 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from ..api import names, timestamps
-from ..api.models import RuntimeSpec, TPUTrainingJobStatus
+from ..api.spec import RuntimeSpec
+from ..api.status import TPUTrainingJobStatus
 from . import health, kueue, preflight
 from .children import owner_of
 from .kube import JOBSETS, ApiError, Kube, Obj

@@ -39,8 +39,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
-from ..api.models import TERMINAL_PHASES as TERMINAL
-from ..api.models import Condition, TPUTrainingJobStatus
+from ..api.status import TERMINAL_PHASES as TERMINAL
+from ..api.status import Condition, TPUTrainingJobStatus
 from .conditions import set_condition
 
 

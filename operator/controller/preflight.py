@@ -47,7 +47,8 @@ from pydantic import ValidationError
 
 from ..api import names, timestamps
 from ..api.contract import JOB_MUST_CHANGE, PlanResult
-from ..api.models import PlanStatus, TPUTrainingJob, TPUTrainingJobStatus
+from ..api.models import TPUTrainingJob
+from ..api.status import PlanStatus, TPUTrainingJobStatus
 from ..api.plan import Plan
 from ..rendering.manifests import render
 from ..rendering.plan_report import problems

@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from ..api import names
-from ..api.models import ProfileStatus, TPUTrainingJobStatus
+from ..api.status import ProfileStatus, TPUTrainingJobStatus
 from ..api.profiling import ProfileReport, parse_annotation
 from .metrics_reader import MetricsReader, Unreachable
 from .phases import Notice

@@ -38,7 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from ..api import names, timestamps
-from ..api.models import TPUTrainingJob, TPUTrainingJobStatus
+from ..api.models import TPUTrainingJob
+from ..api.status import TPUTrainingJobStatus
 from ..api.timestamps import Clock
 from ..api.validation import InvalidJob, parse_job
 from . import (children, diagnosis, growback, health, kueue, phases, preflight, profiles, restarts,

@@ -25,7 +25,8 @@ from typing import Any
 from ..api import elastic, names
 from ..api.failures import Failure, PodExit, RestartCounts, LastRestart, Verdict, root_cause, verdict
 from ..api.lifecycle import TerminationRecord
-from ..api.models import FailurePolicySpec, SliceStatus, TPUSpec, TPUTrainingJobStatus
+from ..api.spec import FailurePolicySpec, TPUSpec
+from ..api.status import SliceStatus, TPUTrainingJobStatus
 from .conditions import set_condition
 from .phases import Notice
 from .status import Sample

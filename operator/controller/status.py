@@ -19,7 +19,7 @@ from typing import Any
 
 from ..api.failures import RestartCounts
 from ..api.lifecycle import Progress
-from ..api.models import TPUTrainingJobStatus
+from ..api.status import TPUTrainingJobStatus
 from ..api.profiling import ProfileReport
 from .conditions import set_condition
 from .phases import Notice

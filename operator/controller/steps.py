@@ -29,7 +29,8 @@ import datetime
 from collections.abc import Callable
 
 from ..api.failures import Failure
-from ..api.models import FailurePolicySpec, SliceStatus, TPUSpec, TPUTrainingJobStatus
+from ..api.spec import FailurePolicySpec, TPUSpec
+from ..api.status import SliceStatus, TPUTrainingJobStatus
 from . import accounting, diagnosis, growback, health, kueue, phases, profiles, restarts, status as status_lib
 from .conditions import set_condition
 from .phases import Compute, JobSetView, Notice

@@ -19,7 +19,8 @@ import yaml
 
 from ..api import goodput, names
 from ..api.failures import verdict
-from ..api.models import TPUTrainingJob, TPUTrainingJobStatus
+from ..api.models import TPUTrainingJob
+from ..api.status import TPUTrainingJobStatus
 from ..api.plan import Plan
 from ..api.profiling import ANNOTATION_PREFIX
 from ..rendering.manifests import render

@@ -32,15 +32,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..api import elastic
 from ..api.failures import Failure, PodExit, RestartCounts, Verdict, root_cause
 from ..api.lifecycle import ExitCode, TerminationRecord, exit_code
+from ..api.spec import TPUSpec
 from .pods import LocalPod
-
-if TYPE_CHECKING:
-    from ..api.models import TPUSpec
 
 EventHandler = Callable[..., None]
 Decide = Callable[[RestartCounts, Failure], Verdict]

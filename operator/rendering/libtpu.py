@@ -6,7 +6,7 @@ Flag spellings and the v7x recipe values are in ../shared/TPU.md.
 from __future__ import annotations
 
 from ..api.catalogue import Generation
-from ..api.models import RuntimeSpec
+from ..api.spec import RuntimeSpec
 
 COLLECTIVES = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce"}
 # Needed once whenever any collective is offloaded to SparseCore.

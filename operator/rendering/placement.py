@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.models import TPUCapacity, TPUTrainingJobSpec
+from ..api.models import TPUTrainingJobSpec
+from ..api.spec import TPUCapacity
 
 # --- Kueue ------------------------------------------------------------------------------------------
 # The LocalQueue that admits the JobSet (`QueueLabel`); Kueue reads labels only (the annotation form

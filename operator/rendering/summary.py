@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..api import names
-from ..api.models import TPUCapacity, TPUTrainingJobSpec
+from ..api.models import TPUTrainingJobSpec
+from ..api.spec import TPUCapacity
 from ..api.plan import Plan
 from . import libtpu
 

@@ -16,7 +16,8 @@ from tests.conftest import operator_job as tiny_job
 from tests.operator.test_operator_units import LATER, NOW, Clock, FakeKube, drain, jobset, job_status, manager_for
 from tpu_operator.api import timestamps
 from tpu_operator.api.failures import RestartCounts, backoff_s
-from tpu_operator.api.models import FailurePolicySpec, TPUTrainingJobStatus
+from tpu_operator.api.spec import FailurePolicySpec
+from tpu_operator.api.status import TPUTrainingJobStatus
 from tpu_operator.controller import conditions, phases, steps
 from tpu_operator.controller.kube import JOBS, JOBSETS, ApiError, Resource
 from tpu_operator.controller.queue import WorkQueue

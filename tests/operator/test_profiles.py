@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import operator_job
 from tests.operator.test_operator_units import NOW, FakeKube, jobset
 from tpu_operator.api import names
-from tpu_operator.api.models import TPUTrainingJobStatus
+from tpu_operator.api.status import TPUTrainingJobStatus
 from tpu_operator.controller import reconcile
 from tpu_operator.controller.kube import JOBS, JOBSETS, PODS
 from tpu_operator.controller.metrics_reader import MetricsReader

@@ -16,7 +16,8 @@ from tests.operator.test_operator_units import FakeKube, job_status
 from tpu_operator.api.failures import RestartCounts
 from tpu_operator.api.timestamps import parse
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
-from tpu_operator.api.models import FailurePolicySpec, TPUTrainingJobStatus
+from tpu_operator.api.spec import FailurePolicySpec
+from tpu_operator.api.status import TPUTrainingJobStatus
 from tpu_operator.controller import reconcile, restarts
 from tpu_operator.controller.kube import JOBSETS, PODS
 from tpu_operator.controller.reconcile import OperatorConfig

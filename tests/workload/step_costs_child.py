@@ -15,7 +15,7 @@ import sys
 
 from tpu_operator.api.catalogue import generation
 from tpu_operator.api.contract import TrainerConfig
-from tpu_operator.api.models import RuntimeSpec
+from tpu_operator.api.spec import RuntimeSpec
 from tpu_operator.rendering.libtpu import libtpu_init_args
 
 

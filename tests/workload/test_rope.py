@@ -5,7 +5,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from tpu_operator.api.models import ModelSpec
+from tpu_operator.api.spec import ModelSpec
 from tpu_workload import model
 
 

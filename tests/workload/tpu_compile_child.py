@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tpu_operator.api.catalogue import generation
 from tpu_operator.api.contract import SplashSpec, TrainerConfig
-from tpu_operator.api.models import RuntimeSpec
+from tpu_operator.api.spec import RuntimeSpec
 from tpu_operator.rendering.libtpu import libtpu_init_args
 from tpu_workload import attention, moe, plan, sharding
 
