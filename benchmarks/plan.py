@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tpu_operator.api.contract import PlanResult  # noqa: E402
-from tpu_operator.api.plan import Plan  # noqa: E402
+from tpu_operator.api.derived import Plan  # noqa: E402
 from tpu_operator.api.validation import parse_job, read_documents, read_text  # noqa: E402
 from tpu_operator.rendering.plan_report import resource_lines  # noqa: E402
 from tpu_operator.rendering.preflight import plan_args, plan_env  # noqa: E402

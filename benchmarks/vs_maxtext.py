@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan import ROOT, plan_one  # noqa: E402  (benchmarks/plan.py: our side)
 
 from tpu_operator.api.contract import PlanResult, StepResources, TrainerConfig  # noqa: E402
-from tpu_operator.api.plan import Plan  # noqa: E402
+from tpu_operator.api.derived import Plan  # noqa: E402
 from tpu_operator.api.presets import PRESETS  # noqa: E402
 from tpu_operator.api.validation import parse_job, read_documents, read_text  # noqa: E402
 from tpu_operator.rendering.preflight import plan_env  # noqa: E402

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from .api import crd
 from .api.models import TPUTrainingJob
-from .api.plan import Plan
+from .api.derived import Plan
 from .api.problems import shown
 from .api.validation import InvalidJob, parse_job, read_documents, read_text
 from .rendering.manifests import render, to_yaml_stream
@@ -102,7 +102,7 @@ async def server_check(jobs: list[TPUTrainingJob], default_image: str | None, na
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .local.plan import run_plan
+    from .local.compiler import run_plan
     from .rendering.plan_report import lines
 
     worst = 0
@@ -132,7 +132,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def print_plan(job: TPUTrainingJob) -> None:
     """Before a local run: the plan of the job's real slice, where libtpu can compile it here."""
-    from .local.plan import available, run_plan
+    from .local.compiler import available, run_plan
     from .rendering.plan_report import lines
 
     if job.spec.command or job.spec.plan.preflight == "skip":
@@ -244,7 +244,7 @@ def operator_options(args: argparse.Namespace):  # noqa: ANN201 -- OperatorOptio
         metrics_port=args.metrics_port, controller=controller, verbose=args.verbose, print_rbac=args.print_rbac)
 
 
-def seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
     """An interval on the command line: a finite number of seconds above 0."""
     try:
         value = float(text)
@@ -306,12 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-access", choices=("proxy", "direct"),
                    help="reach the trainer's /status through the API server's pod proxy (the default), or directly "
                         "by pod IP")
-    p.add_argument("--metrics-interval", type=seconds, help="seconds between trainer metric reads")
-    p.add_argument("--resync-interval", type=seconds,
+    p.add_argument("--metrics-interval", type=positive_seconds, help="seconds between trainer metric reads")
+    p.add_argument("--resync-interval", type=positive_seconds,
                    help="seconds between two re-reads of an unfinished job's JobSet, to catch up on a lost event")
-    p.add_argument("--preflight-start-timeout", type=seconds,
+    p.add_argument("--preflight-start-timeout", type=positive_seconds,
                    help="seconds a pre-flight pod may take to start before the job goes on without the check")
-    p.add_argument("--preflight-deadline", type=seconds,
+    p.add_argument("--preflight-deadline", type=positive_seconds,
                    help="the pre-flight Job's activeDeadlineSeconds (a full-size compile takes minutes)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logs")
     p.add_argument("--print-rbac", action="store_true", help="print the RBAC rules the operator needs, and exit")

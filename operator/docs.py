@@ -104,7 +104,7 @@ def _field_tables(schema: dict[str, Any], root: str) -> str:
 def api_spec() -> str:
     from .api import crd, models
 
-    schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema = crd.definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     required = ", ".join(f"`spec.{f}`" for f in schema["properties"]["spec"].get("required", []))
     fields = models.TPUTrainingJobSpec.model_fields
     by_operator = ", ".join(f"`spec.{fields[f].alias or f}` (the operator's `--default-image`; a job with neither "
@@ -118,7 +118,7 @@ def trainer_settings() -> str:
     """Every field under spec.training (README's trainer section): the CRD's own walk, fewer columns."""
     from .api import crd
 
-    schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema = crd.definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     training = schema["properties"]["spec"]["properties"]["training"]
     # A map's keys and a nested DataSpec repeat what their parent row and `training.data` say.
     repeated = ("`training.remat.tensors.", "`training.eval.data.")
@@ -130,7 +130,7 @@ def trainer_settings() -> str:
 def api_status() -> str:
     from .api import crd
 
-    schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema = crd.definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return _field_tables(schema["properties"]["status"], "status")
 
 
@@ -157,7 +157,7 @@ def phases() -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Reason:
+class ReasonRow:
     """One (condition type, status, reason) the operator writes, or one Event it posts."""
 
     kind: str  # the condition type, or the Event's type (Normal | Warning)
@@ -166,7 +166,7 @@ class Reason:
     meaning: str
 
 
-def condition_table() -> list[Reason]:
+def condition_table() -> list[ReasonRow]:
     """Every condition type, status and reason the controller writes: `controller/conditions.py`'s
     `TYPES` (each reason's meaning starts with the status it goes with), then the reasons passed through
     from elsewhere, listed from the constants the controller reads them against (the plan's verdicts,
@@ -179,20 +179,20 @@ def condition_table() -> list[Reason]:
     for t in TYPES:
         for r in t.reasons:
             status, _, meaning = r.meaning.partition(": ")
-            rows.append(Reason(t.name, status, r.name, meaning + "."))
+            rows.append(ReasonRow(t.name, status, r.name, meaning + "."))
     could_not_check = [v for v in get_args(PlanVerdict) if v != "Fits" and v not in JOB_MUST_CHANGE]
     rows += [
-        *[Reason("Planned", "False", v, "the plan's verdict: the job must change (HBM, VMEM, or a flag libtpu "
+        *[ReasonRow("Planned", "False", v, "the plan's verdict: the job must change (HBM, VMEM, or a flag libtpu "
                  "refuses).") for v in JOB_MUST_CHANGE],
-        *[Reason("Planned", "Unknown", v, "the plan could not check the job (its verdict); the JobSet is created "
+        *[ReasonRow("Planned", "Unknown", v, "the plan could not check the job (its verdict); the JobSet is created "
                  "without the check.") for v in could_not_check],
-        Reason("Admitted", "False", "(Kueue's reason)", "the Workload's own QuotaReserved reason while it waits "
+        ReasonRow("Admitted", "False", "(Kueue's reason)", "the Workload's own QuotaReserved reason while it waits "
                "for quota, or its Evicted reason after an eviction (`Preempted`, `PodsReadyTimeout`...)."),
-        *[Reason("ContainersReady", "False", r, "the kubelet's waiting reason: the image cannot be pulled (the "
+        *[ReasonRow("ContainersReady", "False", r, "the kubelet's waiting reason: the image cannot be pulled (the "
                  "message names it).") for r in diagnosis.IMAGE_REASONS],
-        *[Reason("ContainersReady", "False", r, "the kubelet's waiting reason: the container cannot start or keeps "
+        *[ReasonRow("ContainersReady", "False", r, "the kubelet's waiting reason: the container cannot start or keeps "
                  "failing.") for r in diagnosis.START_REASONS],
-        Reason("ContainersReady", "False", "(terminated reason)", "a container exited non-zero: its terminated "
+        ReasonRow("ContainersReady", "False", "(terminated reason)", "a container exited non-zero: its terminated "
                "reason (`Error`, `OOMKilled`...) and exit code."),
     ]
     return rows
@@ -205,7 +205,7 @@ def condition_types() -> str:
     return _table(("type", "a healthy job shows", "True means"), [(f"`{t.name}`", t.normal, t.meaning) for t in TYPES])
 
 
-def event_table() -> list[Reason]:
+def event_table() -> list[ReasonRow]:
     """Every Event the controller posts (type, reason). The one source of docs/status.md's Event table; as
     for `condition_table`, point it at the controller's own table once there is one."""
     from .api.contract import PlanVerdict
@@ -214,32 +214,32 @@ def event_table() -> list[Reason]:
     could_not_check = ", ".join(f"`{v}`" for v in get_args(PlanVerdict)
                                 if v not in ("Fits", "DoesNotFit", "VmemOverflow", "RejectedFlags"))
     return [
-        Reason("Normal", "", "Created", "the ConfigMap and the JobSet were created."),
-        Reason("Warning", "", "Invalid", "the spec does not validate, or the API server refuses what it renders (phase Invalid)."),
-        Reason("Warning", "", "NameConflict", "a child's name is taken by an object this job does not own."),
-        Reason("Warning", "", "SpecChangeRefused", "a spec change after the JobSet exists was refused."),
-        Reason("Normal", "", "Planned", "the pre-flight says the step fits."),
-        Reason("Warning", "", "DoesNotFit", "the pre-flight says it does not fit: no JobSet for this spec."),
-        Reason("Warning", "", "(pre-flight reason)", "the pre-flight could not check the job: its Planned reason "
+        ReasonRow("Normal", "", "Created", "the ConfigMap and the JobSet were created."),
+        ReasonRow("Warning", "", "Invalid", "the spec does not validate, or the API server refuses what it renders (phase Invalid)."),
+        ReasonRow("Warning", "", "NameConflict", "a child's name is taken by an object this job does not own."),
+        ReasonRow("Warning", "", "SpecChangeRefused", "a spec change after the JobSet exists was refused."),
+        ReasonRow("Normal", "", "Planned", "the pre-flight says the step fits."),
+        ReasonRow("Warning", "", "DoesNotFit", "the pre-flight says it does not fit: no JobSet for this spec."),
+        ReasonRow("Warning", "", "(pre-flight reason)", "the pre-flight could not check the job: its Planned reason "
                f"({could_not_check}, `DeadlineExceeded`, `PreflightFailed`, `PreflightNotStarted`)."),
-        Reason("Warning", "", "(pod problem)", "the pods' most telling problem changed: the Scheduled or "
+        ReasonRow("Warning", "", "(pod problem)", "the pods' most telling problem changed: the Scheduled or "
                "ContainersReady reason (`Unschedulable`, " + ", ".join(f"`{r}`" for r in diagnosis.IMAGE_REASONS[:3])
                + ", `CrashLoopBackOff`, `Error`...)."),
-        Reason("Normal", "", "Admitted", "Kueue admitted the job."),
-        Reason("Normal / Warning", "", "Queued", "the job waits in its Kueue queue (Warning when Kueue says the queue "
+        ReasonRow("Normal", "", "Admitted", "Kueue admitted the job."),
+        ReasonRow("Normal / Warning", "", "Queued", "the job waits in its Kueue queue (Warning when Kueue says the queue "
                "or the job is misconfigured)."),
-        Reason("Warning", "", "Evicted", "Kueue evicted the job; it is queued again (counted under "
+        ReasonRow("Warning", "", "Evicted", "Kueue evicted the job; it is queued again (counted under "
                "restarts.preemption)."),
-        Reason("Warning", "", "Restarted", "a failed, preempted or hung attempt is restarted after its backoff."),
-        Reason("Warning / Normal", "", "Resized", "an elastic job's next JobSet runs on another slice count: fewer "
+        ReasonRow("Warning", "", "Restarted", "a failed, preempted or hung attempt is restarted after its backoff."),
+        ReasonRow("Warning / Normal", "", "Resized", "an elastic job's next JobSet runs on another slice count: fewer "
                                                   "after a lost slice (Warning), all of them again (Normal)."),
-        Reason("Warning", "", "Hung", "no progress for the hang timeout."),
-        Reason("Normal", "", "Suspended", "the JobSet is suspended."),
-        Reason("Normal", "", "Resumed", "the JobSet is resumed."),
-        Reason("Normal", "", "Succeeded", "the job succeeded."),
-        Reason("Warning", "", "Failed", "the job failed."),
-        Reason("Normal", "", "Profiled", "the trace asked for with the profile annotation is written (its path)."),
-        Reason("Warning", "", "ProfileRefused", "the profile annotation's value is not valid, or the trainer refused "
+        ReasonRow("Warning", "", "Hung", "no progress for the hang timeout."),
+        ReasonRow("Normal", "", "Suspended", "the JobSet is suspended."),
+        ReasonRow("Normal", "", "Resumed", "the JobSet is resumed."),
+        ReasonRow("Normal", "", "Succeeded", "the job succeeded."),
+        ReasonRow("Warning", "", "Failed", "the job failed."),
+        ReasonRow("Normal", "", "Profiled", "the trace asked for with the profile annotation is written (its path)."),
+        ReasonRow("Warning", "", "ProfileRefused", "the profile annotation's value is not valid, or the trainer refused "
                "the request (steps already run, another trace being captured)."),
     ]
 

@@ -88,14 +88,14 @@ def test_goodput_of_a_killed_attempt_counts_its_unsaved_steps_as_lost():
     # The trainer started at 10 s, its first step (compile) was done at 20 s, then 10 steps of 1 s.
     p = progress(started_at=10.0, start_step=0, first_step_at=20.0, last_step_at=30.0, step=11,
                  last_checkpoint_step=8, step_seconds=10.0, steps_timed=10)
-    ledger = g.observe(ledger, p, 30.0, 0.0)
+    ledger = g.reported(ledger, p, 30.0, 0.0)
     assert ledger.attempt.running_since == 10.0 and ledger.badput.queued == 10.0
     ledger = g.end_attempt(ledger, 30.5, "failure")  # a host is killed half-way through step 12
     ledger = g.start_attempt(ledger, 40.0, 0.0)
     # It resumed from step 8: steps 9..11 are recomputed.
     p2 = progress(started_at=38.0, start_step=8, first_step_at=45.0, last_step_at=57.0, step=21,
                   last_checkpoint_step=21, step_seconds=11.0, steps_timed=12, checkpoint_seconds=1.0)
-    ledger = g.observe(ledger, p2, 57.0, 0.0)
+    ledger = g.reported(ledger, p2, 57.0, 0.0)
     ledger = g.end_attempt(ledger, 58.0, "succeeded")
     fraction, productive, badput = g.report(ledger, 0.0)
     assert badput.lost == pytest.approx(3.0 + 0.5)  # 3 steps of 1 s and the step in flight
@@ -109,10 +109,10 @@ def test_goodput_reads_the_same_until_the_ledger_changes_and_ignores_stale_repor
     ledger = g.start_attempt(g.Ledger(), 5.0, 0.0)
     p = progress(started_at=4.0, start_step=0, first_step_at=9.0, last_step_at=12.0, step=4, step_seconds=3.0,
                  steps_timed=3)
-    ledger = g.observe(ledger, p, 12.0, 0.0)
-    assert g.observe(ledger, p, 20.0, 0.0) is ledger  # the same report: nothing to write
+    ledger = g.reported(ledger, p, 12.0, 0.0)
+    assert g.reported(ledger, p, 20.0, 0.0) is ledger  # the same report: nothing to write
     assert g.report(ledger, 0.0) == g.report(ledger, 0.0)
     hung = g.end_attempt(ledger, 100.0, "hang")
     assert hung.unsettled.last_checkpoint_step == 0 and g.report(hung, 0.0, 100.0)[2].hung == 88.0
     restarted = g.start_attempt(hung, 110.0, 0.0)
-    assert g.observe(restarted, p, 111.0, 0.0) is restarted  # from the hung process: older than the attempt
+    assert g.reported(restarted, p, 111.0, 0.0) is restarted  # from the hung process: older than the attempt

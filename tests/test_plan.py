@@ -187,7 +187,7 @@ def test_without_libtpu_the_plan_says_so_and_exits_3(monkeypatch, tmp_path):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
-    from tpu_operator.api.plan import Plan
+    from tpu_operator.api.derived import Plan
 
     result = plan_lib.check(Plan(parse_job(tiny_job())).trainer_config(), capacity_gib=96, headroom=0.1)
     assert result.verdict == "NoLibtpu" and result.exit_code == 3 and result.fits is None

@@ -389,7 +389,7 @@ def test_microbatches_at_is_the_fewest_divisor_without_counting():
 
 
 def test_the_derived_grace_period_is_at_most_a_day():
-    from tpu_operator.api.plan import MAX_GRACE_S, Plan
+    from tpu_operator.api.derived import MAX_GRACE_S, Plan
 
     big = {"layers": 1024, "modelDim": 131072, "heads": 1024, "kvHeads": 1024, "headDim": 1024,
            "mlpDim": 1048576, "vocab": 4194304}

@@ -63,7 +63,7 @@ BUCKETS = ("queued", "startup", "checkpoint", "eval", "data", "lost", "restartin
            "hung", "other")
 # How an attempt ended. The first three are final; after the others the job runs again.
 Ending = Literal["succeeded", "failed", "user", "failure", "preemption", "hang", "hardware", "suspended"]
-Resize = Literal["shrink", "grow"]  # the next attempt runs on fewer slices, or on every slice again
+ResizeKind = Literal["shrink", "grow"]  # the next attempt runs on fewer slices, or on every slice again
 FINAL = ("succeeded", "failed", "user")
 
 
@@ -125,7 +125,7 @@ class Ledger(Base):
                                         default=None)
     ended_at: float | None = _desc("When the latest attempt ended.", default=None)
     ended_by: Ending | None = _desc("How it ended.", default=None)  # type: ignore[valid-type]
-    resize: Resize | None = _desc("The next attempt runs on another slice count: its gap is shrinking or "
+    resize: ResizeKind | None = _desc("The next attempt runs on another slice count: its gap is shrinking or "
                                   "growing, not restarting.", default=None)  # type: ignore[valid-type]
     as_of: float | None = _desc("When the ledger last changed: the figures are as of then.", default=None)
 
@@ -148,7 +148,7 @@ def _add_gap(ledger: Ledger, seconds: float) -> Badput:
     return ledger.badput.model_copy(update={bucket: max(0.0, getattr(ledger.badput, bucket) + seconds)})
 
 
-def observe(ledger: Ledger, progress: Progress, at: float, created: float) -> Ledger:
+def reported(ledger: Ledger, progress: Progress, at: float, created: float) -> Ledger:
     """The trainer's latest report. The first of an attempt moves the attempt's start to the trainer's
     own, and settles the attempt before it (the step it resumed from is where the last one's steps
     survive). A report from a process older than the attempt (a stale pod) is ignored."""
@@ -165,13 +165,13 @@ def observe(ledger: Ledger, progress: Progress, at: float, created: float) -> Le
     return ledger.model_copy(update=dict(update, attempt=a.model_copy(update=dict(progress=progress))))
 
 
-def resized(ledger: Ledger, resize: Resize | None) -> Ledger:
+def resized(ledger: Ledger, resize: ResizeKind | None) -> Ledger:
     """The attempt that just ended is followed by one on another slice count (or not: None)."""
     return ledger if ledger.resize == resize else ledger.model_copy(update=dict(resize=resize))
 
 
 def end_attempt(ledger: Ledger, at: float, how: Ending, final: Progress | None = None,
-                resize: Resize | None = None) -> Ledger:
+                resize: ResizeKind | None = None) -> Ledger:
     """The attempt ended at `at`: fold its start-up, checkpoint and data time and steps into the ledger. Its
     steps are settled now when the job is over, else when the next attempt reports. `resize`: the next
     attempt runs on fewer slices (shrink) or on every slice again (grow)."""

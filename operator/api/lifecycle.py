@@ -34,7 +34,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 MAX_MESSAGE_BYTES = 4096  # what the kubelet keeps of a termination message
 
 

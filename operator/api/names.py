@@ -6,6 +6,8 @@ long, and the controller finds a job's children by these names and labels.
 
 from __future__ import annotations
 
+import hashlib
+
 REPLICATED_JOB = "slice"  # short on purpose: it is part of every pod hostname
 LABEL_JOB = "training.tpu-operator.dev/job"
 # On the JobSet: the spec it was rendered from (rendering.manifests.applied_spec), as JSON.
@@ -18,8 +20,11 @@ PROFILE_ANNOTATION = "training.tpu-operator.dev/profile"
 # reactivates only Workloads it deactivated itself, never one an administrator stopped.
 DEACTIVATED_FOR_SUSPEND = "training.tpu-operator.dev/deactivated-for-suspend"
 MANAGED_BY = "tpu-operator"
-# JobSet's label (and annotation) on each pod: the index of its replicated Job, i.e. its slice.
-JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+# Labels JobSet and the Job controller put on every pod: its JobSet; the index of its replicated Job, i.e. its
+# slice (an annotation too); its index within that Job (its host). Pod 0 of slice 0 runs process 0.
+LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
+LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JAX_COORDINATOR_PORT = 8476
 MEGASCALE_PORT = 8080
 
@@ -41,12 +46,17 @@ def growback_name(job: str) -> str:
 def slice_index(pod: dict) -> int | None:
     """The slice a pod belongs to (JobSet's job index), or None where it carries none."""
     meta = pod.get("metadata") or {}
-    index = (meta.get("labels") or {}).get(JOBSET_JOB_INDEX) or (meta.get("annotations") or {}).get(JOBSET_JOB_INDEX)
+    index = (meta.get("labels") or {}).get(LABEL_JOB_INDEX) or (meta.get("annotations") or {}).get(LABEL_JOB_INDEX)
     return int(index) if str(index).isdigit() else None
 
 
-def config_map_name(job: str) -> str:
-    return f"{job}-config"
+def config_map_name(job: str, config_json: str) -> str:
+    """`<job>-config-<sha10>`: the name carries a hash of the config it holds, so pods that mount it by name
+    mount that config and no other. The ConfigMap is immutable: an edit of the job (allowed until its JobSet
+    exists) renders a new config under a new name, never a change of the old one that a pod started before
+    it or a pre-flight compiled; and one found under the name with other contents was not made by this
+    rendering (controller/children.py replaces it)."""
+    return f"{job}-config-{hashlib.sha256(config_json.encode()).hexdigest()[:10]}"
 
 
 def control_secret_name(job: str) -> str:

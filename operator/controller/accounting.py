@@ -61,7 +61,7 @@ def _ledger(status: TPUTrainingJobStatus, sample: Sample | None, t: float, t0: f
     if status.phase == "Running":
         ledger = ledger_lib.start_attempt(ledger, t, t0)
     if sample is not None and sample.progress is not None:
-        ledger = ledger_lib.observe(ledger, sample.progress, t, t0)
+        ledger = ledger_lib.reported(ledger, sample.progress, t, t0)
     return ledger
 
 

@@ -21,7 +21,6 @@ from ..api.models import KIND, TPUTrainingJob
 from ..rendering.manifests import applied_spec, render
 from . import control
 from .kube import CONFIGMAPS, JOBSETS, PODS, SECRETS, ApiError, Kube, Obj, Resource
-from .metrics_reader import LABEL_JOBSET
 
 
 class NameConflict(Exception):
@@ -197,7 +196,7 @@ async def replace_jobset(kube: Kube, namespace: str, jobset: Obj, cause: str) ->
         return
     try:
         if cause not in ("preemption", "hardware"):  # hardware: stopped to save the step in flight (health.py)
-            await kube.delete_all(PODS, namespace, f"{LABEL_JOBSET}={meta['name']}",
+            await kube.delete_all(PODS, namespace, f"{names.LABEL_JOBSET}={meta['name']}",
                                   {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
         await kube.delete(JOBSETS, namespace, meta["name"], {
             "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground",

@@ -29,7 +29,7 @@ from ..api.status import Condition, TPUTrainingJobStatus
 from .conditions import set_condition
 from .phases import JobSetView, Notice
 
-Verdict = tuple[str, str, str]  # (condition status, reason, message)
+Finding = tuple[str, str, str]  # (condition status, reason, message)
 Pod = dict[str, Any]
 # Waiting reasons of a container that will not start by itself (kubelet pkg/kubelet/images/types.go,
 # pkg/kubelet/container/sync_result.go), image problems first: they name what to fix.
@@ -65,7 +65,7 @@ def _condition(pod: Pod, type_: str) -> dict[str, Any]:
     return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == type_), {})
 
 
-def scheduled(pods: Iterable[Pod]) -> Verdict:
+def scheduled(pods: Iterable[Pod]) -> Finding:
     live = _live(pods)
     for reason in ("Unschedulable", "SchedulingGated"):
         for pod in live:
@@ -108,7 +108,7 @@ def _container_statuses(pod: Pod) -> list[dict[str, Any]]:
     return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
 
 
-def containers(pods: Iterable[Pod]) -> Verdict:
+def containers(pods: Iterable[Pod]) -> Finding:
     live = _live(pods)
     problems = [p for pod in live for s in _container_statuses(pod) if (p := _container_problem(pod, s)) is not None]
     if problems:

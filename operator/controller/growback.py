@@ -62,7 +62,7 @@ def due(status: TPUTrainingJobStatus, tpu: TPUSpec | None, jobset_created: datet
     return elastic.grow_back_due(tpu, slices.running, progress.start_step, checkpoint)
 
 
-def ready(probe: Obj | None) -> bool:
+def probe_placed(probe: Obj | None) -> bool:
     """Every probe pod placed and running: its hosts are held, so the larger JobSet fits there."""
     if probe is None or (probe.get("metadata") or {}).get("deletionTimestamp"):
         return False

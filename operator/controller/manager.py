@@ -42,7 +42,7 @@ from .children import owner_of
 from .kube import JOBSETS, ApiError, Kube, Obj
 from .metrics_reader import MetricsReader
 from .queue import WorkQueue
-from .reconcile import Emit, Means, OperatorConfig, Seen, reconcile, refused
+from .reconcile import Emit, Means, OperatorConfig, Seen, reconcile, show_refusal
 from .stats import Stats
 from .status import Sample
 
@@ -200,7 +200,7 @@ class Manager:
         self.refused[key] = (job["metadata"].get("generation"), self.clock() + self.config.refused_retry_s)
         self.queue.add_after(key, self.config.refused_retry_s, "retry")
         try:
-            written = await refused(self.kube, job, exc, self.now(), self.emit)
+            written = await show_refusal(self.kube, job, exc, self.now(), self.emit)
         except ApiError as again:  # the status cannot be written either (e.g. no RBAC for it): the log says
             log.warning("could not write the refusal on %s/%s: %s", *key, again)
             return "refused"

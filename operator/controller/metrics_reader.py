@@ -31,16 +31,13 @@ from typing import Any, Literal
 import aiohttp
 
 from ..api.lifecycle import Progress, TerminationRecord
+from ..api.names import LABEL_COMPLETION_INDEX, LABEL_JOB_INDEX, LABEL_JOBSET
 from ..api.profiling import CONTROL_REFUSED, ProfileReport
 from . import bounded, control
 from .kube import PODS, ApiError, Kube
 from .status import Sample
 
 ACCESS_MODES = ("proxy", "direct")
-# Labels JobSet and the Job controller put on every pod: pod 0 of slice 0 runs process 0.
-LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
-LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
-LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # Trainer key -> (Sample field, type).
 FIELDS: dict[str, tuple[str, type]] = {
     "step": ("step", int),

@@ -49,9 +49,9 @@ from ..api import names, timestamps
 from ..api.contract import JOB_MUST_CHANGE, PlanResult
 from ..api.models import TPUTrainingJob
 from ..api.status import PlanStatus, TPUTrainingJobStatus
-from ..api.plan import Plan
+from ..api.derived import Plan
 from ..rendering.manifests import render
-from ..rendering.plan_report import problems
+from ..rendering.plan_report import plan_problems
 from ..rendering.preflight import (DEADLINE_S, LABEL_GENERATION, LABEL_ROLE, ROLE, preflight_labels, preflight_name,
                                    render_preflight)
 from . import children, diagnosis
@@ -307,7 +307,7 @@ async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Ob
             await _create(kube, job, generation, timing, default_image)
         return Gate(False, lambda s, g: compiling(s, pf_name, where, g, now), requeue_after_s=decision.requeue_after_s)
     if decision.kind == "invalid":
-        found_problems = problems(decision.result, job)
+        found_problems = plan_problems(decision.result, job)
         return Gate(False, lambda s, g: does_not_fit(s, decision, found_problems, capacity, g, now), result="invalid")
     return Gate(True, lambda s, g: planned(s, decision, capacity, g, now), config_map_exists=True)
 

@@ -37,8 +37,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
-from ..api import names, timestamps
+from ..api import timestamps
 from ..api.models import TPUTrainingJob
+from ..api.names import LABEL_JOBSET
 from ..api.status import TPUTrainingJobStatus
 from ..api.timestamps import Clock
 from ..api.validation import InvalidJob, parse_job
@@ -46,7 +47,7 @@ from . import (children, diagnosis, growback, health, kueue, phases, preflight, 
                status as status_lib, steps)
 from .children import Inadmissible, NameConflict, owner_of
 from .kube import JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
-from .metrics_reader import LABEL_JOBSET, MetricsReader
+from .metrics_reader import MetricsReader
 from .phases import Compute, Notice
 
 log = logging.getLogger("tpu_operator")
@@ -66,7 +67,7 @@ class OperatorConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class ReconcileResult:
     """What a reconcile did (`result`, counted in the operator's metrics), the job as it is now (after
     the status write, for the caller's cache), and when to look again if no event will say."""
 
@@ -173,7 +174,7 @@ async def write_change(kube: Kube, job_obj: Obj, change: Callable[..., tuple[TPU
     return await write_status(kube, job_obj, lambda s, g: change(s, g, now), emit)
 
 
-async def refused(kube: Kube, job_obj: Obj, exc: ApiError, now: datetime.datetime, emit: Emit) -> Obj | None:
+async def show_refusal(kube: Kube, job_obj: Obj, exc: ApiError, now: datetime.datetime, emit: Emit) -> Obj | None:
     """Show a request the API refused for good on the job (Reconciled=False, the API's words, one Event)."""
     message = f"the API refused a request ({exc.verb or 'HTTP'} {exc.status}): {exc.message}"
     return await write_change(kube, job_obj, lambda s, g, t: status_lib.refused(s, exc.reason, message, g, t), now,
@@ -200,8 +201,8 @@ async def apply_suspend(kube: Kube, job: TPUTrainingJob, jobset: Obj, workload: 
     return jobset
 
 
-async def plan(means: Means, job: TPUTrainingJob, job_obj: Obj, jobset: Obj | None, gated: bool,
-               preflights: Sequence[Obj], now: datetime.datetime) -> preflight.Gate | Outcome:
+async def run_preflight(means: Means, job: TPUTrainingJob, job_obj: Obj, jobset: Obj | None, gated: bool,
+               preflights: Sequence[Obj], now: datetime.datetime) -> preflight.Gate | ReconcileResult:
     """The pre-flight's part (preflight.py): its gate when it lets the JobSet be made, else what it did."""
     kube, config = means.kube, means.config
     planned = await preflight.gate(kube, job, job_obj, preflights, config.preflight, config.default_image, now)
@@ -212,29 +213,29 @@ async def plan(means: Means, job: TPUTrainingJob, job_obj: Obj, jobset: Obj | No
     elif not gated and planned.result == "planning" and preflight.overlaps(job):
         await children.ensure_children(kube, job, config.default_image, True, gate=preflight.with_gate)
     done = await write_status(kube, job_obj, planned.compute or (lambda s, g: (s, [])), means.emit)
-    return Outcome(planned.result if done else "gone", done, planned.requeue_after_s)
+    return ReconcileResult(planned.result if done else "gone", done, planned.requeue_after_s)
 
 
 async def converge(means: Means, job: TPUTrainingJob, job_obj: Obj, seen: Seen,
-                   now: datetime.datetime) -> Converged | Outcome:
+                   now: datetime.datetime) -> Converged | ReconcileResult:
     """Make the ConfigMap and the JobSet exist (`seen.jobset`: as last seen, None when none is known),
-    through the pre-flight and a restart's backoff; or the Outcome of a reconcile that stops here."""
+    through the pre-flight and a restart's backoff; or the ReconcileResult of a reconcile that stops here."""
     kube, jobset, meta = means.kube, seen.jobset, job_obj["metadata"]
     ensured = jobset is None or owner_of(jobset) != (meta.get("namespace", "default"), meta["name"], meta.get("uid"))
     gated = not ensured and preflight.gated(jobset)  # queued while its pre-flight compiles (preflight.py)
     if gated and children.refused_changes(jobset, job):  # edited while it compiled: that JobSet never ran
         await children.delete_unstarted(kube, jobset)
-        return Outcome("replacing", None, 1.0)
+        return ReconcileResult("replacing", None, 1.0)
     if not (ensured or gated):
         return Converged(jobset, False, False, None)
     wait = restarts.wait_s(status_of(job_obj), now) if ensured else 0
     if wait > 0:  # a restart's backoff: the JobSet is created again once it is over
-        return Outcome("waiting", None, wait)
+        return ReconcileResult("waiting", None, wait)
     try:
         planned = None
         if preflight.wanted(job):  # no running JobSet before the compiler says the step fits (preflight.py)
-            planned = await plan(means, job, job_obj, jobset, gated, seen.preflights, now)
-            if isinstance(planned, Outcome):
+            planned = await run_preflight(means, job, job_obj, jobset, gated, seen.preflights, now)
+            if isinstance(planned, ReconcileResult):
                 return planned
         if gated:  # it fits, or could not be checked: Kueue may admit it now
             lifted = await kube.patch(JOBSETS, job.metadata.namespace, jobset["metadata"]["name"],
@@ -249,12 +250,12 @@ async def converge(means: Means, job: TPUTrainingJob, job_obj: Obj, seen: Seen,
         message = str(exc)
         done = await write_change(kube, job_obj, lambda s, g, t: status_lib.conflicted(s, message, g, t), now,
                                   means.emit)
-        return Outcome("conflict", done, means.config.conflict_retry_s)
+        return ReconcileResult("conflict", done, means.config.conflict_retry_s)
     except Inadmissible as exc:  # the API's own words, before anything of the job was created
         problems = [str(exc)]
         done = await write_change(kube, job_obj, lambda s, g, t: status_lib.invalid(s, problems, g, t), now,
                                   means.emit)
-        return Outcome("invalid" if done else "gone", done)
+        return ReconcileResult("invalid" if done else "gone", done)
 
 
 # --- observe -----------------------------------------------------------------------------------------
@@ -290,21 +291,21 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
                                       job.spec.training.steps, old.phase == "Running")
     return steps.Observed(
         now=now, generation=job_obj["metadata"].get("generation"), jobset_name=name,
-        config_map=children.config_map_of(jobset) or names.config_map_name(job.metadata.name), jobset_uid=uid, view=view,
+        config_map=children.config_map_of(jobset) or "(none)", jobset_uid=uid, view=view,
         intent=phases.Intent(suspend=job.spec.suspend, queued=job.spec.queue_name is not None),
         policy=job.spec.failure_policy, total_steps=job.spec.training.steps,
         created_at=timestamps.parse_or_none(job_obj["metadata"].get("creationTimestamp")), created=made.created,
         refused=() if made.created else tuple(children.refused_changes(jobset, job)), queue=job.spec.queue_name,
         workload=workload, pods=pods, sample=sample, failure=failure, planned=made.planned, profile=profile,
         tpu=job.spec.tpu, jobset_created=timestamps.parse_or_none(jobset["metadata"].get("creationTimestamp")),
-        probe_ready=growback.ready(seen.probe), hardware=hardware)
+        probe_ready=growback.probe_placed(seen.probe), hardware=hardware)
 
 
 # --- act ---------------------------------------------------------------------------------------------
 
 
 async def act(means: Means, job: TPUTrainingJob, job_obj: Obj, observed: steps.Observed, made: Converged,
-              probe: Obj | None = None) -> Outcome:
+              probe: Obj | None = None) -> ReconcileResult:
     """Write the status computed from `observed`; then delete the JobSet if a restart or a grow-back replaces
     it, and make the grow-back probe (`probe`: as seen) exist exactly while the status wants it."""
     kube = means.kube
@@ -317,20 +318,20 @@ async def act(means: Means, job: TPUTrainingJob, job_obj: Obj, observed: steps.O
         await children.replace_jobset(kube, job_obj["metadata"].get("namespace", "default"), made.jobset, cause)
     if done is not None and (probe is not None or written.slices is not None):
         await growback.follow(kube, job, means.config.default_image, written, observed.jobset_created, probe)
-    return Outcome("created" if made.created else "adopted" if made.ensured else "followed", done,
+    return ReconcileResult("created" if made.created else "adopted" if made.ensured else "followed", done,
                    jobset=made.jobset if made.ensured else None)
 
 
 # --- the reconcile -----------------------------------------------------------------------------------
 
 
-async def reconcile(means: Means, job_obj: Obj, seen: Seen = Seen()) -> Outcome:
+async def reconcile(means: Means, job_obj: Obj, seen: Seen = Seen()) -> ReconcileResult:
     """Converge one job: validate; make its ConfigMap and JobSet exist and follow spec.suspend (`converge`,
     `apply_suspend`); `observe` what its status needs; `act`: write the status computed from that."""
     if job_obj["metadata"].get("deletionTimestamp"):
-        return Outcome("deleting")
+        return ReconcileResult("deleting")
     if status_of(job_obj).finished:
-        return Outcome("finished")  # never re-run a finished job, e.g. when its JobSet was deleted by a TTL
+        return ReconcileResult("finished")  # never re-run a finished job, e.g. when its JobSet was deleted by a TTL
     t = means.clock()
     try:
         # Off the event loop: a spec at the CRD's bounds takes milliseconds to validate, and every tenant's
@@ -342,9 +343,9 @@ async def reconcile(means: Means, job_obj: Obj, seen: Seen = Seen()) -> Outcome:
         problems = exc.problems
         done = await write_change(means.kube, job_obj, lambda s, g, at: status_lib.invalid(s, problems, g, at), t,
                                   means.emit)
-        return Outcome("invalid" if done else "gone", done)
+        return ReconcileResult("invalid" if done else "gone", done)
     made = await converge(means, job, job_obj, seen, t)
-    if isinstance(made, Outcome):
+    if isinstance(made, ReconcileResult):
         return made
     workload = kueue.pick(list(seen.workloads), made.jobset["metadata"].get("uid")) if job.spec.queue_name else None
     made = dataclasses.replace(made, jobset=await apply_suspend(means.kube, job, made.jobset, workload))

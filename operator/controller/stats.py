@@ -11,7 +11,7 @@ from ..api.goodput import BUCKETS as BADPUT_BUCKETS
 from ..api.status import TPUTrainingJobStatus
 
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FAILED = ("error", "api_error")
 
 
@@ -23,7 +23,7 @@ class Stats:
         self.errors = Counter("tpu_operator_reconcile_errors", "Reconciles that failed and will be retried.",
                               ["handler"], registry=self.registry)
         self.duration = Histogram("tpu_operator_reconcile_duration_seconds", "Time spent in one reconcile.",
-                                  ["handler"], buckets=BUCKETS, registry=self.registry)
+                                  ["handler"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.loop_lag = Histogram("tpu_operator_event_loop_lag_seconds", "How much later than asked the event loop "
                                   "woke a timer due every 0.1 s: what every job waited behind the work in front of it "
                                   "(loop_lag.py).", buckets=LAG_BUCKETS, registry=self.registry)

@@ -3,8 +3,8 @@ deserve, from what one reconcile observed (`Observed`). Pure: no I/O, the time i
 
 The steps, in order (`STEPS`); each reads the draft the ones before it left:
 
-1. `planned`: the pre-flight's word for this generation, when it decided something now (preflight.py).
-2. `reconciled`: the JobSet exists and matches the spec, or refuses changes (status.py).
+1. `preflight_decided`: the pre-flight's word for this generation, when it decided something now (preflight.py).
+2. `children_reconciled`: the JobSet exists and matches the spec, or refuses changes (status.py).
 2b. `sliced`: status.slices, desired and running (an elastic job's restart may run fewer: 6).
 3. `queued`: the Kueue Workload's admission, for a job with a queue (kueue.py).
 4. `diagnosed`: the pods as last listed, or all ready (diagnosis.py).
@@ -15,9 +15,9 @@ The steps, in order (`STEPS`); each reads the draft the ones before it left:
 8. `metrics`: the trainer's sample (status.with_sample).
 8b. `profiled`: a profile request sent now, or the trainer's word on it (profiles.py).
 9. `ledger_settled`: the ledger after this reconcile's transitions (accounting.py).
-10. `recovered`: Hung=False once a later attempt completes a step (restarts.py).
-11. `ready`: the Ready condition, from the phase (`ready_of`).
-12. `accepted`: Reconciled=True once the API accepts requests again after refusing some.
+10. `hang_cleared`: Hung=False once a later attempt completes a step (restarts.py).
+11. `readiness`: the Ready condition, from the phase (`ready_of`).
+12. `refusal_cleared`: Reconciled=True once the API accepts requests again after refusing some.
 
 A new status field is one `Observed` field and one step, tested by calling `compute` with no client.
 """
@@ -80,14 +80,14 @@ class Draft:
 Step = Callable[[Draft, Observed], Draft]
 
 
-def planned(d: Draft, o: Observed) -> Draft:
+def preflight_decided(d: Draft, o: Observed) -> Draft:
     if o.planned is None:
         return d
     new, notices = o.planned(d.status, o.generation)
     return dataclasses.replace(d.then(new, notices), old=new)
 
 
-def reconciled(d: Draft, o: Observed) -> Draft:
+def children_reconciled(d: Draft, o: Observed) -> Draft:
     return d.then(*status_lib.reconciled(d.status, o.jobset_name, o.config_map, o.created, list(o.refused),
                                          o.generation, o.now))
 
@@ -152,7 +152,7 @@ def ledger_settled(d: Draft, o: Observed) -> Draft:
     return d.then(accounting.settled(d.old, d.status, o.sample, final, o.created_at, o.now))
 
 
-def recovered(d: Draft, o: Observed) -> Draft:
+def hang_cleared(d: Draft, o: Observed) -> Draft:
     return d.then(restarts.recovered(d.status, o.now, o.generation))
 
 
@@ -170,16 +170,16 @@ def ready_of(status: TPUTrainingJobStatus, generation: int | None, now: datetime
     return status.model_copy(update=dict(conditions=conds))
 
 
-def ready(d: Draft, o: Observed) -> Draft:
+def readiness(d: Draft, o: Observed) -> Draft:
     return d.then(ready_of(d.status, o.generation, o.now))
 
 
-def accepted(d: Draft, o: Observed) -> Draft:
+def refusal_cleared(d: Draft, o: Observed) -> Draft:
     return d.then(status_lib.accepted(d.status, o.generation, o.now))
 
 
-STEPS: tuple[Step, ...] = (planned, reconciled, sliced, queued, diagnosed, ledger_observed, restart, grown, phase, metrics,
-                           profiled, ledger_settled, recovered, ready, accepted)
+STEPS: tuple[Step, ...] = (preflight_decided, children_reconciled, sliced, queued, diagnosed, ledger_observed, restart, grown, phase, metrics,
+                           profiled, ledger_settled, hang_cleared, readiness, refusal_cleared)
 
 
 def compute(old: TPUTrainingJobStatus, observed: Observed) -> tuple[TPUTrainingJobStatus, list[Notice]]:

@@ -24,7 +24,7 @@ class LocalLedger:
         elif kind == "metrics" and d["record"].get("progress"):
             progress = Progress.lenient(d["record"]["progress"])
             if progress is not None:
-                self.ledger = ledger_lib.observe(self.ledger, progress, time.time(), self.created)
+                self.ledger = ledger_lib.reported(self.ledger, progress, time.time(), self.created)
         elif kind == "pod_failed":
             how = "user" if d["failure"].cause == "user" else d["failure"].cause
             self.ledger = ledger_lib.end_attempt(self.ledger, d["at"], how, d["failure"].progress)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-JOB_INDEX = "jobset.sigs.k8s.io/job-index"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+from ..api.names import LABEL_COMPLETION_INDEX, LABEL_JOB_INDEX
+
 LOOPBACK = "127.0.0.1"
 _FIELD = re.compile(r"^metadata\.(annotations|labels)\['([^']+)'\]$")
 
@@ -114,8 +114,8 @@ def local_pods(jobset: Mapping[str, Any], config_maps: Mapping[str, Mapping[str,
             for host_index in range(job_spec.get("completions", 1)):
                 hostname = f"{name}-{rjob['name']}-{slice_index}-{host_index}"
                 meta = {"name": hostname, "namespace": namespace,
-                        "annotations": {JOB_INDEX: str(slice_index), COMPLETION_INDEX: str(host_index)},
-                        "labels": {JOB_INDEX: str(slice_index), COMPLETION_INDEX: str(host_index)}}
+                        "annotations": {LABEL_JOB_INDEX: str(slice_index), LABEL_COMPLETION_INDEX: str(host_index)},
+                        "labels": {LABEL_JOB_INDEX: str(slice_index), LABEL_COMPLETION_INDEX: str(host_index)}}
                 env = dict(base_env or {})
                 for var in container.get("env", []):
                     if "valueFrom" in var:

@@ -21,7 +21,7 @@ from ..api import goodput, names
 from ..api.failures import verdict
 from ..api.models import TPUTrainingJob
 from ..api.status import TPUTrainingJobStatus
-from ..api.plan import Plan
+from ..api.derived import Plan
 from ..api.profiling import ANNOTATION_PREFIX
 from ..rendering.manifests import render
 from ..rendering.summary import summary
@@ -104,7 +104,7 @@ def localize(job: TPUTrainingJob, run_dir: Path) -> TPUTrainingJob:
 
 
 @dataclass
-class Progress:
+class ProgressPrinter:
     """A compact live line on a terminal; one line per report otherwise."""
 
     total: int
@@ -150,7 +150,7 @@ def profile_status(report: dict[str, Any] | None, steps: str) -> dict[str, Any] 
             "path": report.get("path"), "message": report.get("message") or None}
 
 
-def status_of(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTrainingJob,
+def run_status(outcome: Outcome, start: dt.datetime, end: dt.datetime, job: TPUTrainingJob,
               ledger: LocalLedger, profile: dict[str, Any] | None = None,
               running: int | None = None) -> TPUTrainingJobStatus:
     """The status the operator would have written for this run."""
@@ -208,7 +208,7 @@ def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout,
                           metrics_port=free_port(), base_env=os.environ)
 
     start = dt.datetime.now(dt.timezone.utc)
-    policy, ledger, progress = job.spec.failure_policy, LocalLedger(start.timestamp()), Progress(
+    policy, ledger, progress = job.spec.failure_policy, LocalLedger(start.timestamp()), ProgressPrinter(
         job.spec.training.steps, out)
 
     reports: list[dict[str, Any]] = []  # the trainer's word on the profile, latest last
@@ -225,7 +225,7 @@ def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout,
     outcome = supervise(make_pods, run_dir / "logs", decide=lambda counts, failure: verdict(policy, counts, failure),
                         grace_s=plan.termination_grace_period_seconds, on_event=on_event,
                         tpu=job.spec.tpu if job.spec.tpu.elastic is not None else None)
-    status = status_of(outcome, start, dt.datetime.now(dt.timezone.utc), job, ledger,
+    status = run_status(outcome, start, dt.datetime.now(dt.timezone.utc), job, ledger,
                        profile_status(reports[-1] if reports else None, profile) if profile else None,
                        slice_history[-1][1] if slice_history else None)
     (run_dir / "slices.json").write_text(json.dumps({"desired": plan.slices, "history": slice_history}))

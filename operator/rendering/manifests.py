@@ -7,7 +7,6 @@ user string can never add a key or a document.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from functools import lru_cache
 from importlib import resources
@@ -18,7 +17,7 @@ import yaml
 
 from ..api import names
 from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, MUTABLE_SPEC_FIELDS, TPUTrainingJob
-from ..api.plan import Plan
+from ..api.derived import Plan
 from . import libtpu, placement
 
 TEMPLATES = ("configmap.yaml.j2", "jobset.yaml.j2")
@@ -30,7 +29,7 @@ DEFAULT_COMMAND = ["python", "-m", "tpu_workload", "--config", f"{CONFIG_MOUNT_D
 # trainer takes control requests (POST /profile) only with it (workload/serving.py).
 CONTROL_MOUNT_DIR = "/var/run/tpujob-control"
 CONTROL_TOKEN_KEY = "token"
-JOB_INDEX = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
+JOB_INDEX_FIELD = f"metadata.annotations['{names.LABEL_JOB_INDEX}']"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
@@ -73,7 +72,7 @@ def _env(plan: Plan) -> list[dict[str, Any]]:
         {"name": "TPUJOB_NUM_PROCESSES", "value": str(plan.total_hosts)},
         {"name": "TPUJOB_HOSTS_PER_SLICE", "value": str(plan.slice.hosts)},
         # The trainer derives its process id as slice * hostsPerSlice + host.
-        {"name": "TPUJOB_SLICE_ID", **field(JOB_INDEX)},
+        {"name": "TPUJOB_SLICE_ID", **field(JOB_INDEX_FIELD)},
         {"name": "TPUJOB_HOST_ID", **field(COMPLETION_INDEX)},
         {"name": "TPUJOB_METRICS_PORT", "value": str(spec.runtime.metrics_port)},
         {"name": "TPUJOB_CONTROL_TOKEN_FILE", "value": f"{CONTROL_MOUNT_DIR}/{CONTROL_TOKEN_KEY}"},
@@ -87,7 +86,7 @@ def _env(plan: Plan) -> list[dict[str, Any]]:
         env += [
             {"name": "MEGASCALE_COORDINATOR_ADDRESS", "value": coordinator},
             {"name": "MEGASCALE_NUM_SLICES", "value": str(plan.slices)},
-            {"name": "MEGASCALE_SLICE_ID", **field(JOB_INDEX)},
+            {"name": "MEGASCALE_SLICE_ID", **field(JOB_INDEX_FIELD)},
             {"name": "MEGASCALE_PORT", "value": str(names.MEGASCALE_PORT)},
         ]
     init_args = libtpu.libtpu_init_args(plan.gen, spec.runtime)
@@ -110,15 +109,6 @@ def trainer_config_json(plan: Plan) -> str:
     """What the ConfigMap holds: the whole job's trainer config (the same whatever slices an elastic job
     runs on: the trainer applies TPUJOB_SLICES to it)."""
     return plan.trainer_config().model_dump_json(by_alias=True, indent=2)
-
-
-def config_map_name(job_name: str, config_json: str) -> str:
-    """`<job>-config-<sha10>`: the name carries a hash of the config it holds, so pods that mount it by name
-    mount that config and no other. The ConfigMap is immutable: an edit of the job (allowed until its JobSet
-    exists) renders a new config under a new name, never a change of the old one that a pod started before
-    it or a pre-flight compiled; and one found under the name with other contents was not made by this
-    rendering (children.py replaces it)."""
-    return f"{names.config_map_name(job_name)}-{hashlib.sha256(config_json.encode()).hexdigest()[:10]}"
 
 
 def _volumes(plan: Plan, config_map: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -157,7 +147,7 @@ def context(job: TPUTrainingJob, default_image: str | None = None, running: int 
     spec, name = job.spec, job.metadata.name
     image = default_image if default_image and "image" not in spec.model_fields_set else spec.image
     config_json = trainer_config_json(plan)
-    config_map = config_map_name(name, config_json)
+    config_map = names.config_map_name(name, config_json)
     volumes, mounts = _volumes(plan, config_map)
     return {
         "job": job,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from ..api.contract import RESOURCES, PlanResult, StepResources
 from ..api.models import TPUTrainingJob
-from ..api.plan import Plan
+from ..api.derived import Plan
 from .libtpu import field_of
 
 
-def problems(result: PlanResult, job: TPUTrainingJob) -> list[str]:
+def plan_problems(result: PlanResult, job: TPUTrainingJob) -> list[str]:
     """'field: reason' lines for a plan whose verdict is that the job must change: a refused flag
     names the field it came from (spec.runtime.libtpuInitArgs[i], ...)."""
     if result.verdict == "RejectedFlags":

@@ -13,19 +13,19 @@ from typing import Any
 import yaml
 
 from ..api import names
+from ..api.lifecycle import TERMINATION_LOG
 from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, TPUTrainingJob
-from ..api.plan import Plan
+from ..api.derived import Plan
 from . import libtpu
-from .manifests import _environment, _Loader, config_map_name, owner_reference, trainer_config_json
+from .manifests import _environment, _Loader, owner_reference, trainer_config_json
 
 PLAN_MODULE = ["python", "-m", "tpu_workload.plan"]
-TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 LABEL_ROLE = "training.tpu-operator.dev/role"
 LABEL_GENERATION = "training.tpu-operator.dev/generation"
 ROLE = "preflight"
 DEADLINE_S = 900  # activeDeadlineSeconds: a 70B step on two slices compiles in 2-10 minutes on 2 cores
 # Peak RSS of a compile is 1.8 GB (8B) to 2.9 GB (70B on two slices).
-RESOURCES = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "12Gi"}}
+POD_RESOURCES = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "12Gi"}}
 
 
 def plan_args(job: TPUTrainingJob, config_path: str) -> list[str]:
@@ -38,7 +38,7 @@ def plan_args(job: TPUTrainingJob, config_path: str) -> list[str]:
 def slice_counts_args(job: TPUTrainingJob) -> list[str]:
     """An elastic job's pre-flight compiles every count it may run on (spec.tpu.slices down to minSlices), so
     every shape it may take is known to fit before any TPU is spent; `tpujob plan` does the same, one child
-    process per count (local/plan.py)."""
+    process per count (local/compiler.py)."""
     counts = sorted(job.spec.tpu.slice_counts, reverse=True)
     return ["--slice-counts", ",".join(map(str, counts))] if len(counts) > 1 else []
 
@@ -73,6 +73,6 @@ def render_preflight(job: TPUTrainingJob, generation: int, default_image: str | 
     env += [{"name": e.name, "value": e.value} for e in spec.runtime.env if e.value_from is None]
     ctx = {"job": job, "name": preflight_name(name, generation), "labels": preflight_labels(name, generation),
            "owner": owner_reference(job), "deadline_s": deadline_s, "image": image, "command": command, "env": env,
-           "resources": RESOURCES, "termination_log": TERMINATION_LOG, "config_dir": CONFIG_MOUNT_DIR,
-           "config_map": config_map_name(name, trainer_config_json(Plan(job)))}  # the config it plans
+           "resources": POD_RESOURCES, "termination_log": TERMINATION_LOG, "config_dir": CONFIG_MOUNT_DIR,
+           "config_map": names.config_map_name(name, trainer_config_json(Plan(job)))}  # the config it plans
     return yaml.load(_environment().get_template("preflight.yaml.j2").render(ctx), Loader=_Loader)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..api import names
 from ..api.models import TPUTrainingJobSpec
 from ..api.spec import TPUCapacity
-from ..api.plan import Plan
+from ..api.derived import Plan
 from . import libtpu
 
 

@@ -268,7 +268,7 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
 
 
 def run_reconcile(kube: FakeKube, obj: dict[str, Any], jobset_seen: dict[str, Any] | None = None,
-                  config: OperatorConfig = OperatorConfig()) -> tuple[reconcile.Outcome, list[phases.Notice]]:
+                  config: OperatorConfig = OperatorConfig()) -> tuple[reconcile.ReconcileResult, list[phases.Notice]]:
     notices: list[phases.Notice] = []
     means = reconcile.Means(kube, config, lambda o, n: notices.append(n), clock=lambda: NOW)
     outcome = asyncio.run(reconcile.reconcile(means, obj, reconcile.Seen(jobset_seen)))

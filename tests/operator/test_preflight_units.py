@@ -77,7 +77,7 @@ def test_the_decision(found, pods, age, compiling, kind, reason):
         assert "ImagePullBackOff" in decision.message and "img:1" in decision.message
 
 
-def run(kube: FakeKube, now: str) -> tuple[reconcile.Outcome, list[Any]]:
+def run(kube: FakeKube, now: str) -> tuple[reconcile.ReconcileResult, list[Any]]:
     notices: list[Any] = []
     found = [o for path, o in kube.objects.items() if path.startswith(BATCH_JOBS.path("default") + "/")]
     means = reconcile.Means(kube, OperatorConfig(preflight=TIMING), lambda o, n: notices.append(n),

@@ -233,7 +233,7 @@ def test_pods_are_read_only_while_some_are_not_ready(jobset, needed):
 
 
 def run(kube: FakeKube, obj: dict[str, Any], jobset: dict[str, Any] | None = None,
-        workloads: list[dict[str, Any]] = (), look_at_pods: bool = False) -> tuple[reconcile.Outcome, list[Any]]:
+        workloads: list[dict[str, Any]] = (), look_at_pods: bool = False) -> tuple[reconcile.ReconcileResult, list[Any]]:
     notices: list[phases.Notice] = []
     means = reconcile.Means(kube, OperatorConfig(), lambda o, n: notices.append(n), clock=lambda: NOW)
     seen = reconcile.Seen(jobset, workloads=workloads, look_at_pods=look_at_pods)

@@ -35,7 +35,7 @@ def test_the_ledger_counts_data_wait_as_badput_and_not_as_productive_time():
     # First step done at 20 s, then 10 steps over 10 s of which the loop waited 2 s for data.
     p = Progress(started_at=10.0, start_step=0, first_step_at=20.0, last_step_at=30.0, step=11,
                  step_seconds=8.0, steps_timed=10, data_wait_seconds=2.0)
-    ledger = g.observe(ledger, p, 30.0, 0.0)
+    ledger = g.reported(ledger, p, 30.0, 0.0)
     running = g.report(ledger, 0.0, 30.0)
     ledger = g.end_attempt(ledger, 30.0, "succeeded")
     for fraction, productive, badput in (running, g.report(ledger, 0.0)):

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from ..api.contract import PlanResult
 from ..api.models import TPUTrainingJob
-from ..api.plan import Plan
+from ..api.derived import Plan
 from ..rendering.preflight import plan_args, plan_env
 
 NO_WORKLOAD = ("the JAX workload is not installed here: pip install 'tpu-operator[workload,plan]' "
@@ -29,7 +29,7 @@ def available() -> bool:
 
 def run_plan(job: TPUTrainingJob, timeout_s: float = 1800, running: int | None = None) -> PlanResult:
     """The job's plan, as the pre-flight would find it; never raises for a plan that went wrong. `running`: an
-    elastic job's plan on that many of its slices (its microbatches raised, api/plan.py `running_config`)."""
+    elastic job's plan on that many of its slices (its microbatches raised, api/derived.py `running_config`)."""
     headroom = job.spec.plan.hbm_headroom
     if importlib.util.find_spec("jax") is None:
         return PlanResult(verdict="NoLibtpu", message=NO_WORKLOAD, headroom=headroom)
