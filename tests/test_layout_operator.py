@@ -81,3 +81,21 @@ def test_no_import_cycle_in_the_operator():
 def test_no_type_checking_imports():
     offenders = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if "TYPE_CHECKING" in p.read_text()]
     assert not offenders
+
+
+def _listed(package: str) -> list[str]:
+    doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text()), clean=False) or ""
+    return [line.split()[0] for line in doc.splitlines() if line.startswith("  ") and line.split()]
+
+
+def test_each_package_docstring_lists_every_module():
+    for package in ("api", "rendering", "controller", "local"):
+        modules = {p.stem for p in (ROOT / package).glob("*.py") if p.stem != "__init__"}
+        assert sorted(_listed(package)) == sorted(modules), package
+
+
+def test_api_modules_import_only_those_listed_above_them():
+    graph, order = _graph(), _listed("api")
+    for i, name in enumerate(order):
+        later = {f"{PACKAGE}.api.{m}" for m in order[i:]}
+        assert not graph[f"{PACKAGE}.api.{name}"] & later, name
