@@ -9,8 +9,8 @@ import time
 from typing import Any, Sequence
 
 from .api import crd
-from .api.models import TPUTrainingJob
 from .api.derived import Plan
+from .api.models import TPUTrainingJob
 from .api.problems import shown
 from .api.validation import InvalidJob, parse_job, read_documents, read_text
 from .rendering.manifests import render, to_yaml_stream

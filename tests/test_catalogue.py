@@ -5,8 +5,8 @@ import pytest
 from tests.conftest import tiny_job
 from tpu_operator.api import catalogue
 from tpu_operator.api.derived import Plan
-from tpu_operator.rendering.summary import summary
 from tpu_operator.api.validation import InvalidJob, parse_job
+from tpu_operator.rendering.summary import summary
 
 
 @pytest.mark.parametrize("generation,topology", [

@@ -5,8 +5,8 @@ import pytest
 
 from tests.conftest import tiny_job
 from tpu_operator.api.contract import microbatches_at
-from tpu_operator.api.models import TPUTrainingJob
 from tpu_operator.api.derived import Plan
+from tpu_operator.api.models import TPUTrainingJob
 from tpu_operator.api.validation import InvalidJob, parse_job
 from tpu_operator.rendering.manifests import render
 

@@ -1,6 +1,8 @@
 """The TPU generations we can place, and the slice shapes each one offers.
 
-Numbers come from ../shared/TPU.md (GKE and Cloud TPU documentation). Everything here is
+Numbers come from the GKE and Cloud TPU documentation: accelerator labels, machine types, chips per host and
+the valid topologies from https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus, each generation's
+figures from its Cloud TPU page (https://cloud.google.com/tpu/docs/tpu7x, .../v6e, .../v5p). Everything here is
 derived from a generation and a topology string; users never type chips, hosts or devices.
 
 Peaks per chip (FLOP/s, HBM, ICI and DCN bandwidth) are the Cloud TPU documentation's table of the three

@@ -10,7 +10,7 @@ from typing import Any
 # Dimension names match ModelSpec's fields (snake_case; camelCase in YAML).
 # RoPE bases as published: Llama 3 500,000 (its model cards), Mixtral 1,000,000 (its config.json).
 PRESETS: dict[str, dict[str, Any]] = {
-    # Small enough for CI on 2 cores with 8 virtual devices (../shared/JAX.md).
+    # Small enough for CI on 2 CPU cores with 8 virtual JAX devices (tests/workload/conftest.py: jax_num_cpu_devices).
     "tiny": dict(layers=2, model_dim=64, heads=4, kv_heads=2, head_dim=16, mlp_dim=128, vocab=256),
     "tiny-moe": dict(layers=2, model_dim=64, heads=4, kv_heads=2, head_dim=16, mlp_dim=128, vocab=256,
                      experts=4, experts_per_token=2),

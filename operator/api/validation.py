@@ -11,8 +11,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from . import rules
 from .models import ObjectMeta, TPUTrainingJob, TPUTrainingJobSpec
-from .spec import TPUCapacity, TPUSpec
 from .problems import problems, shown
+from .spec import TPUCapacity, TPUSpec
 
 
 class InvalidJob(ValueError):

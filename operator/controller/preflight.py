@@ -47,9 +47,9 @@ from pydantic import ValidationError
 
 from ..api import names, timestamps
 from ..api.contract import JOB_MUST_CHANGE, PlanResult
+from ..api.derived import Plan
 from ..api.models import TPUTrainingJob
 from ..api.status import PlanStatus, TPUTrainingJobStatus
-from ..api.derived import Plan
 from ..rendering.manifests import render
 from ..rendering.plan_report import plan_problems
 from ..rendering.preflight import (DEADLINE_S, LABEL_GENERATION, LABEL_ROLE, ROLE, preflight_labels, preflight_name,

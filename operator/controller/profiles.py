@@ -18,8 +18,8 @@ import dataclasses
 from typing import Any
 
 from ..api import names
-from ..api.status import ProfileStatus, TPUTrainingJobStatus
 from ..api.profiling import ProfileReport, parse_annotation
+from ..api.status import ProfileStatus, TPUTrainingJobStatus
 from .metrics_reader import MetricsReader, Unreachable
 from .phases import Notice
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from ..api.failures import RestartCounts
 from ..api.lifecycle import Progress
-from ..api.status import TPUTrainingJobStatus
 from ..api.profiling import ProfileReport
+from ..api.status import TPUTrainingJobStatus
 from .conditions import set_condition
 from .phases import Notice
 

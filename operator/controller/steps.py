@@ -178,8 +178,8 @@ def refusal_cleared(d: Draft, o: Observed) -> Draft:
     return d.then(status_lib.accepted(d.status, o.generation, o.now))
 
 
-STEPS: tuple[Step, ...] = (preflight_decided, children_reconciled, sliced, queued, diagnosed, ledger_observed, restart, grown, phase, metrics,
-                           profiled, ledger_settled, hang_cleared, readiness, refusal_cleared)
+STEPS: tuple[Step, ...] = (preflight_decided, children_reconciled, sliced, queued, diagnosed, ledger_observed, restart,
+                           grown, phase, metrics, profiled, ledger_settled, hang_cleared, readiness, refusal_cleared)
 
 
 def compute(old: TPUTrainingJobStatus, observed: Observed) -> tuple[TPUTrainingJobStatus, list[Notice]]:

@@ -14,8 +14,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from ..api.contract import PlanResult
-from ..api.models import TPUTrainingJob
 from ..api.derived import Plan
+from ..api.models import TPUTrainingJob
 from ..rendering.preflight import plan_args, plan_env
 
 NO_WORKLOAD = ("the JAX workload is not installed here: pip install 'tpu-operator[workload,plan]' "

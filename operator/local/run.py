@@ -18,11 +18,11 @@ from typing import Any, TextIO
 import yaml
 
 from ..api import goodput, names
+from ..api.derived import Plan
 from ..api.failures import verdict
 from ..api.models import TPUTrainingJob
-from ..api.status import TPUTrainingJobStatus
-from ..api.derived import Plan
 from ..api.profiling import ANNOTATION_PREFIX
+from ..api.status import TPUTrainingJobStatus
 from ..rendering.manifests import render
 from ..rendering.summary import summary
 from .accounting import LocalLedger

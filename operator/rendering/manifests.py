@@ -16,8 +16,8 @@ import jinja2
 import yaml
 
 from ..api import names
-from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, MUTABLE_SPEC_FIELDS, TPUTrainingJob
 from ..api.derived import Plan
+from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, MUTABLE_SPEC_FIELDS, TPUTrainingJob
 from . import libtpu, placement
 
 TEMPLATES = ("configmap.yaml.j2", "jobset.yaml.j2")

@@ -4,8 +4,8 @@ operator puts in a job's status when its pre-flight says the job must change. Pu
 from __future__ import annotations
 
 from ..api.contract import RESOURCES, PlanResult, StepResources
-from ..api.models import TPUTrainingJob
 from ..api.derived import Plan
+from ..api.models import TPUTrainingJob
 from .libtpu import field_of
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import yaml
 
 from ..api import names
+from ..api.derived import Plan
 from ..api.lifecycle import TERMINATION_LOG
 from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, TPUTrainingJob
-from ..api.derived import Plan
 from . import libtpu
 from .manifests import _environment, _Loader, owner_reference, trainer_config_json
 

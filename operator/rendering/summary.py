@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..api import names
+from ..api.derived import Plan
 from ..api.models import TPUTrainingJobSpec
 from ..api.spec import TPUCapacity
-from ..api.derived import Plan
 from . import libtpu
 
 

@@ -15,9 +15,9 @@ from prometheus_client import generate_latest
 
 from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
 from tpu_operator.api import names
-from tpu_operator.api.timestamps import format as rfc3339
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.status import TPUTrainingJobStatus
+from tpu_operator.api.timestamps import format as rfc3339
 from tpu_operator.controller import children, metrics_reader, phases, reconcile, status as status_lib
 from tpu_operator.controller.conditions import set_condition
 from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS, ApiError, Resource

@@ -14,10 +14,10 @@ from prometheus_client import generate_latest
 from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
 from tests.operator.test_operator_units import FakeKube, job_status
 from tpu_operator.api.failures import RestartCounts
-from tpu_operator.api.timestamps import parse
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.spec import FailurePolicySpec
 from tpu_operator.api.status import TPUTrainingJobStatus
+from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import reconcile, restarts
 from tpu_operator.controller.kube import JOBSETS, PODS
 from tpu_operator.controller.reconcile import OperatorConfig

@@ -30,8 +30,8 @@ import yaml
 
 from tests.conftest import ROOT
 from tpu_operator.api.contract import TrainerConfig
-from tpu_operator.api.models import TPUTrainingJob
 from tpu_operator.api.derived import Plan
+from tpu_operator.api.models import TPUTrainingJob
 from tpu_workload import hlo_costs
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
