@@ -47,7 +47,7 @@ def lines(result: PlanResult, job: TPUTrainingJob) -> list[str]:
                "RejectedFlags": "REFUSED FLAGS"}.get(result.verdict, "NOT CHECKED")
     out.append(f"verdict:     {verdict}")
     if result.verdict != "Fits":
-        out += [f"  {p}" for p in (problems(result, job) if result.fits is False else [result.message])]
+        out += [f"  {p}" for p in (plan_problems(result, job) if result.fits is False else [result.message])]
     if result.largest:
         out.append("largest allocations (XLA):")
         out += [f"  {a}" for a in result.largest]
