@@ -1,4 +1,5 @@
-"""Validation problems as `field.path: reason` lines users can act on, from pydantic's errors."""
+"""Validation problems as `field.path: reason` lines users can act on: from pydantic's errors (`problems`), and a
+validator's own several joined into one message (`joined`)."""
 
 from __future__ import annotations
 

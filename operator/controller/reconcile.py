@@ -291,6 +291,7 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
                                       job.spec.training.steps, old.phase == "Running")
     return steps.Observed(
         now=now, generation=job_obj["metadata"].get("generation"), jobset_name=name,
+        # Named only in the Created Event of a JobSet rendered here, which always mounts its config.
         config_map=children.config_map_of(jobset) or "(none)", jobset_uid=uid, view=view,
         intent=phases.Intent(suspend=job.spec.suspend, queued=job.spec.queue_name is not None),
         policy=job.spec.failure_policy, total_steps=job.spec.training.steps,
