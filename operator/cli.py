@@ -130,13 +130,16 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def print_plan(job: TPUTrainingJob) -> None:
+def print_plan(job: TPUTrainingJob, *, skip: bool = False) -> None:
     """Before a local run: the plan of the job's real slice, where libtpu can compile it here."""
     from .local.compiler import available, run_plan
     from .rendering.plan_report import lines
 
     if job.spec.command or job.spec.plan.preflight == "skip":
         return  # its own command is not our trainer's step; or planning is off for this job
+    if skip:
+        print("plan: not checked for the real slice (--no-plan; `tpujob plan -f FILE` checks it)")
+        return
     if not available():
         print("plan: not checked for the real slice (libtpu is not installed: pip install 'tpu-operator[plan]')")
         return
@@ -181,7 +184,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: --profile: {exc}", file=sys.stderr)
             return EXIT_INVALID
-    print_plan(original)  # the job as written, for its real slice
+    print_plan(original, skip=args.no_plan)  # the job as written, for its real slice
     run_dir = Path(args.run_dir or f"runs/{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     # SIGTERM (e.g. from a test or a container runtime) stops the processes like Ctrl-C does; and so does
     # SIGINT even where the run was started with it ignored (a background job of a shell script, or a
@@ -289,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-down", action="store_true",
                    help="shrink a job too large for this machine to a tiny model on a 2-host slice")
     p.add_argument("--steps", type=int, metavar="N", help="train N steps instead of the job's training.steps")
+    p.add_argument("--no-plan", action="store_true",
+                   help="skip the plan of the real slice before the run (a libtpu compile: minutes for a large model)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("report", help="write a PNG of loss, step time and MFU of a local run")
     p.add_argument("run_dir", help="the run directory of `tpujob run --local`")

@@ -170,6 +170,17 @@ def test_scale_down_keeps_gradient_accumulation():
     assert any("in 4 microbatches" in c for c in changes)
 
 
+def test_a_scaled_down_run_is_short_unless_asked():
+    """examples/packed-documents.yaml trains 5,000 steps; scaled down, 20 (about 1.5 hours of the tiny model
+    here otherwise), saying so; a shorter job keeps its own count."""
+    doc = yaml.safe_load(open(Path(__file__).parents[1] / "examples" / "packed-documents.yaml"))
+    small, changes = scale_down(doc)
+    assert parse_job(small).spec.training.steps == 20 and "steps 5000 -> 20 (--steps N for more)" in changes
+    doc["spec"]["training"]["steps"] = 7
+    small, changes = scale_down(doc)
+    assert parse_job(small).spec.training.steps == 7 and not any(c.startswith("steps") for c in changes)
+
+
 @pytest.mark.parametrize("steps, reason", [("5-2", "the first step (5) is after the last (2)"),
                                            ("3-7", "the job has 6 steps"), ("x", "not a step range")])
 def test_a_bad_profile_range_is_refused_before_anything_runs(tmp_path, steps, reason):

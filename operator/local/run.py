@@ -57,8 +57,13 @@ def check_fits(job: TPUTrainingJob) -> None:
                                ". Pass --scale-down to run a tiny model of the same kind on a 2-host slice.")
 
 
+# A scaled-down run is a try of the job's shape, not its training: at most this many steps unless --steps says.
+SCALED_DOWN_STEPS = 20
+
+
 def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The same job shrunk to a tiny model on a 2-host slice of the same generation; what changed."""
+    """The same job shrunk to a tiny model on a 2-host slice of the same generation, for at most
+    `SCALED_DOWN_STEPS` steps; what changed."""
     doc = json.loads(json.dumps(doc))
     spec = doc["spec"]
     job = TPUTrainingJob.model_validate(doc)
@@ -77,8 +82,9 @@ def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     spec.update(changes)
     devices = Plan(TPUTrainingJob.model_validate(doc)).total_devices
     micro = min(job.spec.training.microbatches, 4)  # accumulation kept, its batch one row per device each
+    steps = min(job.spec.training.steps, SCALED_DOWN_STEPS)
     spec["training"].update({"sequenceLength": 256 if context > 1 else 128, "globalBatch": devices * micro,
-                             "microbatches": micro})
+                             "microbatches": micro, "steps": steps})
     # Synthetic data (this machine has not the job's files); packed documents stay packed, and an
     # evaluation reads synthetic held-out data.
     packed = job.spec.training.data.packing
@@ -91,6 +97,8 @@ def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             + (f" in {micro} microbatches" if micro > 1 else "")
             + (", synthetic packed documents" if packed else ", synthetic data") + ", attention xla"
             + (", moe matmul ragged_dot" if moe else "")]
+    if steps < job.spec.training.steps:
+        said.append(f"steps {job.spec.training.steps} -> {steps} (--steps N for more)")
     return doc, said
 
 
