@@ -121,6 +121,7 @@ def root_cause(exits: list[PodExit]) -> Failure | None:
         return None
     user = [e for e in failed if e.code in NEVER_RESTARTED]
     first = (user or [e for e in failed if e.code != ExitCode.STOPPED and not e.disrupted] or failed)[0]
+    cause: Cause | Literal["user"]
     if first.code in NEVER_RESTARTED:
         cause = "user"
     elif first.code == ExitCode.STOPPED or first.disrupted:
@@ -147,6 +148,7 @@ def backoff_s(policy: FailurePolicySpec, restarts: RestartCounts) -> float:
 def verdict(policy: FailurePolicySpec, restarts: RestartCounts, failure: Failure | None,
             hang: str | None = None) -> Verdict:
     """Restart or fail, after `failure` (a failed attempt) or `hang` (why the job is hung)."""
+    cause: Cause
     if hang is not None:
         cause, what = "hang", hang
     else:

@@ -54,7 +54,7 @@ survive); `tpujob report` shows when they ran.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from .contract import Base, _desc
 from .lifecycle import Progress
@@ -91,7 +91,8 @@ class Badput(Base):
 
     def named(self) -> float:
         """Every bucket but `other`."""
-        return sum(getattr(self, b) for b in BUCKETS if b != "other")
+        total: float = sum(getattr(self, b) for b in BUCKETS if b != "other")
+        return total
 
 
 class Attempt(Base):
@@ -124,9 +125,9 @@ class Ledger(Base):
     unsettled: Unsettled | None = _desc("The latest ended attempt, until the next one says where it resumed.",
                                         default=None)
     ended_at: float | None = _desc("When the latest attempt ended.", default=None)
-    ended_by: Ending | None = _desc("How it ended.", default=None)  # type: ignore[valid-type]
+    ended_by: Ending | None = _desc("How it ended.", default=None)
     resize: ResizeKind | None = _desc("The next attempt runs on another slice count: its gap is shrinking or "
-                                  "growing, not restarting.", default=None)  # type: ignore[valid-type]
+                                  "growing, not restarting.", default=None)
     as_of: float | None = _desc("When the ledger last changed: the figures are as of then.", default=None)
 
 
@@ -155,7 +156,7 @@ def reported(ledger: Ledger, progress: Progress, at: float, created: float) -> L
     a = ledger.attempt
     if a is None or progress == a.progress or progress.started_at < (ledger.ended_at or created):
         return ledger
-    update: dict = {"as_of": at, "badput": ledger.badput, "productive": ledger.productive}
+    update: dict[str, Any] = {"as_of": at, "badput": ledger.badput, "productive": ledger.productive}
     if a.progress is None:  # the trainer's start is this attempt's start
         update["badput"] = _add_gap(ledger, progress.started_at - a.running_since)
         a = a.model_copy(update=dict(running_since=progress.started_at))

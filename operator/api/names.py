@@ -7,6 +7,8 @@ long, and the controller finds a job's children by these names and labels.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Any
 
 REPLICATED_JOB = "slice"  # short on purpose: it is part of every pod hostname
 LABEL_JOB = "training.tpu-operator.dev/job"
@@ -43,11 +45,12 @@ def growback_name(job: str) -> str:
     return f"{job}-grow"
 
 
-def slice_index(pod: dict) -> int | None:
+def slice_index(pod: Mapping[str, Any]) -> int | None:
     """The slice a pod belongs to (JobSet's job index), or None where it carries none."""
     meta = pod.get("metadata") or {}
     index = (meta.get("labels") or {}).get(LABEL_JOB_INDEX) or (meta.get("annotations") or {}).get(LABEL_JOB_INDEX)
-    return int(index) if str(index).isdigit() else None
+    text = str(index)
+    return int(text) if text.isdigit() else None
 
 
 def config_map_name(job: str, config_json: str) -> str:

@@ -67,7 +67,7 @@ def _degrees(s: Sections) -> tuple[dict[str, int | None], list[Problem]]:
         return dict.fromkeys(("data", *SLICE_AXES)), []
     if s.tpu is not None:
         try:
-            return resolve_mesh(s.parallelism, s.tpu.slice.devices, s.tpu.slices).shape, []
+            return dict(resolve_mesh(s.parallelism, s.tpu.slice.devices, s.tpu.slices).shape), []
         except ValueError as exc:
             problem = [_split(str(exc))]
     else:
@@ -94,9 +94,9 @@ def spec_problems(s: Sections) -> list[Problem]:
             problems.append(("parallelism.expert", f"{mesh['expert']} needs an MoE model (model.experts > 0)"))
     if dims is not None and mesh["tensor"] is not None and dims.heads % mesh["tensor"]:
         problems.append(("parallelism.tensor", f"{mesh['tensor']} does not divide model.heads ({dims.heads})"))
-    batch_axes = (mesh["data"], mesh["fsdp"], mesh["expert"])
-    if t is not None and None not in batch_axes:
-        shards = batch_axes[0] * batch_axes[1] * batch_axes[2]
+    data, fsdp, expert = mesh["data"], mesh["fsdp"], mesh["expert"]
+    if t is not None and data is not None and fsdp is not None and expert is not None:
+        shards = data * fsdp * expert
         if t.global_batch % shards:
             problems.append(("training.globalBatch", f"{t.global_batch} is not a multiple of data x fsdp x expert "
                                                      f"= {shards}, the axes the batch is sharded over"))
@@ -106,8 +106,9 @@ def spec_problems(s: Sections) -> list[Problem]:
                                                       f"globalBatch must be a multiple of {shards * t.microbatches}"))
     if dims is not None and t is not None and t.data.eos_id is not None and t.data.eos_id >= dims.vocab:
         problems.append(("training.data.eosId", f"{t.data.eos_id} is not a token of model.vocab ({dims.vocab})"))
-    if t is not None and s.tpu is not None and s.tpu.elastic is not None and None not in batch_axes:
-        problems += _elastic_problems(s.tpu, t, batch_axes[1] * batch_axes[2])
+    if (t is not None and s.tpu is not None and s.tpu.elastic is not None
+            and data is not None and fsdp is not None and expert is not None):
+        problems += _elastic_problems(s.tpu, t, fsdp * expert)
     context = mesh["context"]
     # Load-balanced causal context parallelism splits each shard's sequence in two halves.
     if t is not None and context is not None and context > 1 and t.sequence_length % (2 * context):
@@ -156,8 +157,9 @@ def _gmm_problems(dims: ModelDims, t: TrainingSpec | None, mesh: dict[str, int |
     if mesh["tensor"] is not None:
         widths["model.mlpDim"] = dims.mlp_dim // mesh["tensor"]
     short = [f"{path} ({value})" for path, value in widths.items() if value < GMM_MIN]
-    if t is not None and None not in (mesh["data"], mesh["fsdp"], mesh["expert"], mesh["context"]):
-        tokens = t.microbatch // (mesh["data"] * mesh["fsdp"] * mesh["expert"]) * (t.sequence_length // mesh["context"])
+    data, fsdp, expert, context = mesh["data"], mesh["fsdp"], mesh["expert"], mesh["context"]
+    if t is not None and data is not None and fsdp is not None and expert is not None and context is not None:
+        tokens = t.microbatch // (data * fsdp * expert) * (t.sequence_length // context)
         if tokens * dims.experts_per_token < GMM_MIN:
             short.append(f"routed rows per device ({tokens * dims.experts_per_token})")
     if not short:

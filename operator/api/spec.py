@@ -216,7 +216,7 @@ class ModelSpec(Base):
             raise ValueError("expertsPerToken: required when experts is set")
         if k and not experts:
             raise ValueError("expertsPerToken: set without experts")
-        if experts and k > experts:
+        if experts and k is not None and k > experts:
             raise ValueError(f"expertsPerToken: {k} is more than experts ({experts})")
         return self
 

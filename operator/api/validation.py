@@ -4,7 +4,7 @@ field path."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -12,7 +12,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from . import rules
 from .models import ObjectMeta, TPUTrainingJob, TPUTrainingJobSpec
 from .problems import problems, shown
-from .spec import TPUCapacity, TPUSpec
+from .spec import ModelSpec, TPUCapacity, TPUSpec
 
 
 class InvalidJob(ValueError):
@@ -98,8 +98,10 @@ def _section(spec: dict[str, Any], name: str) -> Any:
     raw = spec.get(field.alias or name)
     if raw is None and field.default_factory is not None:
         raw = {}
-    section = _valid(field.annotation, raw)
-    return section.dims() if name == "model" and section is not None else section
+    model = field.annotation  # each section's field is typed by its model class (rules.Sections)
+    assert isinstance(model, type) and issubclass(model, BaseModel), (name, model)
+    section = _valid(model, raw)
+    return section.dims() if isinstance(section, ModelSpec) else section
 
 
 def _slices(spec: dict[str, Any]) -> int | None:
@@ -108,7 +110,8 @@ def _slices(spec: dict[str, Any]) -> int | None:
     field = TPUSpec.model_fields["slices"]
     raw = tpu.get("slices", field.default) if isinstance(tpu, dict) else None
     try:
-        return TypeAdapter(Annotated[(int, *field.metadata)]).validate_python(raw)
+        slices: int = _adapter(int, field.metadata).validate_python(raw)
+        return slices
     except ValidationError:
         return None
 
@@ -124,25 +127,33 @@ def _capacity(spec: dict[str, Any]) -> TPUCapacity | None:
 
 def _queueing(spec: dict[str, Any]) -> rules.Queueing | None:
     """spec.queueName and spec.workloadPriorityClassName, when both are valid."""
-    values = {}
+    values: dict[str, str | None] = {}
     for name in ("queue_name", "workload_priority_class_name"):
         field = TPUTrainingJobSpec.model_fields[name]
         try:
-            values[name] = TypeAdapter(Annotated[(field.annotation, *field.metadata)]).validate_python(
-                spec.get(field.alias or name))
+            values[name] = _adapter(field.annotation, field.metadata).validate_python(spec.get(field.alias or name))
         except ValidationError:
             return None
     return rules.Queueing(**values)
 
 
-def _valid(model: type[BaseModel], raw: Any) -> Any:
+def _adapter(annotation: Any, metadata: list[Any]) -> TypeAdapter[Any]:
+    """A validator for a field's type with its constraints (a type built at run time, which only pydantic reads)."""
+    form: Any = Annotated[(annotation, *metadata)]
+    return TypeAdapter(form)
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _valid(model: type[_Model], raw: Any) -> _Model | None:
     try:
         return model.model_validate(raw) if raw is not None else None
     except ValidationError:
         return None
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types: SafeLoader is Any
     """PyYAML's safe loader (pure Python: libyaml's composer recurses in C, where no RecursionError stops it)
     that refuses what Kubernetes' YAML refuses or what would make one file cost unbounded work: a key
     given twice (kubectl: "mapping key already defined"), an integer Python cannot read."""
@@ -159,14 +170,16 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) 
             raise yaml.constructor.ConstructorError(None, None, f"key {shown(key_node.value)} is given twice",
                                                     key_node.start_mark)
         seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
+    mapping: dict[Any, Any] = loader.construct_mapping(node, deep=deep)
+    return mapping
 
 
 def _int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
     if sum(c.isdigit() for c in node.value) > MAX_INT_DIGITS:
         raise yaml.constructor.ConstructorError(None, None, f"an integer of {len(node.value)} digits; Kubernetes "
                                                 "integers are 64-bit", node.start_mark)
-    return loader.construct_yaml_int(node)
+    value: int = loader.construct_yaml_int(node)
+    return value
 
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:map", _mapping)
