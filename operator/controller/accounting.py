@@ -15,11 +15,20 @@ that change, so a reconcile that learns nothing writes nothing.
 from __future__ import annotations
 
 import datetime
+from typing import overload
 
 from ..api import goodput as ledger_lib
 from ..api.lifecycle import Progress
 from ..api.status import TPUTrainingJobStatus
 from .status import Sample
+
+
+@overload
+def seconds(at: datetime.datetime) -> float: ...
+@overload
+def seconds(at: None) -> None: ...
+@overload
+def seconds(at: datetime.datetime | None) -> float | None: ...
 
 
 def seconds(at: datetime.datetime | None) -> float | None:
@@ -44,7 +53,7 @@ def ending(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus) -> ledger_lib.E
     return None
 
 
-def resize(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus) -> ledger_lib.Resize | None:
+def resize(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus) -> ledger_lib.ResizeKind | None:
     """The next attempt runs on fewer slices (an elastic restart, restarts.decide), or on all of them again by a
     grow-back (a restart back onto every slice is restarting, not growing)."""
     before = old.slices.running if old.slices is not None else None

@@ -25,11 +25,11 @@ import datetime
 from collections.abc import Iterable
 from typing import Any
 
-from ..api.status import Condition, TPUTrainingJobStatus
+from ..api.status import Condition, ConditionStatus, TPUTrainingJobStatus
 from .conditions import set_condition
 from .phases import JobSetView, Notice
 
-Finding = tuple[str, str, str]  # (condition status, reason, message)
+Finding = tuple[ConditionStatus, str, str]  # (condition status, reason, message)
 Pod = dict[str, Any]
 # Waiting reasons of a container that will not start by itself (kubelet pkg/kubelet/images/types.go,
 # pkg/kubelet/container/sync_result.go), image problems first: they name what to fix.
@@ -51,7 +51,8 @@ def all_ready(js: JobSetView) -> bool:
 
 
 def _name(pod: Pod) -> str:
-    return (pod.get("metadata") or {}).get("name", "?")
+    name: str = (pod.get("metadata") or {}).get("name", "?")
+    return name
 
 
 def _live(pods: Iterable[Pod]) -> list[Pod]:
@@ -145,5 +146,6 @@ def follow(status: TPUTrainingJobStatus, js: JobSetView, pods: list[Pod] | None,
         conds = set_condition(conds, type_, state, reason, message, now, generation)
     new = status.model_copy(update=dict(conditions=conds))
     before, after = trouble(status), trouble(new)
-    fresh = after is not None and (before is None or (before.reason, before.message) != (after.reason, after.message))
-    return new, [Notice("Warning", after.reason, after.message)] if fresh else []
+    if after is not None and (before is None or (before.reason, before.message) != (after.reason, after.message)):
+        return new, [Notice("Warning", after.reason, after.message)]
+    return new, []

@@ -91,12 +91,13 @@ class AsyncKube:
         self.api, self.timeout_s = api, timeout_s
         api.user_agent = USER_AGENT
 
-    async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+    async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Obj:
         try:
-            return await self.api.call_api(
+            found: Obj = await self.api.call_api(
                 path, method, header_params={"Content-Type": content_type, "Accept": "application/json"},
                 body=body, auth_settings=["BearerToken"], response_types_map={200: "object", 201: "object", 202: "object"},
                 _return_http_data_only=True, _request_timeout=self.timeout_s)
+            return found
         except ApiException as exc:
             raise ApiError(exc.status or 0, _reason(exc), method) from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -114,7 +115,8 @@ class AsyncKube:
 
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]:
         found = await self._call("GET", f"{resource.path(namespace)}?labelSelector={quote(selector, safe='')}")
-        return found.get("items") or []
+        items: list[Obj] = found.get("items") or []
+        return items
 
     async def delete(self, resource: Resource, namespace: str, name: str, body: Obj) -> Obj:
         return await self._call("DELETE", resource.path(namespace, name), body)
@@ -157,7 +159,8 @@ class AsyncKube:
 
 def _reason(exc: ApiException) -> str:
     try:
-        return json.loads(exc.body).get("message") or exc.reason or ""
+        message: str = json.loads(exc.body or b"").get("message") or exc.reason or ""  # no body: ValueError
+        return message
     except (TypeError, ValueError, AttributeError):
         return str(exc.reason or exc.body or "")
 
@@ -166,8 +169,9 @@ def _message(body: bytes) -> str:
     """The `message` of a refusal's JSON body (a Status, or the trainer's own answer), else its first words."""
     try:
         found = bounded.parse_json(body)
-        if isinstance(found, dict) and isinstance(found.get("message"), str) and found["message"]:
-            return found["message"][:1000]
+        message = found.get("message") if isinstance(found, dict) else None
+        if isinstance(message, str) and message:
+            return message[:1000]
     except bounded.Refused:
         pass
     return body[:200].decode("utf-8", "replace")

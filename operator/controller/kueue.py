@@ -28,7 +28,7 @@ from typing import Any
 
 from ..api import names, timestamps
 from ..api.failures import RestartCounts
-from ..api.status import TPUTrainingJobStatus
+from ..api.status import ConditionStatus, TPUTrainingJobStatus
 from ..rendering.placement import KUEUE_QUEUE_LABEL
 from .conditions import set_condition
 from .phases import Notice
@@ -106,7 +106,7 @@ def pick(workloads: list[dict[str, Any]], jobset_uid: str | None) -> WorkloadVie
     return WorkloadView.of(mine[-1]) if mine else None
 
 
-def admission(wl: WorkloadView | None, queue: str, jobset: str) -> tuple[str, str, str]:
+def admission(wl: WorkloadView | None, queue: str, jobset: str) -> tuple[ConditionStatus, str, str]:
     """(status, reason, message) of the job's `Admitted` condition."""
     if wl is None:
         return ("False", "NoWorkload", f"waiting for Kueue to create the Workload of JobSet {jobset} "

@@ -16,9 +16,13 @@ import gc
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from .rbac import RBAC_RULES, rbac_yaml
 from .reconcile import OperatorConfig
+
+if TYPE_CHECKING:
+    import kopf
 
 NO_CREDENTIALS = "no Kubernetes credentials: set KUBECONFIG, or run in a pod with a service account"
 
@@ -39,7 +43,7 @@ class OperatorOptions:
     print_rbac: bool = False
 
 
-def _settings(options: OperatorOptions):  # noqa: ANN202 -- kopf is imported lazily
+def _settings(options: OperatorOptions) -> kopf.OperatorSettings:  # kopf is imported lazily (TYPE_CHECKING above)
     import kopf
 
     from . import handlers
@@ -92,8 +96,10 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
 
     async def login() -> kopf.ConnectionInfo:
         if credentials.refresh_api_key_hook is not None:  # exec plugins and in-cluster tokens expire
-            await credentials.refresh_api_key_hook(credentials)
+            # kubernetes_asyncio's stub says Coroutine | Callable; it is a callable (its Configuration calls it)
+            await credentials.refresh_api_key_hook(credentials)  # type: ignore[operator]
         token = (credentials.api_key.get("BearerToken") or "").removeprefix("Bearer ").strip()
+        assert credentials.host is not None  # set by both loaders (and kubernetes_asyncio's default is localhost)
         return kopf.ConnectionInfo(server=credentials.host, ca_path=credentials.ssl_ca_cert,
                                    insecure=not credentials.verify_ssl, scheme="Bearer" if token else None,
                                    token=token or None, certificate_path=credentials.cert_file,

@@ -55,4 +55,5 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
 def rbac_yaml() -> str:
     import yaml
 
-    return yaml.safe_dump({"rules": [dict(r) for r in RBAC_RULES]}, sort_keys=False)
+    text: str = yaml.safe_dump({"rules": [dict(r) for r in RBAC_RULES]}, sort_keys=False)
+    return text

@@ -26,7 +26,7 @@ from ..api import elastic, names
 from ..api.failures import Failure, PodExit, RestartCounts, LastRestart, Verdict, root_cause, verdict
 from ..api.lifecycle import TerminationRecord
 from ..api.spec import FailurePolicySpec, TPUSpec
-from ..api.status import SliceStatus, TPUTrainingJobStatus
+from ..api.status import ConditionStatus, SliceStatus, TPUTrainingJobStatus
 from .conditions import set_condition
 from .phases import Notice
 from .status import Sample
@@ -40,7 +40,8 @@ def pod_exits(pods: list[dict[str, Any]]) -> list[PodExit]:
     exits = []
     for pod in pods:
         status = pod.get("status") or {}
-        container = next((c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER), {})
+        container: dict[str, Any] = next(
+            (c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER), {})
         terminated = (container.get("state") or {}).get("terminated") or \
             (container.get("lastState") or {}).get("terminated")
         disrupted = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
@@ -103,6 +104,7 @@ def decide(status: TPUTrainingJobStatus, jobset_uid: str | None, failure: Failur
     code = failure.code if failure else None
     if not v.restart:
         return status.model_copy(update=dict(conditions=conds, message=v.message)), v, notices
+    assert v.cause is not None  # a restart always has its cause (api/failures.py verdict)
     last = LastRestart(cause=v.cause, exit_code=code, message=v.message, job_set_uid=jobset_uid, time=now)
     notices.append(Notice("Warning", "Restarted", v.message))
     slices = status.slices
@@ -111,7 +113,7 @@ def decide(status: TPUTrainingJobStatus, jobset_uid: str | None, failure: Failur
         resize = elastic.after_failure(tpu, running, failure.slice_index if failure else None)
         slices = SliceStatus(desired=tpu.slices, running=resize.slices)
         if resize.reason is not None:
-            resized = "True" if resize.slices < tpu.slices else "False"
+            resized: ConditionStatus = "True" if resize.slices < tpu.slices else "False"
             conds = set_condition(conds, "Resized", resized, resize.reason, resize.message, now, generation)
             notices.append(Notice("Warning" if resized == "True" else "Normal", "Resized", resize.message))
     return status.model_copy(update=dict(

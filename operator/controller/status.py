@@ -131,11 +131,13 @@ def with_sample(status: TPUTrainingJobStatus, sample: Sample, now: datetime.date
 def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """The JSON merge patch (RFC 7386) from `old` to `new`: changed fields, None for removed ones, and
     nested objects patched field by field (a merge patch merges objects: a field left out is kept)."""
-    patch = {}
+    patch: dict[str, Any] = {}
     for k in old.keys() | new.keys():
         before, after = old.get(k), new.get(k)
         if before == after:
             continue
-        both = isinstance(before, dict) and isinstance(after, dict)
-        patch[k] = merge_patch(before, after) if both else after
+        if isinstance(before, dict) and isinstance(after, dict):
+            patch[k] = merge_patch(before, after)
+        else:
+            patch[k] = after
     return patch
