@@ -85,7 +85,8 @@ def config_map_of(jobset: Obj) -> str | None:
         pod = ((((replicated.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {})
         for volume in pod.get("volumes") or []:
             if volume.get("name") == "config" and volume.get("configMap"):
-                return volume["configMap"].get("name")
+                name: str | None = volume["configMap"].get("name")
+                return name
     return None
 
 
@@ -93,10 +94,12 @@ async def ensure_all(kube: Kube, owner_uid: str, *children: tuple[Resource, Obj]
     """`ensure_child` of each, side by side (a pod waits for its ConfigMap volume); the first error raised."""
     results = await asyncio.gather(*(ensure_child(kube, r, m, owner_uid) for r, m in children),
                                    return_exceptions=True)
+    ensured: list[tuple[Obj, bool]] = []
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return results
+        ensured.append(result)
+    return ensured
 
 
 async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | None, config_map_exists: bool = False,

@@ -36,7 +36,7 @@ class EventPoster:
 
     def __init__(self, kube: Kube, clock: timestamps.Clock = timestamps.utc_now):
         self.kube, self.clock = kube, clock
-        self.posting: set[asyncio.Task] = set()
+        self.posting: set[asyncio.Task[None]] = set()
 
     def __call__(self, obj: Obj, notice: Notice) -> None:
         task = asyncio.create_task(self._post(event_body(obj, notice, self.clock())))

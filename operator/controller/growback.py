@@ -78,7 +78,9 @@ def replacing(status: TPUTrainingJobStatus, jobset_uid: str | None) -> bool:
 def decide(status: TPUTrainingJobStatus, tpu: TPUSpec, jobset_uid: str | None, now: datetime.datetime,
            generation: int | None = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The grow-back decision, written before the smaller JobSet is deleted."""
+    assert status.slices is not None  # due(): decided only for a job on fewer slices than desired
     resize = elastic.grow_back(tpu, status.slices.running)
+    assert resize.reason is not None  # a grow-back always says why (GrewBack)
     conds = set_condition(status.conditions, "Resized", "False", resize.reason, resize.message, now, generation)
     slices = SliceStatus(desired=tpu.slices, running=resize.slices, replaces=jobset_uid)
     return status.model_copy(update=dict(conditions=conds, slices=slices, message=resize.message)), \
@@ -112,6 +114,7 @@ async def follow(kube: Kube, job: TPUTrainingJob, default_image: str | None, sta
     status write: a decided one has running == desired, so is no longer due)."""
     if due(status, job.spec.tpu, jobset_created):
         if seen is None:
+            assert status.slices is not None  # due(): a job on fewer slices than desired
             extra = status.slices.desired - status.slices.running
             await ensure_child(kube, JOBSETS, probe(job, default_image, extra), job.metadata.uid or "")
         return

@@ -171,7 +171,7 @@ class MetricsReader:
         except ValueError:
             raise Unreachable(f"/profile answered {str(answer)[:200]!r}, not a profile report") from None
 
-    async def _ask(self, namespace: str, jobset_name: str, port: int, path: str, body: dict | None = None,
+    async def _ask(self, namespace: str, jobset_name: str, port: int, path: str, body: dict[str, Any] | None = None,
                    headers: dict[str, str] | None = None) -> Any:
         """GET (or, with a body, POST) `path` of process 0, by proxy or directly, within one deadline of
         `timeout_s` for the whole exchange: a trainer that trickles its answer is given up on like one that
@@ -214,7 +214,7 @@ class MetricsReader:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         return self._session
 
-    async def _exchange(self, method: str, url: str, answers: tuple[int, ...], body: dict | None = None,
+    async def _exchange(self, method: str, url: str, answers: tuple[int, ...], body: dict[str, Any] | None = None,
                         headers: dict[str, str] | None = None) -> Any:
         """One request to the trainer, its answer read as untrusted: at most bounded.LIMIT_BYTES of it."""
         try:

@@ -291,7 +291,7 @@ async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Ob
         return Gate(True, config_map_exists=current is not None)
     is_compiling = mark is not None and mark.observed_generation == generation and mark.reason == COMPILING
     since = timestamps.parse_or_none((current or {}).get("metadata", {}).get("creationTimestamp")) or (
-        mark.last_transition_time if is_compiling else None)
+        mark.last_transition_time if is_compiling and mark is not None else None)
     age = (now - since).total_seconds() if since is not None else 0.0
     decision = decide(current, None, age, timing, is_compiling)
     if decision.kind == "list_pods":
@@ -307,6 +307,7 @@ async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Ob
             await _create(kube, job, generation, timing, default_image)
         return Gate(False, lambda s, g: compiling(s, pf_name, where, g, now), requeue_after_s=decision.requeue_after_s)
     if decision.kind == "invalid":
+        assert decision.result is not None  # decide(): an invalid plan carries the result that says why
         found_problems = plan_problems(decision.result, job)
         return Gate(False, lambda s, g: does_not_fit(s, decision, found_problems, capacity, g, now), result="invalid")
     return Gate(True, lambda s, g: planned(s, decision, capacity, g, now), config_map_exists=True)

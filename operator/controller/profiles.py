@@ -75,6 +75,7 @@ def follow(status: TPUTrainingJobStatus, answer: Answer | None,
         if answer.invalid is not None:
             new = ProfileStatus(request=answer.request, state="failed", message=answer.invalid)
         else:
+            assert answer.report is not None  # send(): an answer neither refused nor unsent holds the report
             new = _from_report(answer.request, answer.report)
     elif before is not None and trainer is not None and trainer.requested == _steps(before.request):
         new = _from_report(before.request, trainer)
@@ -109,7 +110,9 @@ async def send(reader: MetricsReader, namespace: str, jobset_name: str, port: in
         return Answer(request, invalid=invalid)
     if not running:
         return None
+    steps = _steps(request)
+    assert steps is not None  # check() parsed it
     try:
-        return Answer(request, report=await reader.post_profile(namespace, jobset_name, port, _steps(request)))
+        return Answer(request, report=await reader.post_profile(namespace, jobset_name, port, steps))
     except Unreachable as exc:
         return Answer(request, error=str(exc))

@@ -27,10 +27,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Callable
+from typing import TypedDict, Unpack
 
 from ..api.failures import Failure
 from ..api.spec import FailurePolicySpec, TPUSpec
-from ..api.status import SliceStatus, TPUTrainingJobStatus
+from ..api.status import ConditionStatus, SliceStatus, TPUTrainingJobStatus
 from . import accounting, diagnosis, growback, health, kueue, phases, profiles, restarts, status as status_lib
 from .conditions import set_condition
 from .phases import Compute, JobSetView, Notice
@@ -54,7 +55,7 @@ class Observed:
     refused: tuple[str, ...] = ()  # spec fields changed since the JobSet was made
     queue: str | None = None
     workload: kueue.WorkloadView | None = None
-    pods: list | None = None  # the JobSet's pods, when listed this time
+    pods: list[diagnosis.Pod] | None = None  # the JobSet's pods, when listed this time
     sample: status_lib.Sample | None = None  # the trainer's latest read
     failure: Failure | None = None  # why the JobSet failed (its pods), when it failed and was not counted
     planned: Compute | None = None  # the pre-flight's status change, when it decided now
@@ -65,6 +66,12 @@ class Observed:
     hardware: health.HardwareLoss | None = None  # a node of the running pods GKE says is unhealthy (health.py)
 
 
+class _More(TypedDict, total=False):
+    """What `Draft.then` may change besides the status and notices."""
+
+    restart: phases.Restart
+
+
 @dataclasses.dataclass(frozen=True)
 class Draft:
     old: TPUTrainingJobStatus  # the status the reconcile started from (after the pre-flight's word)
@@ -73,7 +80,7 @@ class Draft:
     restart: phases.Restart = None
 
     def then(self, status: TPUTrainingJobStatus, notices: list[Notice] | tuple[Notice, ...] = (),
-             **more: object) -> "Draft":
+             **more: Unpack[_More]) -> "Draft":
         return dataclasses.replace(self, status=status, notices=self.notices + tuple(notices), **more)
 
 
@@ -129,6 +136,7 @@ def restart(d: Draft, o: Observed) -> Draft:
 def grown(d: Draft, o: Observed) -> Draft:
     if d.restart is not None or not o.probe_ready or not growback.due(d.status, o.tpu, o.jobset_created):
         return d
+    assert o.tpu is not None  # growback.due() is False without one
     new, notices = growback.decide(d.status, o.tpu, o.jobset_uid, o.now, o.generation)
     return d.then(new, notices, restart="replaced")
 
@@ -156,7 +164,7 @@ def hang_cleared(d: Draft, o: Observed) -> Draft:
     return d.then(restarts.recovered(d.status, o.now, o.generation))
 
 
-READY = {  # phase -> (Ready, reason); Invalid is decided before any JobSet (status.invalid, preflight.py)
+READY: dict[str, tuple[ConditionStatus, str]] = {  # phase -> (Ready, reason); Invalid is decided before any JobSet (status.invalid, preflight.py)
     "Running": ("True", "Progressing"), "Succeeded": ("True", "Completed"), "Pending": ("False", "PodsPending"),
     "Queued": ("False", "Queued"), "Suspended": ("False", "Suspended"), "Restarting": ("False", "Restarting"),
     "Failed": ("False", "Failed"),
