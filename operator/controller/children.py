@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ..api import names
@@ -36,7 +37,7 @@ def owner_uids(obj: Obj) -> list[str]:
     return [ref.get("uid") for ref in (obj.get("metadata") or {}).get("ownerReferences") or []]
 
 
-def owner_of(jobset: Obj) -> tuple[str, str, str] | None:
+def owner_of(jobset: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """(namespace, job name, job uid) of the TPUTrainingJob that controls this JobSet."""
     meta = jobset.get("metadata") or {}
     name = (meta.get("labels") or {}).get(names.LABEL_JOB)

@@ -22,7 +22,8 @@ annotations (only event and index handlers, which keep no state on the object).
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypedDict
 
 import kopf
 
@@ -30,15 +31,23 @@ from ..api import names
 from ..api.models import GROUP, PLURAL, VERSION
 from ..rendering.preflight import LABEL_ROLE, ROLE
 from . import health, kueue, preflight
-from .kube import BATCH_JOBS, JOBSETS
-from .manager import Manager
+from .kube import BATCH_JOBS, JOBSETS, Obj
+from .manager import Key, Manager
 
 JOB = (GROUP, VERSION, PLURAL)
 JOBSET = (JOBSETS.group, JOBSETS.version, JOBSETS.plural)
 OURS = {names.LABEL_JOB: kopf.PRESENT}
-WORKLOAD = {"group": kueue.GROUP, "plural": kueue.PLURAL}  # any served version: the preferred one
+
+
+class _GroupAndPlural(TypedDict):
+    group: str
+    plural: str
+
+
+WORKLOAD: _GroupAndPlural = {"group": kueue.GROUP, "plural": kueue.PLURAL}  # any served version: the preferred one
 PREFLIGHT = (BATCH_JOBS.group, BATCH_JOBS.version, BATCH_JOBS.plural)
-OUR_PREFLIGHTS = {names.LABEL_JOB: kopf.PRESENT, LABEL_ROLE: ROLE}
+# A label's value or kopf.PRESENT (whose type, kopf's MetaFilterToken, kopf does not export).
+OUR_PREFLIGHTS: dict[str, Any] = {names.LABEL_JOB: kopf.PRESENT, LABEL_ROLE: ROLE}
 NODE = ("", "v1", "nodes")
 TPU_NODES = {health.ACCELERATOR_LABEL: kopf.PRESENT}  # GKE's TPU nodes only: no other node is cached
 # The same filters as label selectors of the watches themselves (kopf >= 1.45: settings.watching.label_selectors).
@@ -63,7 +72,8 @@ def _plain(body: kopf.Body) -> dict[str, Any]:
     return copy.deepcopy(dict(body))
 
 
-def register(registry: kopf.OperatorRegistry, manager: Manager, login: Any) -> None:
+def register(registry: kopf.OperatorRegistry, manager: Manager,
+             login: Callable[[], Awaitable[kopf.ConnectionInfo]]) -> None:
     """Register the handlers on `registry`; `login` returns the kopf.ConnectionInfo to use."""
 
     @kopf.on.login(id="login", registry=registry)
@@ -71,15 +81,15 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, login: Any) -> N
         return await login()
 
     @kopf.index(*JOB, id="jobs", registry=registry)
-    async def jobs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    async def jobs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
         return {(namespace, name): _plain(body)}
 
     @kopf.index(*JOBSET, id="jobsets", labels=OURS, registry=registry)
-    async def jobsets(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    async def jobsets(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
         return {(namespace, name): _plain(body)}
 
     @kopf.index(**WORKLOAD, id="workloads", when=_owned_by_a_jobset, registry=registry)
-    async def workloads(namespace: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    async def workloads(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
         return {(namespace, kueue.jobset_owner(body)): kueue.trim(_plain(body))}
 
     @kopf.index(*PREFLIGHT, id="preflights", labels=OUR_PREFLIGHTS, registry=registry)
@@ -97,7 +107,8 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, login: Any) -> N
         manager.node_seen(body)
 
     @kopf.on.event(*JOB, id="job", registry=registry)
-    async def job_event(namespace: str, name: str, **_: Any) -> None:
+    async def job_event(namespace: str | None, name: str, **_: Any) -> None:
+        assert namespace is not None  # TPUTrainingJobs are namespaced
         manager.add((namespace, name), "job")
 
     @kopf.on.event(*JOBSET, id="jobset", labels=OURS, registry=registry)
@@ -112,9 +123,11 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, login: Any) -> N
     async def workload_event(body: kopf.Body, **_: Any) -> None:
         manager.workload_seen(body)
 
-    @kopf.on.startup(id="manager", registry=registry)
-    async def start(jobs: kopf.Index, jobsets: kopf.Index, workloads: kopf.Index, preflights: kopf.Index,
-                    nodes: kopf.Index, **_: Any) -> None:
+    # kopf passes its indices to every handler as keyword arguments named for them, which its ActivityFn
+    # protocol cannot name (it knows settings, retry, ...): the handler is typed right, kopf's protocol is not.
+    @kopf.on.startup(id="manager", registry=registry)  # type: ignore[arg-type]
+    async def start(jobs: kopf.Index[Key, Obj], jobsets: kopf.Index[Key, Obj], workloads: kopf.Index[Key, Obj],
+                    preflights: kopf.Index[Key, Obj], nodes: kopf.Index[str, str], **_: Any) -> None:
         manager.start(jobs, jobsets, workloads, preflights, nodes)
 
     @kopf.on.cleanup(id="manager", registry=registry)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..api import names
@@ -66,7 +66,7 @@ class HardwareLoss:
         return f"node {self.node} of {where}pod {self.pod} is unhealthy ({self.reason})"
 
 
-def placed(pods: list[Mapping[str, Any]]) -> dict[str, tuple[str, int | None]]:
+def placed(pods: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, int | None]]:
     """node name -> (pod, slice index) of the pods still running or starting on a node."""
     out: dict[str, tuple[str, int | None]] = {}
     for pod in pods:
@@ -77,7 +77,7 @@ def placed(pods: list[Mapping[str, Any]]) -> dict[str, tuple[str, int | None]]:
     return out
 
 
-def lost(pods: list[Mapping[str, Any]], unhealthy: Mapping[str, str]) -> HardwareLoss | None:
+def lost(pods: Sequence[Mapping[str, Any]], unhealthy: Mapping[str, str]) -> HardwareLoss | None:
     """The first (by slice, then node name) of the job's nodes that is unhealthy; None when all are fine."""
     hits = [HardwareLoss(node, unhealthy[node], pod, index)
             for node, (pod, index) in placed(pods).items() if node in unhealthy]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from ..api import names, timestamps
@@ -42,7 +43,7 @@ MISCONFIGURED = ("Inadmissible", "Misconfigured", "NoMatchingFlavor", "ExceedsMa
 DEACTIVATED = "Deactivated"
 
 
-def jobset_owner(workload: dict[str, Any]) -> str | None:
+def jobset_owner(workload: Mapping[str, Any]) -> str | None:
     """The name of the JobSet that controls this Workload, if one does."""
     ref = next((r for r in (workload.get("metadata") or {}).get("ownerReferences") or []
                 if r.get("kind") == "JobSet" and str(r.get("apiVersion", "")).startswith("jobset.x-k8s.io/")

@@ -31,8 +31,8 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Hashable, Mapping
+from typing import Any, TypeVar
 
 from ..api import names, timestamps
 from ..api.spec import RuntimeSpec
@@ -48,14 +48,16 @@ from .status import Sample
 
 log = logging.getLogger("tpu_operator")
 Key = tuple[str, str]  # (namespace, job name)
-Index = Mapping[Hashable, Any]  # kopf.Index: key -> a store of the values indexed under it
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V")
+Index = Mapping[_K, Collection[_V]]  # kopf.Index: key -> a store of the values indexed under it
 # The reason a reconcile ran, for the operator's metrics: the first of these it was queued for.
 TRIGGERS = ("job", "jobset", "workload", "preflight", "node", "resync", "metrics", "retry")
 LOOK_AT_PODS = {"jobset", "resync"}  # the only triggers that may list a JobSet's pods
 LOOK_AT_NODES = {"node", "jobset", "resync"}  # ... and, while a TPU node is unhealthy, a Running job's (health.py)
 
 
-def _first(store: Any) -> Obj | None:
+def _first(store: Collection[Obj] | None) -> Obj | None:
     return next(iter(store), None) if store is not None else None
 
 
@@ -69,13 +71,13 @@ class Manager:
                  clock: Callable[[], float] = time.monotonic, tick_s: float = 0.2):
         self.kube, self.reader, self.config, self.emit, self.stats = kube, reader, config, emit, stats
         self.workers, self.now, self.clock, self.tick_s = workers, now, clock, tick_s
-        self.queue = WorkQueue(clock=clock)
+        self.queue: WorkQueue[Key] = WorkQueue(clock=clock)
         self.means = Means(kube, config, emit, reader, now)
-        self.jobs: Index = {}
-        self.jobsets: Index = {}
-        self.workloads: Index = {}
-        self.preflights: Index = {}
-        self.nodes: Index = {}  # TPU node name -> why it is unhealthy (only unhealthy ones: health.py)
+        self.jobs: Index[Key, Obj] = {}
+        self.jobsets: Index[Key, Obj] = {}
+        self.workloads: Index[Key, Obj] = {}
+        self.preflights: Index[Key, Obj] = {}
+        self.nodes: Index[str, str] = {}  # TPU node name -> why it is unhealthy (only unhealthy ones: health.py)
         self.written: dict[Key, Obj] = {}
         self.superseded: dict[Key, set[str | None]] = {}  # resourceVersions older than `written`'s
         self.made: dict[Key, Obj] = {}  # JobSets created or adopted here that the watch has not delivered yet
@@ -84,15 +86,15 @@ class Manager:
         self.due_metrics: dict[Key, float] = {}
         self.refused: dict[Key, tuple[int | None, float]] = {}  # a permanent refusal: (generation, retry after)
         self.reads = asyncio.Semaphore(concurrent_reads)
-        self.tasks: list[asyncio.Task] = []
-        self.reading: set[asyncio.Task] = set()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.reading: set[asyncio.Task[None]] = set()
         self.reading_jobs: set[Key] = set()  # the jobs whose trainer is being read: one read each at most
         self.rng = random.Random()
 
     # --- what sets reconciles going ---------------------------------------------------------------
 
-    def start(self, jobs: Index, jobsets: Index, workloads: Index, preflights: Index | None = None,
-              nodes: Index | None = None) -> None:
+    def start(self, jobs: Index[Key, Obj], jobsets: Index[Key, Obj], workloads: Index[Key, Obj],
+              preflights: Index[Key, Obj] | None = None, nodes: Index[str, str] | None = None) -> None:
         self.jobs, self.jobsets, self.workloads = jobs, jobsets, workloads
         self.preflights = preflights if preflights is not None else {}
         self.nodes = nodes if nodes is not None else {}
@@ -109,18 +111,18 @@ class Manager:
     def add(self, key: Key, reason: str) -> None:
         self.queue.add(key, reason)
 
-    def jobset_seen(self, jobset: Obj) -> None:
+    def jobset_seen(self, jobset: Mapping[str, Any]) -> None:
         owner = owner_of(jobset)
         if owner is not None:
             self.queue.add(owner[:2], "jobset")
 
-    def preflight_seen(self, job: Obj) -> None:
+    def preflight_seen(self, job: Mapping[str, Any]) -> None:
         """A pre-flight Job changed: reconcile the job it plans (preflight.py)."""
         key = preflight.job_key(job)
         if key is not None:
             self.queue.add(key, "preflight")
 
-    def node_seen(self, node: Obj) -> None:
+    def node_seen(self, node: Mapping[str, Any]) -> None:
         """A TPU node changed: if GKE says it is unhealthy, every Running job looks at where its pods are (one pod
         list each; the jobs on healthy nodes change nothing). Which jobs run on a node is not cached: pods are
         never watched (rbac.py)."""
@@ -131,7 +133,7 @@ class Manager:
     def unhealthy(self) -> dict[str, str]:
         return {name: reason for name, store in self.nodes.items() for reason in store}
 
-    def workload_seen(self, workload: Obj) -> None:
+    def workload_seen(self, workload: Mapping[str, Any]) -> None:
         """A Workload changed: reconcile the job whose JobSet owns it (if the JobSet is one of ours)."""
         name = kueue.jobset_owner(workload)
         jobset = _first(self.jobsets.get((workload["metadata"].get("namespace", "default"), name))) if name else None
@@ -297,7 +299,12 @@ class Manager:
         read = asyncio.create_task(self._read_metrics(key))
         self.reading.add(read)
         self.reading_jobs.add(key)
-        read.add_done_callback(lambda task: (self.reading.discard(task), self.reading_jobs.discard(key)))
+
+        def finished(task: asyncio.Task[None]) -> None:
+            self.reading.discard(task)
+            self.reading_jobs.discard(key)
+
+        read.add_done_callback(finished)
         return True
 
     async def _read_metrics(self, key: Key) -> None:

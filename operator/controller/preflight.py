@@ -40,8 +40,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -113,7 +113,7 @@ def trim(job: Obj) -> Obj:
             "status": job.get("status") or {}}
 
 
-def job_key(job: Obj) -> tuple[str, str] | None:
+def job_key(job: Mapping[str, Any]) -> tuple[str, str] | None:
     """(namespace, TPUTrainingJob name) of one of our pre-flight Jobs."""
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}

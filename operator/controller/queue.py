@@ -20,6 +20,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
 from ..api.backoff import exponential
 
@@ -27,20 +28,23 @@ BASE_DELAY_S = 0.5
 MAX_DELAY_S = 300.0
 
 
-class WorkQueue:
+K = TypeVar("K", bound=Hashable)  # a key of the queue: the manager's is (namespace, job name)
+
+
+class WorkQueue(Generic[K]):
     def __init__(self, base_delay_s: float = BASE_DELAY_S, max_delay_s: float = MAX_DELAY_S,
                  clock: Callable[[], float] = time.monotonic):
         self.base_delay_s, self.max_delay_s, self.clock = base_delay_s, max_delay_s, clock
-        self._ready: asyncio.Queue[Hashable] = asyncio.Queue()
-        self._reasons: dict[Hashable, set[str]] = {}  # queued keys and why
-        self._active: dict[Hashable, set[str]] = {}  # keys being processed, and why they come back after
-        self._later: list[tuple[float, int, Hashable]] = []  # (due, tie-breaker, key); stale ones skipped
-        self._due: dict[Hashable, tuple[float, set[str]]] = {}  # the one pending timer of a key, and why
+        self._ready: asyncio.Queue[K] = asyncio.Queue()
+        self._reasons: dict[K, set[str]] = {}  # queued keys and why
+        self._active: dict[K, set[str]] = {}  # keys being processed, and why they come back after
+        self._later: list[tuple[float, int, K]] = []  # (due, tie-breaker, key); stale ones skipped
+        self._due: dict[K, tuple[float, set[str]]] = {}  # the one pending timer of a key, and why
         self._order = itertools.count()
-        self._failures: dict[Hashable, int] = {}
+        self._failures: dict[K, int] = {}
         self._wake = asyncio.Event()
 
-    def add(self, key: Hashable, reason: str) -> None:
+    def add(self, key: K, reason: str) -> None:
         if key in self._active:
             self._active[key].add(reason)
         elif key in self._reasons:
@@ -49,7 +53,7 @@ class WorkQueue:
             self._reasons[key] = {reason}
             self._ready.put_nowait(key)
 
-    def add_after(self, key: Hashable, delay_s: float, reason: str) -> None:
+    def add_after(self, key: K, delay_s: float, reason: str) -> None:
         """Add `key` in `delay_s`, or when its pending timer is due if that is earlier (one timer per key)."""
         due = self.clock() + delay_s
         pending = self._due.get(key)
@@ -61,12 +65,12 @@ class WorkQueue:
         heapq.heappush(self._later, (due, next(self._order), key))  # the later entry, if any, goes stale
         self._wake.set()
 
-    def pending(self, key: Hashable) -> float | None:
+    def pending(self, key: K) -> float | None:
         """When the key's timer is due (None: no timer)."""
         entry = self._due.get(key)
         return entry[0] if entry else None
 
-    def retry(self, key: Hashable) -> float:
+    def retry(self, key: K) -> float:
         """Add `key` back after its backoff (doubling with each failure in a row); the delay."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
@@ -74,16 +78,16 @@ class WorkQueue:
         self.add_after(key, delay, "retry")
         return delay
 
-    def forget(self, key: Hashable) -> None:
+    def forget(self, key: K) -> None:
         self._failures.pop(key, None)
 
-    async def get(self) -> tuple[Hashable, set[str]]:
+    async def get(self) -> tuple[K, set[str]]:
         key = await self._ready.get()
         reasons = self._reasons.pop(key)
         self._active[key] = set()
         return key, reasons
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: K) -> None:
         again = self._active.pop(key)
         if again:
             for reason in again:

@@ -192,7 +192,7 @@ async def apply_suspend(kube: Kube, job: TPUTrainingJob, jobset: Obj, workload: 
             return await kube.patch(JOBSETS, namespace, name, {"spec": {"suspend": job.spec.suspend}})
         return jobset
     patch = kueue.activation_patch(workload, job.spec.suspend) if workload is not None else None
-    if patch is not None:
+    if workload is not None and patch is not None:
         try:
             await kube.patch(Resource(kueue.GROUP, workload.version, kueue.PLURAL), namespace, workload.name, patch)
         except ApiError as exc:
@@ -209,6 +209,7 @@ async def run_preflight(means: Means, job: TPUTrainingJob, job_obj: Obj, jobset:
     if planned.proceed:
         return planned
     if gated and planned.result == "invalid":  # it does not fit: its held JobSet goes
+        assert jobset is not None  # gated: the JobSet seen holds the gate
         await children.delete_unstarted(kube, jobset)
     elif not gated and planned.result == "planning" and preflight.overlaps(job):
         await children.ensure_children(kube, job, config.default_image, True, gate=preflight.with_gate)
@@ -223,21 +224,23 @@ async def converge(means: Means, job: TPUTrainingJob, job_obj: Obj, seen: Seen,
     kube, jobset, meta = means.kube, seen.jobset, job_obj["metadata"]
     ensured = jobset is None or owner_of(jobset) != (meta.get("namespace", "default"), meta["name"], meta.get("uid"))
     gated = not ensured and preflight.gated(jobset)  # queued while its pre-flight compiles (preflight.py)
-    if gated and children.refused_changes(jobset, job):  # edited while it compiled: that JobSet never ran
-        await children.delete_unstarted(kube, jobset)
+    # Not ensured (so gated too) only with a JobSet known: the `jobset is not None` below say so to mypy.
+    if gated and jobset is not None and children.refused_changes(jobset, job):  # edited while it compiled:
+        await children.delete_unstarted(kube, jobset)  # that JobSet never ran
         return ReconcileResult("replacing", None, 1.0)
-    if not (ensured or gated):
+    if not (ensured or gated) and jobset is not None:
         return Converged(jobset, False, False, None)
     wait = restarts.wait_s(status_of(job_obj), now) if ensured else 0
     if wait > 0:  # a restart's backoff: the JobSet is created again once it is over
         return ReconcileResult("waiting", None, wait)
     try:
-        planned = None
+        planned: preflight.Gate | None = None
         if preflight.wanted(job):  # no running JobSet before the compiler says the step fits (preflight.py)
-            planned = await run_preflight(means, job, job_obj, jobset, gated, seen.preflights, now)
-            if isinstance(planned, ReconcileResult):
-                return planned
-        if gated:  # it fits, or could not be checked: Kueue may admit it now
+            gate = await run_preflight(means, job, job_obj, jobset, gated, seen.preflights, now)
+            if isinstance(gate, ReconcileResult):
+                return gate
+            planned = gate
+        if gated and jobset is not None:  # it fits, or could not be checked: Kueue may admit it now
             lifted = await kube.patch(JOBSETS, job.metadata.namespace, jobset["metadata"]["name"],
                                       preflight.lift_patch(jobset))
             return Converged(lifted, False, False, planned.compute if planned else None)
@@ -286,7 +289,9 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
     profile, old = None, status_of(job_obj)
     request = profiles.requested(job_obj["metadata"].get("annotations"))
     read = sample is not None and sample.error is None
-    if reader is not None and profiles.to_send(request, old, sample.profile if read else None, read):
+    if reader is not None and profiles.to_send(request, old, sample.profile if sample is not None and read else None,
+                                               read):
+        assert request is not None  # to_send: never without one
         profile = await profiles.send(reader, namespace, name, job.spec.runtime.metrics_port, request,
                                       job.spec.training.steps, old.phase == "Running")
     return steps.Observed(
@@ -315,7 +320,11 @@ async def act(means: Means, job: TPUTrainingJob, job_obj: Obj, observed: steps.O
     written = status_of(done or {})
     if done is not None and restarts.replaced(written, observed.jobset_uid):
         # A grow-back stops the smaller JobSet as a preemption does: its trainers save the step in flight.
-        cause = "preemption" if growback.replacing(written, observed.jobset_uid) else written.last_restart.cause
+        if growback.replacing(written, observed.jobset_uid):
+            cause = "preemption"
+        else:
+            assert written.last_restart is not None  # replaced, and not by a grow-back: by a restart
+            cause = written.last_restart.cause
         await children.replace_jobset(kube, job_obj["metadata"].get("namespace", "default"), made.jobset, cause)
     if done is not None and (probe is not None or written.slices is not None):
         await growback.follow(kube, job, means.config.default_image, written, observed.jobset_created, probe)
