@@ -16,13 +16,10 @@ import gc
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .rbac import RBAC_RULES, rbac_yaml
 from .reconcile import OperatorConfig
-
-if TYPE_CHECKING:
-    import kopf
 
 NO_CREDENTIALS = "no Kubernetes credentials: set KUBECONFIG, or run in a pod with a service account"
 
@@ -43,7 +40,7 @@ class OperatorOptions:
     print_rbac: bool = False
 
 
-def _settings(options: OperatorOptions) -> kopf.OperatorSettings:  # kopf is imported lazily (TYPE_CHECKING above)
+def _settings(options: OperatorOptions) -> Any:  # kopf.OperatorSettings: kopf is imported lazily, never at module level
     import kopf
 
     from . import handlers

@@ -164,7 +164,8 @@ def hang_cleared(d: Draft, o: Observed) -> Draft:
     return d.then(restarts.recovered(d.status, o.now, o.generation))
 
 
-READY: dict[str, tuple[ConditionStatus, str]] = {  # phase -> (Ready, reason); Invalid is decided before any JobSet (status.invalid, preflight.py)
+# phase -> (Ready, reason); Invalid is decided before any JobSet (status.invalid, preflight.py)
+READY: dict[str, tuple[ConditionStatus, str]] = {
     "Running": ("True", "Progressing"), "Succeeded": ("True", "Completed"), "Pending": ("False", "PodsPending"),
     "Queued": ("False", "Queued"), "Suspended": ("False", "Suspended"), "Restarting": ("False", "Restarting"),
     "Failed": ("False", "Failed"),
