@@ -224,7 +224,7 @@ async def converge(means: Means, job: TPUTrainingJob, job_obj: Obj, seen: Seen,
     kube, jobset, meta = means.kube, seen.jobset, job_obj["metadata"]
     ensured = jobset is None or owner_of(jobset) != (meta.get("namespace", "default"), meta["name"], meta.get("uid"))
     gated = not ensured and preflight.gated(jobset)  # queued while its pre-flight compiles (preflight.py)
-    # Not ensured (so gated too) only with a JobSet known: the `jobset is not None` below say so to mypy.
+    # Not ensured (and so gated) only with a JobSet known; the `jobset is not None` below tell mypy as much.
     if gated and jobset is not None and children.refused_changes(jobset, job):  # edited while it compiled:
         await children.delete_unstarted(kube, jobset)  # that JobSet never ran
         return ReconcileResult("replacing", None, 1.0)
