@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import OPERATOR_NAMESPACE
+from tests.cluster.jobs import WAIT_S, job_doc, namespaced, status_where
 from tests.cluster.kube import Cluster, wait_for
-from tests.cluster.test_kills import namespaced
-from tests.cluster.test_operator import WAIT_S, job_doc, status_where
 from tests.operator_process import Operator
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_workload.metrics import serve_http
