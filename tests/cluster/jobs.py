@@ -1,9 +1,11 @@
 """What the cluster suite's test modules share (a helper module, not a test module): job documents, waiting for
-a job's status, and the chart's operator arguments narrowed to one namespace."""
+a job's status, the chart's operator arguments narrowed to one namespace, and what proves that something did
+not happen (an operator's own count of reconciles; the end of its watch in the audit log)."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import yaml
@@ -44,3 +46,17 @@ def status_where(cluster: Cluster, ns: str, name: str, test, what: str, operator
 def namespaced(args: list[str], ns: str) -> list[str]:
     """The chart's operator arguments on one namespace instead of all."""
     return [a for a in args if a != "--all-namespaces"] + [f"--namespace={ns}"]
+
+
+def reconciles(op: Operator, result: str) -> int:
+    """How many reconciles of the operator ended with `result` (its own tpu_operator_reconciles_total)."""
+    return int(sum(float(n) for n in re.findall(
+        rf'^tpu_operator_reconciles_total{{handler="[^"]+",result="{result}"}} (\S+)$', op.metrics(), re.M)))
+
+
+def watch_ended(cluster: Cluster, since: float, user: str, namespace: str, resource: str) -> bool:
+    """The audit log has the end of `user`'s watch of `resource` in `namespace` (ResponseComplete: the
+    connection closed), so every request that user made before it is in the log too."""
+    return any(e["user"]["username"] == user and e["verb"] == "watch" and e["objectRef"].get("resource") == resource
+               and e["objectRef"].get("namespace") == namespace for e in cluster.audit(since))
+
