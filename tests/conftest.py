@@ -1,4 +1,4 @@
-"""Shared fixtures: paths of the repository, the shared schemas, and job documents."""
+"""Shared fixtures: paths of the repository, the real JobSet schema, and job documents."""
 
 from __future__ import annotations
 
@@ -11,11 +11,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-SHARED = ROOT.parent / "shared"
-# The real JobSet CRD, for the strict schema checks only; it lives beside the repository, never in it.
-REAL_JOBSET_CRD = SHARED / "schemas" / "jobset.x-k8s.io_jobsets.yaml"
-NO_REAL_JOBSET_CRD = (f"strict check against the real JobSet schema: {REAL_JOBSET_CRD} is absent "
-                      "(../shared/schemas beside the repository)")
 
 
 def local_trainer_pid(run_dir: Path, variable: str, value: int) -> int:
@@ -86,12 +81,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def jobset_schema():
-    """The real JobSet CRD's v1alpha2 schema as a validator; skipped when ../shared is absent."""
-    if not REAL_JOBSET_CRD.exists():
-        pytest.skip(NO_REAL_JOBSET_CRD)
+    """The real JobSet CRD's v1alpha2 schema as a validator, at the version the local cluster pins: from the
+    cluster build's cache, the Go module cache or the module proxy (tests/jobset_crd.py), never a copy in the
+    repository; skipped, saying where it looked, only when it is nowhere (no build, no Go, no ../shared)."""
+    from tests import jobset_crd
     from tests.crd_schema import CrdSchema
 
-    crd = yaml.safe_load(REAL_JOBSET_CRD.read_text())
+    path, where = jobset_crd.find()
+    if path is None:
+        pytest.skip(f"strict check against the real JobSet schema: {where}")
+    crd = yaml.safe_load(path.read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2")
     return CrdSchema(version["schema"]["openAPIV3Schema"])
 

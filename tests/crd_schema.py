@@ -1,5 +1,5 @@
 """Structural OpenAPI v3 schemas of CRDs, offline: pruning and validation as the API server does them, for
-fast checks of rendered manifests against the real JobSet CRD (../shared/schemas) in the default test run.
+fast checks of rendered manifests against the real JobSet CRD (tests/jobset_crd.py finds it) in the default test run.
 The cluster suite checks the same manifests against a real kube-apiserver and JobSet's own webhooks
 (tests/cluster/test_render_admitted.py); this stays because it needs no cluster and no Go.
 

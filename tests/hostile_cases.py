@@ -1,7 +1,8 @@
 """Hostile and careless job files (issue 27), shared by the tests that send them somewhere: `tpujob validate`
 (tests/test_hostile.py) and `kubectl apply` to the real API server and operator (tests/cluster/test_hostile.py).
 
-CASES: (id, the file's text (str) or bytes, what the error names)."""
+CASES: (id, the file's text (str) or bytes, what the error names). SCHEMA_REFUSED: (spec patch, the field the
+CRD's schema names when it refuses it), for tests/test_crd.py and tests/cluster/test_crd.py."""
 
 from __future__ import annotations
 
@@ -114,4 +115,29 @@ CASES = [
     ("grow-back-probe-name", spec_text(tpu={"topology": "2x2x4", "slices": 2, "elastic": {"minSlices": 1, "growBack": True}},
                                    training={"steps": 1, "globalBatch": 64, "sequenceLength": 128}).replace(
         "name: tiny", "name: " + "a" * 47), "metadata.name"),
+]
+
+
+# Spec patches the CRD's schema refuses, each with the field the refusal names: offline (tests/test_crd.py, the
+# schema validator of tests/crd_schema.py) and on a real kube-apiserver (tests/cluster/test_crd.py).
+SCHEMA_REFUSED = [
+    ({"tpu": {"generation": "v9", "topology": "4x4x4"}}, "spec.tpu.generation"),
+    ({"tpu": {"topology": "four"}}, "spec.tpu.topology"),
+    ({"tpu": {"topology": "2x2x1", "slices": 0}}, "spec.tpu.slices"),
+    ({"parallelism": {"fsdp": "most"}}, "spec.parallelism.fsdp"),
+    ({"parallelism": {"fsdp": 0}}, "spec.parallelism.fsdp"),
+    ({"kernels": {"attention": "flash"}}, "spec.kernels.attention"),
+    ({"runtime": {"libtpuInitArgs": ["not a flag"]}}, "spec.runtime.libtpuInitArgs[0]"),
+    ({"training": {"steps": 1, "globalBatch": 8, "sequenceLength": 128,
+                   "remat": {"policy": "custom", "tensors": {"qkv_proj": "elsewhere"}}}},
+     "spec.training.remat.tensors.qkv_proj"),
+    # Bounds (api/limits.py): issue 27's elastic job never reaches the operator.
+    ({"training": {"steps": 1, "globalBatch": 48 * (10**15 + 37), "microbatches": 10**15 + 37,
+                   "sequenceLength": 128}}, "spec.training.microbatches"),
+    ({"model": {"preset": "tiny", "layers": 2**62}}, "spec.model.layers"),
+    ({"runtime": {"env": [{"name": f"E{i}"} for i in range(257)]}}, "spec.runtime.env"),
+    ({"image": "ghcr.io/Team/trainer"}, "spec.image"),
+    ({"training": {"steps": 1, "globalBatch": 8, "sequenceLength": 128, "data": {"source": "files",
+                                                                               "path": "relative/dir"}}},
+     "spec.training.data.path"),
 ]

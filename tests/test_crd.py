@@ -7,6 +7,7 @@ import yaml
 
 from tests.conftest import EXAMPLES, tiny_job
 from tests.crd_schema import CrdSchema, SchemaError
+from tests.hostile_cases import SCHEMA_REFUSED
 from tpu_operator.api import crd
 
 CRD_PATH = EXAMPLES.parent / "crds" / crd.CRD_FILE
@@ -39,32 +40,7 @@ def test_crd_admits_every_example_unchanged(path):
     assert _schema().admit(doc, "TPUTrainingJob", "training.tpu-operator.dev") == doc
 
 
-# Specs the CRD's schema refuses, each with the field the refusal names (the cluster suite sends them to a
-# real kube-apiserver: tests/cluster/test_crd.py).
-HOSTILE = [
-    ({"tpu": {"generation": "v9", "topology": "4x4x4"}}, "spec.tpu.generation"),
-    ({"tpu": {"topology": "four"}}, "spec.tpu.topology"),
-    ({"tpu": {"topology": "2x2x1", "slices": 0}}, "spec.tpu.slices"),
-    ({"parallelism": {"fsdp": "most"}}, "spec.parallelism.fsdp"),
-    ({"parallelism": {"fsdp": 0}}, "spec.parallelism.fsdp"),
-    ({"kernels": {"attention": "flash"}}, "spec.kernels.attention"),
-    ({"runtime": {"libtpuInitArgs": ["not a flag"]}}, "spec.runtime.libtpuInitArgs[0]"),
-    ({"training": {"steps": 1, "globalBatch": 8, "sequenceLength": 128,
-                   "remat": {"policy": "custom", "tensors": {"qkv_proj": "elsewhere"}}}},
-     "spec.training.remat.tensors.qkv_proj"),
-    # Bounds (api/limits.py): issue 27's elastic job never reaches the operator.
-    ({"training": {"steps": 1, "globalBatch": 48 * (10**15 + 37), "microbatches": 10**15 + 37,
-                   "sequenceLength": 128}}, "spec.training.microbatches"),
-    ({"model": {"preset": "tiny", "layers": 2**62}}, "spec.model.layers"),
-    ({"runtime": {"env": [{"name": f"E{i}"} for i in range(257)]}}, "spec.runtime.env"),
-    ({"image": "ghcr.io/Team/trainer"}, "spec.image"),
-    ({"training": {"steps": 1, "globalBatch": 8, "sequenceLength": 128, "data": {"source": "files",
-                                                                               "path": "relative/dir"}}},
-     "spec.training.data.path"),
-]
-
-
-@pytest.mark.parametrize("patch,field", HOSTILE)
+@pytest.mark.parametrize("patch,field", SCHEMA_REFUSED)
 def test_crd_rejects_at_admission(patch, field):
     with pytest.raises(SchemaError) as exc:
         _schema().admit(tiny_job(**patch), "TPUTrainingJob", "training.tpu-operator.dev")

@@ -6,20 +6,15 @@ that needs it is skipped with that instruction.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tpu_operator.controller.rbac import RBAC_RULES
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "tpu-operator"
+from tests.chart.chart_helm import CHART, REQUIRED, ROOT, deployment_container, one, render, run_helm
+from tpu_operator.controller.rbac import RBAC_RULES
 
 # The operator's permissions, exactly as the operator declares them (`tpujob operator --print-rbac`),
 # split by where the chart grants them: (apiGroup, resource) -> verbs.
@@ -35,39 +30,6 @@ LONG_RELEASE = "a-release-name-that-is-exactly-fifty-three-characters"  # helm's
 assert len(LONG_RELEASE) == 53
 
 
-# The values the chart requires (no image is published): an installer names the images it built and pushed.
-REQUIRED = {"image": {"repository": "registry.example/tpu-operator"},
-            "operator": {"defaultImage": "registry.example/tpu-operator-workload:0.1.0"}}
-
-
-def run_helm(helm: str, *args: str, values: dict[str, Any] | None = None, tmp: Path | None = None,
-             required: bool = True) -> subprocess.CompletedProcess:
-    """helm with REQUIRED (unless `required` is false) and then `values` as values files."""
-    command = [helm, *args]
-    for given in ([REQUIRED] if required and values is not None else []) + ([values] if values is not None else []):
-        assert tmp is not None
-        path = tmp / f"values-{hashlib.sha1(repr(given).encode()).hexdigest()[:8]}.yaml"
-        path.write_text(yaml.safe_dump(given))
-        command += ["-f", str(path)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
-
-
-def render(helm: str, tmp_path: Path, values: dict[str, Any] | None = None, release: str = "t",
-           namespace: str = "tpu-system", include_crds: bool = False) -> list[dict[str, Any]]:
-    args = ["template", release, str(CHART), "--namespace", namespace]
-    if include_crds:
-        args.append("--include-crds")
-    result = run_helm(helm, *args, values=values or {}, tmp=tmp_path)
-    assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-
-
-def one(docs: list[dict], kind: str) -> dict:
-    found = [d for d in docs if d["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, got {[d['metadata']['name'] for d in found]}"
-    return found[0]
-
-
 def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
     """(apiGroup, resource) -> verbs; fails on wildcards, on a resource granted twice, on any other rule field."""
     result: dict[tuple[str, str], set[str]] = {}
@@ -81,13 +43,6 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
                 assert key not in result, f"{key} granted twice in {role['metadata']['name']}"
                 result[key] = set(rule["verbs"])
     return result
-
-
-def deployment_container(docs: list[dict]) -> tuple[dict, dict]:
-    deployment = one(docs, "Deployment")
-    containers = deployment["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1
-    return deployment, containers[0]
 
 
 def config_hash(docs: list[dict]) -> str:

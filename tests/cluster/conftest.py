@@ -42,7 +42,8 @@ _logs: list[Path] = []  # component logs of the running local cluster, for failu
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """test_rbac.py reads the audit log of the whole session: it runs last."""
+    """test_rbac.py runs last: its check of the chart's ServiceAccount reads the audit log of the whole session,
+    so it then covers every operator of the suite (it passes alone too, on an operator of its own)."""
     last = [item for item in items if Path(str(item.fspath)).name == "test_rbac.py"]
     items[:] = [item for item in items if item not in last] + last
 

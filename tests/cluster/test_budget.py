@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import OPERATOR_NAMESPACE
+from tests.cluster.jobs import WAIT_S, job_doc, namespaced, reconciles, status_where, watch_ended
 from tests.cluster.kube import Cluster, wait_for
-from tests.cluster.test_kills import namespaced
-from tests.cluster.test_operator import WAIT_S, job_doc, status_where
 from tests.operator_process import Operator
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_workload.metrics import serve_http
@@ -94,10 +93,16 @@ def test_one_jobs_requests_over_its_life_stay_within_budget(local_cluster: Clust
         assert (done["step"], done["lastCheckpointStep"]) == (5, 5), done
         wait_for(lambda: any(e["reason"] == "Succeeded" for e in cluster.events(ns, "frugal")), WAIT_S,
                  "the Succeeded Event")
-        time.sleep(3)  # a request the end would still trigger lands now
+        # What the end triggers has happened once the operator has reconciled the job as finished (its last status
+        # write came back through the watch: nothing is left to do for it), then stopped; once the end of its watch
+        # is in the audit log, so is every request it made.
+        wait_for(lambda: reconciles(operator, "finished") >= 1, WAIT_S, "a reconcile of the finished job",
+                 diagnose=operator.log_tail)
     finally:
         trainer.stop()
         operator.kill(signal.SIGTERM)
+    wait_for(lambda: watch_ended(cluster, started, user, ns, "tputrainingjobs"), 30,
+             "the end of the operator's watch in the audit log")
     counts: dict[tuple[str, str], int] = {}
     for event in cluster.audit(since):
         if event["user"]["username"] == user and event["objectRef"].get("namespace") == ns and event["verb"] != "watch":

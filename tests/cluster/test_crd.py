@@ -13,7 +13,7 @@ import yaml
 
 from tests.cluster.kube import JOBS, Cluster
 from tests.conftest import EXAMPLES, ROOT, tiny_job
-from tests.test_crd import HOSTILE
+from tests.hostile_cases import SCHEMA_REFUSED
 
 pytestmark = pytest.mark.cluster
 CRD = ROOT / "crds" / "tputrainingjob.yaml"
@@ -75,8 +75,9 @@ def test_every_example_is_admitted_with_what_it_says(crd: Cluster, path):
     contained(doc["spec"], admitted)
 
 
-# HOSTILE, and what only the API server checks: a CEL rule (a structural schema has no patternProperties).
-@pytest.mark.parametrize("patch,field", [*HOSTILE, ({"nodeSelector": {"not a label key!": "x"}}, "spec.nodeSelector")])
+# SCHEMA_REFUSED, and what only the API server checks: a CEL rule (a structural schema has no patternProperties).
+@pytest.mark.parametrize("patch,field", [*SCHEMA_REFUSED,
+                                         ({"nodeSelector": {"not a label key!": "x"}}, "spec.nodeSelector")])
 def test_hostile_spec_is_refused_at_admission(crd: Cluster, patch, field):
     ns = crd.namespace("hostile")
     result = crd.apply(job("hostile", **patch), namespace=ns, check=False)

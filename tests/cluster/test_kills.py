@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.cluster.conftest import OPERATOR_NAMESPACE
+from tests.cluster.jobs import namespaced
 from tests.cluster.kube import JOBSETS, Cluster, wait_for
 from tests.conftest import operator_job
 from tests.operator_process import Operator
@@ -18,11 +19,6 @@ from tpu_operator.controller.children import config_map_of
 
 pytestmark = pytest.mark.cluster
 JOBS, KILLS = 10, 20
-
-
-def namespaced(args: list[str], ns: str) -> list[str]:
-    """The chart's operator arguments on one namespace instead of all."""
-    return [a for a in args if a != "--all-namespaces"] + [f"--namespace={ns}"]
 
 
 def test_twenty_kills_over_ten_jobs_leave_one_jobset_and_one_configmap_per_job(local_cluster: Cluster, chart: str,

@@ -10,23 +10,13 @@ import importlib.util
 import time
 
 import pytest
-import yaml
 
+from tests.cluster.jobs import TRAIN_S, quickstart
 from tests.cluster.kube import JOBSETS, Cluster, condition, wait_for
-from tests.conftest import EXAMPLES, operator_job
+from tests.conftest import operator_job
 from tests.operator_process import Operator
-from tpu_operator.local.pods import free_port
 
 pytestmark = pytest.mark.cluster
-TRAIN_S = 600
-
-
-def quickstart(tmp_path, steps: int) -> dict:
-    doc = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
-    doc["spec"]["training"]["steps"] = steps
-    doc["spec"]["checkpoint"] = {"directory": str(tmp_path / "ckpt"), "interval": 10, "keep": 2}
-    doc["spec"]["runtime"] = {"metricsPort": free_port()}
-    return doc
 
 
 def owned_by(obj: dict, uid: str) -> bool:

@@ -7,30 +7,15 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any
 
 import pytest
 
+from tests.cluster.jobs import WAIT_S, job_doc, status_where
 from tests.cluster.kube import JOBSETS, Cluster, condition, wait_for
-from tests.conftest import operator_job
 from tests.operator_process import Operator
 from tpu_operator.controller.children import config_map_of
 
 pytestmark = pytest.mark.cluster
-WAIT_S = 90
-
-
-def job_doc(name: str, **spec: Any) -> dict[str, Any]:
-    doc = operator_job(**spec)
-    doc["metadata"]["name"] = name
-    return doc
-
-
-def status_where(cluster: Cluster, ns: str, name: str, test, what: str, operator: Operator | None = None,
-                 timeout: float = WAIT_S) -> dict[str, Any]:
-    return wait_for(lambda: (s := cluster.status(ns, name)) and test(s) and s, timeout, f"{what} of {ns}/{name}",
-                    diagnose=lambda: f"status: {json.dumps(cluster.status(ns, name))}\n" +
-                    (operator.log_tail(15) if operator else ""))
 
 
 def test_valid_job_gets_its_configmap_and_jobset_owned_by_it(local_cluster: Cluster, operator: Operator):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.kube import wait_for
-from tests.cluster.test_lifecycle import TRAIN_S, quickstart
+from tests.cluster.jobs import TRAIN_S, quickstart
 from tests.operator_process import Operator
 from tests.cluster.kube import Cluster
 from tpu_operator.api import names

@@ -2,8 +2,9 @@
 (they run as local processes with a token of the chart's ServiceAccount). The API server's audit log
 says what each one asked for and what it was answered.
 
-These tests run last (conftest.py orders them so): the cluster-wide check covers every request the
-suite's operators made.
+Each test makes what it checks (its namespaces, its release or ClusterRole, its own operator and job) and
+removes what it made, so it passes alone and in any order. conftest.py still runs this module last: the
+check of the chart's ServiceAccount then covers every request the suite's operators made, not only its own.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import time
 import pytest
 
 from tests.cluster.conftest import CHART, NO_NODE, OPERATOR_NAMESPACE, RELEASE, chart_args, helm_run
+from tests.cluster.jobs import WAIT_S, job_doc, namespaced, reconciles, status_where, watch_ended
 from tests.cluster.kube import JOBSETS, Cluster, authorization, condition, wait_for
 from tests.conftest import operator_job
 from tests.operator_process import Operator
 
 pytestmark = pytest.mark.cluster
-SESSION_START = time.time()
+SESSION_START = time.time()  # collection: before any test of the session ran
 
 
 def test_a_namespaced_install_acts_only_in_its_namespaces(local_cluster: Cluster, helm: str, tmp_path):
@@ -44,20 +46,22 @@ def scoped_operator_acts_only_in(cluster: Cluster, team_a: str, team_b: str, hom
     namespaces = [a.split("=", 1)[1] for a in args if a.startswith("--namespace=")]
     assert namespaces == [team_a], args
     kubeconfig = cluster.token_kubeconfig(home, f"{release}-tpu-operator", tmp_path / "kubeconfig")
+    user = f"system:serviceaccount:{home}:{release}-tpu-operator"
     since = time.time()
     op = Operator(kubeconfig, tmp_path, *chart_args(cluster, home, release)).start()
     try:
-        for ns in (team_a, team_b):
-            doc = operator_job()
-            doc["metadata"]["name"] = "scoped"
-            cluster.apply(doc, namespace=ns)
+        for ns in (team_b, team_a):  # the unwatched namespace's job first: there before the operator acts
+            cluster.apply(job_doc("scoped"), namespace=ns)
         wait_for(lambda: cluster.status(team_a, "scoped").get("jobSetName"), 60, "the JobSet in the watched namespace",
                  diagnose=op.log_tail)
-        time.sleep(5)  # time enough for the other job to be picked up, were it watched
-        assert cluster.get(JOBSETS, team_b, "scoped") is None and not cluster.status(team_b, "scoped")
     finally:
         op.kill(signal.SIGTERM)
-    user = f"system:serviceaccount:{home}:{release}-tpu-operator"
+    # Not a wait for something not to happen: the operator has ended, and once the end of its watch of the jobs in
+    # team_a is in the audit log, so is every request it made. It could only have seen team_b's job through a
+    # request in team_b or a cluster-wide read of the jobs (asserted below: none), and made nothing there.
+    wait_for(lambda: watch_ended(cluster, since, user, team_a, "tputrainingjobs"), 30,
+             "the end of the operator's watch in the audit log")
+    assert cluster.get(JOBSETS, team_b, "scoped") is None and not cluster.status(team_b, "scoped")
     requests = [e for e in cluster.audit(since) if e["user"]["username"] == user]
     assert requests, "no request from the namespaced operator in the audit log"
     assert any(authorization(e) == "allow" for e in requests), "the audit log has no authorization decisions"
@@ -92,8 +96,8 @@ def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retri
                   {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
                    "subjects": [{"kind": "ServiceAccount", "name": "op", "namespace": ns}]})
-    args = [a for a in chart_args(cluster, OPERATOR_NAMESPACE, RELEASE) if a != "--all-namespaces"]
-    op = Operator(cluster.token_kubeconfig(ns, "op", tmp_path / "kubeconfig"), tmp_path, *args, f"--namespace={ns}")
+    args = namespaced(chart_args(cluster, OPERATOR_NAMESPACE, RELEASE), ns)
+    op = Operator(cluster.token_kubeconfig(ns, "op", tmp_path / "kubeconfig"), tmp_path, *args)
     try:
         op.start()
         since = time.time()
@@ -106,7 +110,13 @@ def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retri
         assert refused["observedGeneration"] == 1
         wait_for(lambda: any(e["reason"] == "Forbidden" and e["type"] == "Warning" for e in cluster.events(ns, "tiny")),
                  30, "a Warning Event Forbidden")
-        time.sleep(5)  # a retry with backoff would have sent the create several times by now
+        # Not a wait for the create not to come again: the operator's own count of reconciles it held back. Its
+        # refusal's status write comes back as a job event (one held reconcile); an annotation, which moves no
+        # generation, makes another. A retrying operator would have sent the create in each.
+        wait_for(lambda: reconciles(op, "held") >= 1, 30, "a held reconcile after the refusal", diagnose=op.log_tail)
+        cluster.kubectl("annotate", "tpujob", "tiny", "-n", ns, "test.tpu-operator.dev/poke=1")
+        wait_for(lambda: reconciles(op, "held") >= 2, 30, "a held reconcile after an edit of the metadata only",
+                 diagnose=op.log_tail)
         user = f"system:serviceaccount:{ns}:op"
         creates = [e for e in cluster.audit(since) if e["user"]["username"] == user
                    and e["verb"] == "create" and e["objectRef"].get("resource") == "jobsets"]
@@ -129,10 +139,23 @@ def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retri
         cluster.kubectl("delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found", check=False)
 
 
-def test_no_request_of_the_charts_operator_was_forbidden_in_the_whole_suite(local_cluster: Cluster, chart: str):
+def test_no_request_of_the_charts_operator_was_forbidden_in_the_whole_suite(local_cluster: Cluster, chart: str,
+                                                                            operator_kubeconfig, operator_args,
+                                                                            tmp_path):
     """Every operator of the suite (the lifecycle with its pre-flight, restarts, Kueue, kills) ran with the
-    chart's ServiceAccount: not one of its requests was refused."""
+    chart's ServiceAccount: not one of its requests was refused. This test runs one of its own, on a job of
+    its own to its first Event, so the check has requests to look at however the suite is ordered or cut."""
+    cluster, ns = local_cluster, local_cluster.namespace("rbac-own")
     user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
+    op = Operator(operator_kubeconfig, tmp_path, *namespaced(operator_args, ns)).start()
+    try:
+        cluster.apply(job_doc("own"), namespace=ns)
+        status_where(cluster, ns, "own", lambda s: s.get("jobSetName"), "a JobSet", op)
+        wait_for(lambda: any(e["reason"] == "Created" for e in cluster.events(ns, "own")), WAIT_S, "the Event Created")
+    finally:
+        op.kill(signal.SIGTERM)
+    wait_for(lambda: watch_ended(cluster, SESSION_START, user, ns, "tputrainingjobs"), 30,
+             "the end of the operator's watch in the audit log")
     requests = [e for e in local_cluster.audit(SESSION_START) if e["user"]["username"] == user]
     used = sorted({(e["objectRef"].get("apiGroup", ""), e["resource"], e["verb"]) for e in requests if e["resource"]})
     print("requests of the chart's operator (group, resource, verb):", used)

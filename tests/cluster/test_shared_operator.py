@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.jobs import WAIT_S, job_doc, status_where
 from tests.cluster.kube import Cluster, wait_for
-from tests.cluster.test_operator import WAIT_S, job_doc, status_where
 from tests.operator_process import Operator
 from tpu_operator.api import limits
 from tpu_operator.local.pods import free_port

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.test_chart import deployment_container, render as render_chart
+from tests.chart.chart_helm import deployment_container, render as render_chart
 from tests.conftest import EXAMPLES, ROOT, operator_job
 from tests.images.container import (Image, exec_in_image, own_dir, podman, process_status, root_mount_options,
                                     running)

@@ -21,7 +21,7 @@ from kubernetes_asyncio import client as k8s
 from tpu_operator.controller.kube import AsyncKube
 from tpu_operator.controller.metrics_reader import MetricsReader
 
-from tests.operator.test_operator_units import FakeKube, add_pod0, manager_for
+from tests.fakes import FakeKube, add_pod0, manager_for
 
 HUGE = 200 * 1024 * 1024  # what the hostile trainer offers
 CHUNK = b"x" * 65536

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 from tests.conftest import operator_job as tiny_job
-from tests.operator.test_operator_units import FakeKube, job_status, run_reconcile
+from tests.fakes import FakeKube, job_status, run_reconcile
 from tpu_operator.api.validation import parse_job
 from tpu_operator.controller.kube import CONFIGMAPS
 from tpu_operator.rendering.manifests import render

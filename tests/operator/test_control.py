@@ -17,7 +17,7 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from tests.conftest import operator_job as tiny_job
-from tests.operator.test_operator_units import FakeKube, add_pod0, run_reconcile
+from tests.fakes import FakeKube, add_pod0, run_reconcile
 from tpu_operator.controller.kube import JOBSETS, SECRETS, ApiError, AsyncKube
 from tpu_operator.api.profiling import CONTROL_REFUSED
 from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import operator_job as tiny_job, tiny_job as planned_job
-from tests.operator.test_operator_units import FakeKube, job_status, run_reconcile
-from tests.operator.test_preflight_units import run
+from tests.fakes import FakeKube, job_status, run_reconcile, run_with_preflights as run
 from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBSETS, PODS, SECRETS, ApiError
 
 TOLERATION = ('Pod "tiny-slice-x" is invalid: spec.tolerations[1].effect: Invalid value: "NoSchedule": effect must be '

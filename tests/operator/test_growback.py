@@ -8,8 +8,7 @@ import asyncio
 from typing import Any
 
 from tests.conftest import operator_job as tiny_job
-from tests.operator.test_operator_units import FakeKube, job_status
-from tests.operator.test_restarts import T0, at, fail_slices, running
+from tests.fakes import T0, FakeKube, at, fail_slices, job_status, running
 from tpu_operator.api.lifecycle import Progress
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import reconcile

@@ -10,8 +10,7 @@ import asyncio
 from typing import Any
 
 from tests.conftest import operator_job as tiny_job
-from tests.operator.test_operator_units import FakeKube, job_status
-from tests.operator.test_restarts import T0, at, running
+from tests.fakes import T0, FakeKube, at, job_status, running
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import health, reconcile
 from tpu_operator.controller.kube import JOBSETS, PODS

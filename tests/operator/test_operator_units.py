@@ -4,42 +4,29 @@ manager over an in-memory API, the work queue, the metrics reader, the Prometheu
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
-import datetime
 import json
-from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
 from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
+from tests.fakes import (LATER, NOW, Clock, FakeKube, add_pod0, drain, jobset, job_status, manager_for, run_reconcile,
+                         writes)
 from tpu_operator.api import names
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.status import TPUTrainingJobStatus
 from tpu_operator.api.timestamps import format as rfc3339
 from tpu_operator.controller import children, metrics_reader, phases, reconcile, status as status_lib
 from tpu_operator.controller.conditions import set_condition
-from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS, ApiError, Resource
-from tpu_operator.controller.manager import Manager
+from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS
 from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable, pick_pod, to_sample
 from tpu_operator.controller.queue import WorkQueue
 from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_operator.controller.stats import Stats
 from tpu_operator.controller.status import Sample
 
-NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)  # the fake clock's times
-LATER = NOW + datetime.timedelta(minutes=5)
 EMPTY = TPUTrainingJobStatus()
-
-
-def jobset(active: int = 0, ready: int = 0, conditions: tuple[str, ...] = (),
-           terminal: str | None = None, suspend: bool = False) -> dict[str, Any]:
-    status: dict[str, Any] = {"replicatedJobsStatus": [{"name": "slice", "active": active, "ready": ready}],
-                              "conditions": [{"type": t, "status": "True", "message": f"{t} msg"} for t in conditions]}
-    if terminal:
-        status["terminalState"] = terminal
-    return {"metadata": {"name": "js"}, "spec": {"suspend": suspend}, "status": status}
 
 
 @pytest.mark.parametrize("previous, restart, js, expected", [
@@ -157,132 +144,6 @@ def test_a_sample_goes_stale_on_error_and_changes_nothing_when_nothing_is_new():
     assert (metrics.status, metrics.reason, metrics.last_transition_time) == ("False", "Unreachable", LATER)
 
 
-# --- an in-memory API ------------------------------------------------------------------------------------
-
-
-class FakeKube:
-    """Just enough API server: create (409 on a taken name), get (404), merge patch with the
-    resourceVersion precondition, /status writes that change only .status, label-selected lists."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.rv = 0
-        self.calls: list[tuple[str, str]] = []
-        self.conflicts = 0  # status writes to refuse with 409, as if someone else had written
-        self.refuse: dict[Resource, ApiError] = {}  # creates of these refused, as the API server would
-
-    def _bump(self, obj: dict[str, Any]) -> None:
-        self.rv += 1
-        obj["metadata"]["resourceVersion"] = str(self.rv)
-
-    async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any]:
-        path = resource.path(namespace, name)
-        self.calls.append(("GET", path))
-        if path not in self.objects:
-            raise ApiError(404, "not found")
-        return copy.deepcopy(self.objects[path])
-
-    async def create(self, resource: Resource, namespace: str, body: dict[str, Any],
-                     dry_run: bool = False) -> dict[str, Any]:
-        self.calls.append(("DRYRUN" if dry_run else "POST", resource.path(namespace)))
-        if resource in self.refuse:  # the API server's validation or a webhook says no, dry run or not
-            raise self.refuse[resource]
-        key = resource.path(namespace, body["metadata"].get("name") or f"gen-{self.rv}")
-        if key in self.objects:
-            raise ApiError(409, "already exists")
-        if dry_run:
-            return copy.deepcopy(body)
-        obj = copy.deepcopy(body)
-        if "stringData" in obj:  # as the API server stores a Secret
-            obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
-        obj["metadata"].setdefault("uid", f"uid-{self.rv + 1}")  # never reused
-        self._bump(obj)
-        self.objects[key] = obj
-        return copy.deepcopy(obj)
-
-    async def patch(self, resource: Resource, namespace: str, name: str, body: dict[str, Any],
-                    sub: str | None = None) -> dict[str, Any]:
-        self.calls.append(("PATCH", resource.path(namespace, name, sub)))
-        obj = self.objects[resource.path(namespace, name)]
-        wanted = (body.get("metadata") or {}).get("resourceVersion")
-        if sub == "status" and self.conflicts:
-            self.conflicts -= 1
-            raise ApiError(409, "conflict")
-        if wanted and wanted != obj["metadata"]["resourceVersion"]:
-            raise ApiError(409, "conflict")
-        _merge(obj.setdefault(sub or "spec", {}), body.get(sub or "spec", {}))
-        _merge(obj["metadata"].setdefault("annotations", {}), (body.get("metadata") or {}).get("annotations") or {})
-        self._bump(obj)
-        return copy.deepcopy(obj)
-
-    async def list(self, resource: Resource, namespace: str, selector: str) -> list[dict[str, Any]]:
-        self.calls.append(("LIST", resource.path(namespace)))
-        wanted = dict(term.split("=") for term in selector.split(","))
-        return [copy.deepcopy(o) for path, o in self.objects.items() if path.startswith(resource.path(namespace) + "/")
-                and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())]
-
-    async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any:
-        self.calls.append(("PROXY", f"{pod}:{port}/{path}"))
-        return {"step": 9, "mfu": 0.25}
-
-    async def delete(self, resource: Resource, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        path = resource.path(namespace, name)
-        self.calls.append(("DELETE", path))
-        if path not in self.objects:
-            raise ApiError(404, "not found")
-        if (body.get("preconditions") or {}).get("uid") not in (None, self.objects[path]["metadata"]["uid"]):
-            raise ApiError(409, "uid precondition failed")
-        return self.objects.pop(path)
-
-    async def delete_all(self, resource: Resource, namespace: str, selector: str,
-                         body: dict[str, Any]) -> dict[str, Any]:
-        doomed = await self.list(resource, namespace, selector)
-        self.calls[-1] = ("DELETECOLLECTION", resource.path(namespace))  # the list above is part of this call
-        for o in doomed:
-            self.objects.pop(resource.path(namespace, o["metadata"]["name"]), None)
-        return {"kind": "Status", "status": "Success"}
-
-    def add_job(self, doc: dict[str, Any], uid: str = "job-uid") -> dict[str, Any]:
-        obj = copy.deepcopy(doc)
-        obj["metadata"].update(namespace="default", uid=uid, generation=1)
-        self._bump(obj)
-        self.objects[JOBS.path("default", obj["metadata"]["name"])] = obj
-        return copy.deepcopy(obj)
-
-    def job(self, name: str = "tiny") -> dict[str, Any]:
-        return copy.deepcopy(self.objects[JOBS.path("default", name)])
-
-    def jobset(self, name: str = "tiny") -> dict[str, Any] | None:
-        return copy.deepcopy(self.objects.get(JOBSETS.path("default", name)))
-
-
-def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
-    """RFC 7386: None removes, objects merge field by field, anything else replaces."""
-    for k, v in patch.items():
-        if v is None:
-            target.pop(k, None)
-        elif isinstance(v, dict) and isinstance(target.get(k), dict):
-            _merge(target[k], v)
-        else:
-            target[k] = copy.deepcopy(v)
-
-
-def run_reconcile(kube: FakeKube, obj: dict[str, Any], jobset_seen: dict[str, Any] | None = None,
-                  config: OperatorConfig = OperatorConfig()) -> tuple[reconcile.ReconcileResult, list[phases.Notice]]:
-    notices: list[phases.Notice] = []
-    means = reconcile.Means(kube, config, lambda o, n: notices.append(n), clock=lambda: NOW)
-    outcome = asyncio.run(reconcile.reconcile(means, obj, reconcile.Seen(jobset_seen)))
-    return outcome, notices
-
-
-def job_status(kube: FakeKube, name: str = "tiny") -> TPUTrainingJobStatus:
-    return TPUTrainingJobStatus.model_validate(kube.objects[JOBS.path("default", name)].get("status") or {})
-
-
-def writes(kube: FakeKube) -> list[tuple[str, str]]:
-    return [c for c in kube.calls if c[0] in ("POST", "PATCH")]
-
-
 # --- reconcile ----------------------------------------------------------------------------------------------
 
 
@@ -397,34 +258,6 @@ def test_a_conflicting_status_write_rereads_once_then_leaves_it():
 
 
 # --- the manager ------------------------------------------------------------------------------------------------
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def manager_for(kube: FakeKube, **config: Any) -> tuple[Manager, Clock, list[phases.Notice]]:
-    notices: list[phases.Notice] = []
-    clock = Clock()
-    cfg = OperatorConfig(metrics_access="proxy", **config)
-    manager = Manager(kube, MetricsReader(kube, "proxy"), cfg, lambda o, n: notices.append(n), Stats(),
-                      now=lambda: LATER, clock=clock)
-    return manager, clock, notices
-
-
-async def drain(manager: Manager, index: dict[Any, list[dict[str, Any]]], jobset_index: dict[Any, Any]) -> list[str]:
-    """Run the queued reconciles (and the ones they queue) to the end; their results."""
-    manager.jobs, manager.jobsets = index, jobset_index
-    results = []
-    while len(manager.queue):
-        key, reasons = await manager.queue.get()
-        results.append(await manager._reconcile(key, reasons))
-        manager.queue.done(key)
-    return results
 
 
 def test_manager_resync_catches_up_a_lost_completion_with_one_get():
@@ -549,14 +382,6 @@ def test_work_queue_backs_off_exponentially_and_forgets_on_success():
 
 
 # --- the metrics reader -----------------------------------------------------------------------------------------------
-
-
-def add_pod0(kube: FakeKube, jobset_name: str = "job", ip: str = "10.1.2.3") -> None:
-    labels = {"jobset.sigs.k8s.io/jobset-name": jobset_name, "jobset.sigs.k8s.io/job-index": "0",
-              "batch.kubernetes.io/job-completion-index": "0"}
-    kube.objects[PODS.path("ml", f"{jobset_name}-slice-0-0-x")] = {
-        "metadata": {"name": f"{jobset_name}-slice-0-0-x", "creationTimestamp": rfc3339(NOW), "labels": labels},
-        "status": {"phase": "Running", "podIP": ip}}
 
 
 def test_metrics_reader_lists_pod0_once_and_reads_through_the_proxy():

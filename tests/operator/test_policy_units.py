@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import operator_job as tiny_job
-from tests.operator.test_operator_units import LATER, NOW, Clock, FakeKube, drain, jobset, job_status, manager_for
+from tests.fakes import LATER, NOW, Clock, FakeKube, drain, jobset, job_status, manager_for
 from tpu_operator.api import timestamps
 from tpu_operator.api.failures import RestartCounts, backoff_s
 from tpu_operator.api.spec import FailurePolicySpec

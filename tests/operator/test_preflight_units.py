@@ -4,7 +4,6 @@ the Job controller and kubelet would leave them. No processes."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 from typing import Any
@@ -12,16 +11,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import tiny_job
-from tests.operator.test_operator_units import FakeKube, job_status
+from tests.fakes import PREFLIGHT_TIMING as TIMING, FakeKube, job_status, run_with_preflights as run
 from tpu_operator.api.contract import PlanResult, StepResources
 from tpu_operator.api.timestamps import parse
-from tpu_operator.controller import preflight, reconcile
+from tpu_operator.controller import preflight
 from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS
-from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_operator.rendering.preflight import preflight_labels
 
 T0, T1, T3, LATE = "2026-01-01T00:00:00Z", "2026-01-01T00:00:30Z", "2026-01-01T00:03:00Z", "2026-01-01T00:10:00Z"
-TIMING = preflight.Timing(start_s=120, deadline_s=300, grace_s=60)
 FITS = PlanResult(verdict="Fits", message="fits: 13.03 GiB per device", hbm_per_device_gib=13.03,
                   hbm_capacity_gib=96, compile_seconds=47.0, libtpu_version="0.0.52")
 TOO_BIG = PlanResult(verdict="DoesNotFit", message="does not fit HBM: temporaries (162.91G) exceed 94.74G",
@@ -75,16 +72,6 @@ def test_the_decision(found, pods, age, compiling, kind, reason):
         assert decision.requeue_after_s and decision.requeue_after_s > 0
     if reason == "PreflightNotStarted" and pods:
         assert "ImagePullBackOff" in decision.message and "img:1" in decision.message
-
-
-def run(kube: FakeKube, now: str) -> tuple[reconcile.ReconcileResult, list[Any]]:
-    notices: list[Any] = []
-    found = [o for path, o in kube.objects.items() if path.startswith(BATCH_JOBS.path("default") + "/")]
-    means = reconcile.Means(kube, OperatorConfig(preflight=TIMING), lambda o, n: notices.append(n),
-                            clock=lambda: parse(now))
-    outcome = asyncio.run(reconcile.reconcile(means, kube.job(), reconcile.Seen(kube.jobset(),
-                                                                                preflights=copy.deepcopy(found))))
-    return outcome, notices
 
 
 def posts(kube: FakeKube) -> list[str]:

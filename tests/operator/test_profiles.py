@@ -1,6 +1,6 @@
 """Profiles on demand, the operator's part: the annotation `training.tpu-operator.dev/profile` goes to the
 trainer's `POST /profile` once, and the job's status.profile follows the trainer's answer to the trace's path
-(controller/profiles.py). The API is the in-memory one of test_operator_units; the trainer's end is real HTTP:
+(controller/profiles.py). The API is the in-memory one of tests/fakes.py; the trainer's end is real HTTP:
 a process standing in for the trainer, running the trainer's own server and Profiler (standin_trainer.py)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import operator_job
-from tests.operator.test_operator_units import NOW, FakeKube, jobset
+from tests.fakes import NOW, FakeKube, jobset
 from tpu_operator.api import names
 from tpu_operator.api.status import TPUTrainingJobStatus
 from tpu_operator.controller import reconcile

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
-from tests.operator.test_operator_units import NOW, LATER, rfc3339, FakeKube, drain, job_status, manager_for, writes
+from tests.fakes import NOW, LATER, rfc3339, FakeKube, drain, job_status, manager_for, writes
 from tpu_operator.api import names
 from tpu_operator.api.status import TPUTrainingJobStatus
 from tpu_operator.controller import diagnosis, kueue, phases, reconcile

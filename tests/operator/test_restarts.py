@@ -12,24 +12,16 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
-from tests.operator.test_operator_units import FakeKube, job_status
+from tests.fakes import T0, FakeKube, at, fail_slices, failed_jobset, failed_pod, job_status, running
 from tpu_operator.api.failures import RestartCounts
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.spec import FailurePolicySpec
 from tpu_operator.api.status import TPUTrainingJobStatus
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import reconcile, restarts
-from tpu_operator.controller.kube import JOBSETS, PODS
 from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_operator.controller.stats import Stats
 from tpu_operator.controller.status import Sample
-
-T0 = "2026-01-01T00:00:00Z"
-
-
-def at(seconds: int) -> str:
-    return f"2026-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}Z"
-
 
 def when(seconds: int) -> datetime.datetime:
     return parse(at(seconds))
@@ -51,39 +43,9 @@ def new_job(kube: FakeKube, **policy: Any) -> None:
 
 def fail_jobset(kube: FakeKube, *codes_and_lines: tuple[int, str]) -> None:
     """Stand in for JobSet and the kubelet: pods that terminated with these codes and messages."""
-    js = _failed(kube, "tiny", "jobset failed")
+    js = failed_jobset(kube, "tiny", "jobset failed")
     for i, (code, line) in enumerate(codes_and_lines):
-        _failed_pod(kube, js, f"tiny-slice-0-{i}", code, TerminationRecord(code=code, error=line).message(), at(10 + i))
-
-
-def fail_slices(kube: FakeKube, *slices_and_codes: tuple[int, int], jobset: str = "tiny", start: int = 10) -> None:
-    """Stand in for JobSet and the kubelet: host 0 of each slice terminated with its code, in this order,
-    `start` seconds after T0 onwards (the first one is the root cause)."""
-    js = _failed(kube, jobset)
-    for i, (slice_id, code) in enumerate(slices_and_codes):
-        _failed_pod(kube, js, f"tiny-slice-{slice_id}-0", code, "", at(start + i),
-                    {"jobset.sigs.k8s.io/job-index": str(slice_id)})
-
-
-def _failed(kube: FakeKube, jobset: str, message: str | None = None) -> dict:
-    js = kube.objects[JOBSETS.path("default", jobset)]
-    condition = {"type": "Failed", "status": "True", **({"message": message} if message else {})}
-    js["status"] = {"terminalState": "Failed", "conditions": [condition]}
-    return js
-
-
-def _failed_pod(kube: FakeKube, js: dict, pod: str, code: int, message: str, finished: str,
-                labels: dict | None = None) -> None:
-    name = f"{pod}-{js['metadata']['uid']}"
-    kube.objects[PODS.path("default", name)] = {
-        "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny", **(labels or {})}},
-        "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
-            "exitCode": code, "message": message, "finishedAt": finished}}}]}}
-
-
-def running(kube: FakeKube) -> None:
-    kube.objects[JOBSETS.path("default", "tiny")]["status"] = {
-        "replicatedJobsStatus": [{"name": "slice", "active": 1, "ready": 1}]}
+        failed_pod(kube, js, f"tiny-slice-0-{i}", code, TerminationRecord(code=code, error=line).message(), at(10 + i))
 
 
 def test_a_failed_jobset_is_restarted_once_after_its_backoff_and_the_budget_is_the_jobs():
