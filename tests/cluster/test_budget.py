@@ -16,7 +16,7 @@ from tests.cluster.test_kills import namespaced
 from tests.cluster.test_operator import WAIT_S, job_doc, status_where
 from tests.operator_process import Operator
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
-from tpu_workload.metrics import serve_http
+from tpu_workload.process.metrics import serve_http
 
 pytestmark = pytest.mark.cluster
 
