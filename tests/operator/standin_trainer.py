@@ -20,7 +20,7 @@ from tpu_workload.process import metrics  # noqa: E402
 from tpu_workload.performance import profiling  # noqa: E402
 
 
-class _Run:  # what Profiler.hooks reads of a train.Run
+class _Run:  # what Profiler.hooks reads of a hooks.Run
     start = 0
 
 

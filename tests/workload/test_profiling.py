@@ -52,7 +52,7 @@ def profiler():
     return profiling.Profiler(total_steps=100, logdir="/tmp/unused")
 
 
-class _Run:  # only what Profiler.hooks reads of a train.Run
+class _Run:  # only what Profiler.hooks reads of a hooks.Run
     def __init__(self, start):
         self.start = start
 
