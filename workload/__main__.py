@@ -3,7 +3,7 @@
 Stdout of process 0 carries JSON lines only (one per logged step, then a summary with
 "summary": true); human logs go to stderr. The exit code follows the contract in
 `tpu_operator.api.lifecycle` (0 finished, 3 user error, 42 retryable, 143 stopped by SIGTERM after a
-checkpoint, 1 unexpected), decided in `exits.py`, which also writes the termination record.
+checkpoint, 1 unexpected), decided in `process/exits.py`, which also writes the termination record.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     _reserve_stdout_for_json()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .process import exits
     from .loop.progress import Clock
+    from .process import exits
 
     clock = Clock(started_at=time.time())
     try:

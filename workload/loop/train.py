@@ -217,7 +217,7 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
 
 
 # ---------------------------------------------------------------------------------------------
-# The run: set-up, the loop with its hooks, the summary
+# The run: set-up, the loop with its hooks (the types they share are in hooks.py)
 
 
 def data_fingerprint(t: TrainingSpec) -> dict:
