@@ -4,11 +4,11 @@ compile time of every example's train step, compiled by libtpu for its slice.
 
     python benchmarks/plan.py [--loss-chunks N] [--largest N] [--dump DIR] [--json] [examples/*.yaml ...]
 
-Each example is planned as `tpujob plan` plans it (a `python -m tpu_workload.plan` child per job, the
+Each example is planned as `tpujob plan` plans it (a `python -m tpu_workload.performance.plan` child per job, the
 job's flags, the catalogue's HBM and peaks; docs/plan.md says how the costs are read). `--loss-chunks 1`
 forces the unchunked cross entropy (the step as it was before chunking: `model.loss_fn`'s
 whole-vocabulary path), to measure what chunking saves. `--dump DIR` keeps each step's XLA dump in
-DIR/<example>/slices-<n> (`python -m tpu_workload.hlo_costs` on it lists where the FLOPs and bytes go).
+DIR/<example>/slices-<n> (`python -m tpu_workload.performance.hlo_costs` on it lists where the FLOPs and bytes go).
 Compile times are wall-clock on this machine: on 2 shared cores they vary up to 3x with the load.
 """
 
@@ -33,9 +33,9 @@ from tpu_operator.rendering.plan_report import resource_lines  # noqa: E402
 from tpu_operator.rendering.preflight import plan_args, plan_env  # noqa: E402
 
 # The plan with the loss chunk count forced (a benchmark-only override).
-FORCED = "import sys, tpu_workload.train as t; n = int(sys.argv.pop(1)); tiling = t.loss_tiling; " \
+FORCED = "import sys, tpu_workload.loop.train as t; n = int(sys.argv.pop(1)); tiling = t.loss_tiling; " \
          "t.loss_tiling = lambda cfg: (n, tiling(cfg)[1] if n > 1 else 1); " \
-         "from tpu_workload.plan import main; sys.exit(main(sys.argv[1:]))"
+         "from tpu_workload.performance.plan import main; sys.exit(main(sys.argv[1:]))"
 
 
 def plan_one(path: Path, loss_chunks: int | None, dump: Path | None = None) -> tuple[PlanResult, float, object]:
@@ -43,7 +43,7 @@ def plan_one(path: Path, loss_chunks: int | None, dump: Path | None = None) -> t
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.json"
         config.write_text(Plan(job).trainer_config().model_dump_json(by_alias=True))
-        head = [sys.executable, "-m", "tpu_workload.plan"] if loss_chunks is None else \
+        head = [sys.executable, "-m", "tpu_workload.performance.plan"] if loss_chunks is None else \
             [sys.executable, "-c", FORCED, str(loss_chunks)]
         start = time.perf_counter()
         keep = ["--keep-dump", str(dump / path.stem)] if dump else []

@@ -44,7 +44,7 @@ def main() -> None:
 
     import jax
 
-    from tpu_workload import runtime
+    from tpu_workload.process import runtime
 
     on_tpu = runtime.on_tpu_host(runtime.read_env()) and os.environ.get("JAX_PLATFORMS") != "cpu"
     if not on_tpu:
@@ -55,7 +55,7 @@ def main() -> None:
     absl.flags.FLAGS.mark_as_parsed()
     from tpu_operator.api.contract import TrainerConfig
     from tpu_operator.api.presets import PRESETS
-    from tpu_workload import train
+    from tpu_workload.loop import train
 
     n = jax.device_count()
     batch = args.batch or max(8, n)

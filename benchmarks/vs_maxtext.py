@@ -19,7 +19,7 @@ loss, the counterpart of ours) and no extra flags. What the job does not fix sta
 on first use from its own requirements at their lowest (tested) versions, as its setup.sh installs them,
 with jax/jaxlib 0.10.2 and libtpu 0.0.52 pinned: the compiler our plan uses.
 
-The costs of both compiled steps are read by the same walk of their optimized HLO (tpu_workload.hlo_costs,
+The costs of both compiled steps are read by the same walk of their optimized HLO (tpu_workload.performance.hlo_costs,
 docs/plan.md: every loop at its trip count, the Splash and grouped-matmul kernels from their shapes, each
 collective's full buffer by kind) and bounded at the same peaks (tpu_operator.api.roofline), so the
 ratios compare like with like. Ratios are ours over MaxText's, per MaxText compile. MaxText's compiles do
@@ -57,8 +57,8 @@ from tpu_operator.api.derived import Plan  # noqa: E402
 from tpu_operator.api.presets import PRESETS  # noqa: E402
 from tpu_operator.api.validation import parse_job, read_documents, read_text  # noqa: E402
 from tpu_operator.rendering.preflight import plan_env  # noqa: E402
-from tpu_workload.hlo_costs import KINDS  # noqa: E402
-from tpu_workload.plan import GIB, largest_allocations, step_resources  # noqa: E402
+from tpu_workload.performance.hlo_costs import KINDS  # noqa: E402
+from tpu_workload.performance.plan import GIB, largest_allocations, step_resources  # noqa: E402
 
 EXAMPLES = ("llama3-8b-fsdp", "multislice", "long-context", "moe")
 PINS = "jax==0.10.2\njaxlib==0.10.2\nlibtpu==0.0.52\n"
@@ -91,7 +91,7 @@ class Compiled:
 
     def gib(self) -> dict[str, float]:
         """Per device: state (arguments), temporaries (temps + outputs not aliased to arguments), their
-        total, and host (pinned_host) bytes, as tpu_workload.plan.Memory counts HBM."""
+        total, and host (pinned_host) bytes, as tpu_workload.performance.plan.Memory counts HBM."""
         def size(added: tuple[str, ...], less: str = "") -> float:
             b = sum(self.stats.get(f"{k}_size_in_bytes", 0) for k in added) - self.stats.get(f"{less}_size_in_bytes", 0)
             return round(b / GIB, 2)

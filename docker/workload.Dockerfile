@@ -4,7 +4,7 @@
 #                              -t ghcr.io/tpu-operator/workload:0.1.0-cpu .
 # The JAX stack is pinned by pyproject's `workload` extra (jax/jaxlib 0.10.2, flax 0.12.8, ...);
 # the TPU variant adds jax[tpu]==0.10.2, which brings the matching libtpu from PyPI; the CPU variant adds
-# the `plan` extra (libtpu, pinned), so both can run the operator's pre-flight, `python -m tpu_workload.plan`,
+# the `plan` extra (libtpu, pinned), so both can run the operator's pre-flight, `python -m tpu_workload.performance.plan`,
 # which compiles for a TPU slice without one.
 # Without Docker or a registry: scripts/build-images.sh (podman, on a debootstrapped bookworm base
 # passed as PYTHON_IMAGE); tests/images run what it builds.

@@ -16,7 +16,7 @@ A doc file is hand-written prose with generated blocks in it:
   the literals the controller passes);
 - `trainer-settings` (README): every field under `spec.training`, from the CRD;
 - `metrics-operator`: the operator's Prometheus registry (`controller/stats.py`), walked after one sample
-  of each series; `metrics-trainer`: `tpu_workload.metrics.PROMETHEUS`;
+  of each series; `metrics-trainer`: `api/trainer_metrics.py`'s `PROMETHEUS`;
 - `rbac`: `controller/rbac.py`'s `RBAC_RULES`; `operator-flags`: `tpujob operator`'s argument parser;
   `pins`: `scripts/cluster-versions.env`.
 """
@@ -290,7 +290,7 @@ def metrics_operator() -> str:
 
 
 def metrics_trainer() -> str:
-    from tpu_workload.metrics import PROMETHEUS
+    from .api.trainer_metrics import PROMETHEUS
 
     rows = [(f"`{name}`", "gauge", help_, f"`{key}`") for name, key, help_ in PROMETHEUS]
     return _table(("series", "type", "meaning", "/status key"), rows)

@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import tiny_job
 from tpu_operator.api.capacity import check_capacity
-from tpu_workload.metrics import serve_http
+from tpu_workload.process.metrics import serve_http
 from tpu_operator.api.validation import parse_job
 
 pytest.importorskip("google.cloud.tpu_v2", reason="google-cloud-tpu (the `cloud` extra) is not installed")

@@ -58,7 +58,7 @@ def test_the_workload_installs_without_the_operator_side(tmp_path):
     install = subprocess.run([str(python), "-m", "pip", "install", "-q", f"{ROOT}[workload]"], capture_output=True,
                              text=True, timeout=900)
     assert install.returncode == 0, install.stderr[-3000:]
-    probe = ("import importlib.util, json, tpu_workload.train, tpu_workload.__main__; "
+    probe = ("import importlib.util, json, tpu_workload.loop.train, tpu_workload.__main__; "
              "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in "
              "['kopf', 'kubernetes', 'jinja2', 'jax', 'pydantic']}))")
     result = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=120,

@@ -1,4 +1,4 @@
-"""`tpujob plan` and `python -m tpu_workload.plan`: the job's train step compiled by the TPU compiler
+"""`tpujob plan` and `python -m tpu_workload.performance.plan`: the job's train step compiled by the TPU compiler
 (libtpu from PyPI, no TPU) for its slice, against the HBM of its devices.
 
 The compiles here are kept small (seconds each on 2 cores; the full-size examples are `slow`):
@@ -154,7 +154,7 @@ def test_a_splash_block_that_overflows_vmem_names_the_blocks_and_the_limit(tmp_p
 @needs_libtpu
 def test_every_examples_libtpu_init_args_are_accepted():
     from tpu_operator.rendering.preflight import plan_env
-    from tpu_workload import libtpu_flags
+    from tpu_workload.performance import libtpu_flags
 
     sets = {}
     for path in sorted(EXAMPLES.glob("*.yaml")):
@@ -183,7 +183,7 @@ def test_a_misspelt_flag_is_refused_with_its_field_path(tmp_path):
 
 
 def test_without_libtpu_the_plan_says_so_and_exits_3(monkeypatch, tmp_path):
-    from tpu_workload import plan as plan_lib
+    from tpu_workload.performance import plan as plan_lib
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))

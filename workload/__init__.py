@@ -1,14 +1,14 @@
 """The JAX trainer the TPUTrainingJob pods run: `python -m tpu_workload --config FILE`.
 
-Modules, by what they do:
-  runtime     environment contract (TPUJOB_*), jax.distributed start-up, peak FLOP/s
-  sharding    mesh construction, logical-axis rules, parameter-sharding check
-  attention   reference and Splash attention, load-balanced context-parallel order
-  moe         top-k router, dropless grouped-matmul experts (fp8 through qwix), expert parallelism
-  model       the decoder (Flax NNX), remat policies, fp8 through qwix
-  data        synthetic and file token batches, deterministic by step
-  flops       analytic FLOPs per step (MaxText accounting)
-  checkpoint  Orbax CheckpointManager wrapper
-  metrics     stdout JSON lines, /status and /metrics HTTP, TensorBoard
-  train       state, the train step, and the loop
+Subpackages, by role (each one's docstring lists its modules):
+  model        the network and its math: the decoder, attention, MoE, the tiled loss, sharding
+  data         token batches: synthetic and file sources, packing, read-ahead, the data-order fingerprint
+  loop         the training loop: the step, its hooks (evaluation, checkpoints, SIGTERM, test faults),
+               the trainer's clock
+  process      what makes it a process: the environment contract, exit codes, the HTTP server, metrics
+  performance  what a step costs and how to make it cheaper: FLOPs, the compiled plan, HLO costs,
+               kernel tuning, the compilation cache, libtpu flags, profiles
+
+Modules here:
+  __main__     `python -m tpu_workload`: start-up, the metrics server, the run, the exit code
 """

@@ -3,7 +3,7 @@
 Stdout of process 0 carries JSON lines only (one per logged step, then a summary with
 "summary": true); human logs go to stderr. The exit code follows the contract in
 `tpu_operator.api.lifecycle` (0 finished, 3 user error, 42 retryable, 143 stopped by SIGTERM after a
-checkpoint, 1 unexpected), decided in `exits.py`, which also writes the termination record.
+checkpoint, 1 unexpected), decided in `process/exits.py`, which also writes the termination record.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     _reserve_stdout_for_json()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from . import exits
-    from .progress import Clock
+    from .loop.progress import Clock
+    from .process import exits
 
     clock = Clock(started_at=time.time())
     try:
@@ -45,7 +45,8 @@ def _exit_now(code: int) -> None:
 def _train(config: str, clock) -> None:
     from tpu_operator.api.contract import TrainerConfig
 
-    from . import compile_cache, exits, metrics, runtime, serving
+    from .performance import compile_cache
+    from .process import exits, metrics, runtime, serving
 
     with open(config) as f:
         cfg = TrainerConfig.model_validate_json(f.read())
@@ -71,7 +72,8 @@ def _train(config: str, clock) -> None:
     from jax.experimental import multihost_utils
 
     absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags on first use
-    from . import faults, preemption, profiling, train
+    from .loop import faults, preemption, train
+    from .performance import profiling
 
     if jax.process_count() > 1:  # a peer that joined and died at once would block the first step for good
         with exits.deadline(env.init_timeout_s, "the first collective across all processes", clock.snapshot):

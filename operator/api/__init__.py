@@ -12,6 +12,7 @@ Each module imports only modules listed above it (tests/test_layout_operator.py 
   contract    the TrainerConfig the renderer writes and the trainer reads (imports pydantic only)
   lifecycle   how a trainer process ends: exit codes and their default policy, its progress, its record
   profiling   profile requests (annotation, --profile, POST /profile) and the trainer's report (pydantic only)
+  trainer_metrics  the trainer's Prometheus series: name, /status key, help (stdlib only; docs.py reads it too)
   roofline    the least time a compiled step can take: each resource's bound on its generation
   spec        the spec's sections (tpu, model, parallelism, runtime, failurePolicy...) and their fields' formats
   rules       cross-field rules, run on whatever sections validated
@@ -25,6 +26,6 @@ Each module imports only modules listed above it (tests/test_layout_operator.py 
   crd         the CRD, generated from the spec and status models
   capacity    optional online check that a zone offers the slice
 
-Nothing here imports kopf, kubernetes or jinja2: the trainer imports `contract`, `lifecycle` and
-`profiling`, and the CLI's offline commands need no cluster client.
+Nothing here imports kopf, kubernetes or jinja2: the trainer imports `contract`, `lifecycle`,
+`profiling` and `trainer_metrics`, and the CLI's offline commands need no cluster client.
 """

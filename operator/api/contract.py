@@ -313,7 +313,7 @@ class KernelsSpec(Base):
     gmm: GmmSpec = _desc("Grouped-matmul tiles.", default_factory=GmmSpec)
     tuning_cache: str | None = _desc(
         "Directory (mounted path or gs://) of Splash block sizes and grouped-matmul tiles tuned per chip "
-        "and shape by `python -m tpu_workload.tuning`; each is used when the job leaves it at its defaults.",
+        "and shape by `python -m tpu_workload.performance.tuning`; each is used when the job leaves it at its defaults.",
         default=None, min_length=1, max_length=L.MAX_PATH, pattern=LOCATION)
 
 
@@ -387,7 +387,7 @@ class TrainerConfig(Base):
 
 
 # ---------------------------------------------------------------------------------------------
-# What the plan says: `python -m tpu_workload.plan` prints it, and the operator's pre-flight reads it
+# What the plan says: `python -m tpu_workload.performance.plan` prints it, and the operator's pre-flight reads it
 # back from the pod's termination message (Kubernetes keeps at most 4096 bytes of it)
 
 # Fits: compiled, and fits HBM with the headroom asked for. DoesNotFit, VmemOverflow, RejectedFlags: the
@@ -410,7 +410,7 @@ RESOURCES = ("compute", "hbm", "ici", "dcn")
 
 class StepResources(Base):
     """What one train step costs each device, read from the compiled step's optimized HLO with every loop
-    at its trip count (tpu_workload.hlo_costs), and the least time each resource allows at the
+    at its trip count (tpu_workload.performance.hlo_costs), and the least time each resource allows at the
     generation's peaks (tpu_operator.api.roofline). See docs/plan.md for what is counted and what not."""
 
     matmul_tflop: float = Field(alias="matmulTFLOP", ge=0, description=(

@@ -2,7 +2,7 @@
 reports, and the record it leaves behind. Shared by the trainer (which imports this module and
 `contract`, pydantic only) and by the operator and the local runner, which read them.
 
-Exit codes (the trainer maps every failure to one of them in one place, `tpu_workload.exits`):
+Exit codes (the trainer maps every failure to one of them in one place, `tpu_workload.process.exits`):
 
   code  class       meaning                                                          default policy
   0     finished    every step trained                                               -

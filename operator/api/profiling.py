@@ -31,7 +31,7 @@ _RANGE = re.compile(r"^\s*(\d{1,12})\s*(?:-\s*(\d{1,12})\s*)?$")
 MAX_TRACE_STEPS = 50
 # ... and however few its steps, a trace stops this long after it started (slow steps, a hang).
 MAX_TRACE_SECONDS = 600
-# The trainer's 401 to a control request without the job's credential (workload/serving.py), which the
+# The trainer's 401 to a control request without the job's credential (workload/process/serving.py), which the
 # operator tells from the API server's own 401 (controller/metrics_reader.py).
 CONTROL_REFUSED = "a control request needs the job's control credential (the Secret <job>-control)"
 # pending: asked for, its first step not reached yet; capturing: the trace is on; done: the trace is

@@ -36,7 +36,7 @@ RESERVED_ENV = ("LIBTPU_INIT_ARGS", "XLA_FLAGS", "TPU_ACCELERATOR_TYPE", "TPU_TO
                 "TPU_PROCESS_BOUNDS", "TPU_PROCESS_ADDRESSES", "TPU_PROCESS_PORT", "TPU_SKIP_MDS_QUERY",
                 "TPU_RUNTIME_METRICS_PORTS", "JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_PORT", "JAX_PROCESS_ID",
                 "JAX_PROCESS_COUNT", "JAX_NUM_PROCESSES", "JAX_LOCAL_DEVICE_IDS")
-# The trainer's fault-injection switches (tpu_workload.faults, docs/failures.md): a test job may set them and
+# The trainer's fault-injection switches (tpu_workload.loop.faults, docs/failures.md): a test job may set them and
 # they act on that job alone; the renderer never does.
 TEST_ENV_PREFIX = "TPUJOB_TEST_"
 # Flags whose value a spec field owns and checks (runtime.scopedVmemLimitKiB: at most the core's VMEM); a raw
@@ -537,7 +537,7 @@ def quantity(text: str) -> Fraction:
 class PlanSpec(Base):
     preflight: Literal["compile", "skip"] = _desc(
         "compile: before creating the JobSet, compile the train step for the job's slice on a CPU node "
-        "(`python -m tpu_workload.plan` in a batch Job) and refuse a job that does not fit; skip: create the "
+        "(`python -m tpu_workload.performance.plan` in a batch Job) and refuse a job that does not fit; skip: create the "
         "JobSet at once.", default="compile")
     hbm_headroom: float = _desc("Fraction of each device's HBM the compiled step must leave free.", default=0.10,
                                 ge=0, lt=1)

@@ -3,7 +3,7 @@
 The trainer's port is reachable from the node's network (host networking) or any pod, and `POST /profile`
 changes what it does. So each job gets a Secret `<job>-control` (owned by the job: deleted with it) holding a
 random token, made with the JobSet; the pods mount it (rendering/manifests.py) and the trainer takes a
-control request only with that token (workload/serving.py). The operator sends it with its own requests
+control request only with that token (workload/process/serving.py). The operator sends it with its own requests
 (metrics_reader.post_profile), read back from the Secret once and remembered per job. Reads (`/status`,
 `/metrics`) stay open: they change nothing, and are bounded like every request.
 

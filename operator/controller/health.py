@@ -89,7 +89,7 @@ def failure(loss: HardwareLoss | None) -> Failure | None:
     """The failure an unhealthy node of a running slice stands for: cause `hardware`, in that node's slice (an
     elastic job goes on without it, api/elastic.py). No pod has failed yet: the replaced JobSet's pods are
     deleted with their grace period (children.replace_jobset), so the trainer's SIGTERM handler
-    (workload/preemption.py) saves the step in flight."""
+    (workload/loop/preemption.py) saves the step in flight."""
     if loss is None:
         return None
     return Failure(cause="hardware", code=None, pod=loss.pod, slice_index=loss.slice_index,

@@ -2,7 +2,7 @@
 compiler on a CPU node, and a job the compiler says cannot fit never gets a JobSet.
 
 The pre-flight is a batch/v1 Job (rendering/preflight.py: the workload image running
-`python -m tpu_workload.plan` on the job's ConfigMap and flags, no TPU, `backoffLimit: 0`, a deadline,
+`python -m tpu_workload.performance.plan` on the job's ConfigMap and flags, no TPU, `backoffLimit: 0`, a deadline,
 owned by the job) named `<job>-plan-<generation>`; its pod leaves the plan's JSON as its termination
 message. Level-triggered like the rest of the reconcile: what happens is decided from the job's status,
 the pre-flight Job as the watch last saw it (a kopf index, like the JobSets), and, once it has finished

@@ -1,4 +1,4 @@
-"""Plan a job on this machine: `python -m tpu_workload.plan` in a child process (libtpu reads the
+"""Plan a job on this machine: `python -m tpu_workload.performance.plan` in a child process (libtpu reads the
 job's flags once per process), with the job's TrainerConfig, flags and HBM, as the pre-flight pod
 runs it. Used by `tpujob plan` and `tpujob run --local`."""
 
@@ -38,7 +38,7 @@ def run_plan(job: TPUTrainingJob, timeout_s: float = 1800, running: int | None =
         config.write_text(Plan(job, running).running_config().model_dump_json(by_alias=True))
         env = {**os.environ, **plan_env(job)}
         try:
-            proc = subprocess.run([sys.executable, "-m", "tpu_workload.plan", *plan_args(job, str(config))],
+            proc = subprocess.run([sys.executable, "-m", "tpu_workload.performance.plan", *plan_args(job, str(config))],
                                   env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return PlanResult(verdict="CompileError", headroom=headroom,

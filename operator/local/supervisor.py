@@ -109,7 +109,7 @@ class _Running:
         elif "step" in record:
             self.metrics.append(record)
             self.on_event("metrics", record=record)
-        elif isinstance(record.get("profile"), dict):  # a profile's outcome (tpu_workload.profiling)
+        elif isinstance(record.get("profile"), dict):  # a profile's outcome (tpu_workload.performance.profiling)
             self.on_event("profile", report=record["profile"])
 
     def resumed_from(self) -> int | None:

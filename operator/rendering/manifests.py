@@ -26,7 +26,7 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 TPU_RESOURCE = "google.com/tpu"
 DEFAULT_COMMAND = ["python", "-m", "tpu_workload", "--config", f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"]
 # The job's control credential (a Secret the operator makes, controller/control.py), mounted read-only: the
-# trainer takes control requests (POST /profile) only with it (workload/serving.py).
+# trainer takes control requests (POST /profile) only with it (workload/process/serving.py).
 CONTROL_MOUNT_DIR = "/var/run/tpujob-control"
 CONTROL_TOKEN_KEY = "token"
 JOB_INDEX_FIELD = f"metadata.annotations['{names.LABEL_JOB_INDEX}']"

@@ -1,7 +1,7 @@
 """The plan of a job as a command: what `tpujob plan` runs on this machine, and the operator's
 pre-flight batch Job that runs it on a CPU node before the JobSet is created.
 
-Both run `python -m tpu_workload.plan` (workload/plan.py) on the job's own `TrainerConfig`, with the
+Both run `python -m tpu_workload.performance.plan` (workload/performance/plan.py) on the job's own `TrainerConfig`, with the
 job's LIBTPU_INIT_ARGS and XLA_FLAGS in its environment (libtpu reads them once per process, so a
 plan is a process of its own), the HBM of one device from the catalogue and the job's headroom.
 """
@@ -19,7 +19,7 @@ from ..api.models import CONFIG_FILE, CONFIG_MOUNT_DIR, TPUTrainingJob
 from . import libtpu
 from .manifests import _environment, _Loader, owner_reference, trainer_config_json
 
-PLAN_MODULE = ["python", "-m", "tpu_workload.plan"]
+PLAN_MODULE = ["python", "-m", "tpu_workload.performance.plan"]
 LABEL_ROLE = "training.tpu-operator.dev/role"
 LABEL_GENERATION = "training.tpu-operator.dev/generation"
 ROLE = "preflight"

@@ -15,7 +15,7 @@ from tests.cluster.jobs import WAIT_S, job_doc, namespaced, reconciles, status_w
 from tests.cluster.kube import Cluster, wait_for
 from tests.operator_process import Operator
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
-from tpu_workload.metrics import serve_http
+from tpu_workload.process.metrics import serve_http
 
 pytestmark = pytest.mark.cluster
 

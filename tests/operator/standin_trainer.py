@@ -1,5 +1,5 @@
 """A stand-in for a trainer process, for the operator's profile tests: the trainer's own HTTP server
-(`tpu_workload.metrics.serve`) and `Profiler` with a real JAX profiler, but no model: its "loop" is the
+(`tpu_workload.process.metrics.serve`) and `Profiler` with a real JAX profiler, but no model: its "loop" is the
 profiler's hook called for steps 1..STEPS once the file GO exists, with nothing to wait for.
 
     python tests/operator/standin_trainer.py LOGDIR GO STEPS
@@ -16,10 +16,11 @@ import time
 
 os.environ["JAX_PLATFORMS"] = "cpu"  # the profiler of another platform's plugin is not this test's
 
-from tpu_workload import metrics, profiling  # noqa: E402
+from tpu_workload.process import metrics  # noqa: E402
+from tpu_workload.performance import profiling  # noqa: E402
 
 
-class _Run:  # what Profiler.hooks reads of a train.Run
+class _Run:  # what Profiler.hooks reads of a hooks.Run
     start = 0
 
 

@@ -1,4 +1,4 @@
-"""The job's control credential (controller/control.py, workload/serving.py): the operator makes the Secret
+"""The job's control credential (controller/control.py, workload/process/serving.py): the operator makes the Secret
 with the JobSet and the pods mount it; the trainer's own server (a real one, in this process) takes a control
 request only with the token, and the operator's reader sends it, read back from the Secret."""
 
@@ -21,7 +21,7 @@ from tests.fakes import FakeKube, add_pod0, run_reconcile
 from tpu_operator.controller.kube import JOBSETS, SECRETS, ApiError, AsyncKube
 from tpu_operator.api.profiling import CONTROL_REFUSED
 from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable
-from tpu_workload import metrics, serving
+from tpu_workload.process import metrics, serving
 
 REPORT = {"requested": "2-3", "steps": "2-3", "state": "pending"}
 

@@ -309,7 +309,7 @@ def test_an_elastic_jobs_preflight_compiles_every_slice_count_and_reports_the_wo
     from tpu_operator.api.validation import parse_job
     from tpu_operator.controller.preflight import plan_status
     from tpu_operator.rendering.preflight import render_preflight
-    from tpu_workload.plan import worst
+    from tpu_workload.performance.plan import worst
 
     elastic = parse_job(tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 3,
                                       "elastic": {"minSlices": 1}},

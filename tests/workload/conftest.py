@@ -145,7 +145,7 @@ def loss_and_grads(base, sh, seq: int):
     import numpy as np
     from flax import nnx
 
-    from tpu_workload import model as model_lib, sharding
+    from tpu_workload.model import decoder as model_lib, sharding
 
     params = nnx.split(model_lib.Decoder(base, nnx.Rngs(0)))[1].to_pure_dict()
     tokens_BT = jnp.asarray(np.random.default_rng(1).integers(0, base.dims.vocab, (8, seq), dtype=np.int32))

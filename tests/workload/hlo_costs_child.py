@@ -25,7 +25,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from tests.workload.tpu_compile_child import _sharder  # noqa: E402
 from tpu_operator.api.contract import SplashSpec  # noqa: E402
-from tpu_workload import attention, hlo_costs, moe, plan, sharding  # noqa: E402
+from tpu_workload.model import attention, moe, sharding  # noqa: E402
+from tpu_workload.performance import hlo_costs, plan  # noqa: E402
 
 LAYERS, OUTER, INNER, B, D = 4, 2, 3, 256, 1024  # B rows over the 8 devices of a 2x2x1 slice
 # Splash: per device one sequence of T tokens, N query heads, K key/value heads, head dim H.

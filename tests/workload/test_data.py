@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tpu_workload import data, runtime
+from tpu_workload.data import batches as data
+from tpu_workload.process import runtime
 
 
 def test_synthetic_rows_do_not_depend_on_how_the_batch_is_split():

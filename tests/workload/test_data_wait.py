@@ -12,8 +12,10 @@ import pytest
 from conftest import trainer_config
 from tpu_operator.api import goodput as g
 from tpu_operator.api.lifecycle import Progress
-from tpu_workload import data, train
-from tpu_workload.progress import Clock
+from tpu_workload.data import batches as data
+from tpu_workload.loop import train
+from tpu_workload.loop.hooks import Hook
+from tpu_workload.loop.progress import Clock
 
 
 def test_the_clock_takes_data_waits_out_of_the_step_they_fell_in():
@@ -69,7 +71,7 @@ def test_a_run_on_a_slow_source_reports_its_data_wait(workers):
     run.batches = data.Batches(source, run.trainer.batch_sharding, 1, workers=workers, prefetch=1)
     records = []
     try:
-        train.train(run, [train.Hook(1, on_record=records.append)])
+        train.train(run, [Hook(1, on_record=records.append)])
     finally:
         run.batches.close()
     progress = run.clock.snapshot()

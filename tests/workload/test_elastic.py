@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import trainer_config
-from tpu_workload import checkpoint, sharding, train
+from tpu_workload.loop import checkpoint, train
+from tpu_workload.model import sharding
 
 TWO_SLICES = dict(data=2, fsdp=4, context=1, expert=1, tensor=1)
 

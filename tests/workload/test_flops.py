@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tpu_operator.api.contract import ModelDims, TrainingSpec
 from tpu_operator.api.presets import PRESETS
-from tpu_workload.flops import flops_per_step, mfu
+from tpu_workload.performance.flops import flops_per_step, mfu
 
 
 def test_dense_hand_count():

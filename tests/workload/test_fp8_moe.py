@@ -17,7 +17,8 @@ from flax import nnx
 
 from conftest import trainer_config
 from tpu_operator.api.contract import ModelDims
-from tpu_workload import model, train
+from tpu_workload.model import decoder as model
+from tpu_workload.loop import train
 
 
 def _eqns(jaxpr):

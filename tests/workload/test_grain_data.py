@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import trainer_config
-from tpu_workload import data, sharding
+from tpu_workload.data import batches as data
+from tpu_workload.model import sharding
 
 
 def _write(tmp_path):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from tpu_workload import hlo_costs
+from tpu_workload.performance import hlo_costs
 
 DEVICES = 8
 B, D = 64, 128  # batch (sharded over the 8 devices), model dim

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tpu_operator.api.contract import SplashSpec
-from tpu_workload import attention, moe, sharding
+from tpu_workload.model import attention, moe, sharding
 
 absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags
 BLOCKS = SplashSpec(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128, block_kv_dkv=128,

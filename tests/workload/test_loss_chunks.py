@@ -18,7 +18,8 @@ import pytest
 
 from conftest import loss_and_grads, trainer_config
 from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec
-from tpu_workload import loss, model as model_lib, sharding, train
+from tpu_workload.model import loss, decoder as model_lib, sharding
+from tpu_workload.loop import train
 
 
 @pytest.mark.parametrize("context", [1, 2])

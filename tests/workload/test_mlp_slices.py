@@ -17,7 +17,7 @@ import pytest
 
 from conftest import loss_and_grads
 from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec
-from tpu_workload import loss as loss_lib, model as model_lib, sharding
+from tpu_workload.model import loss as loss_lib, decoder as model_lib, sharding
 
 DIMS = ModelDims(layers=2, model_dim=64, heads=4, kv_heads=2, head_dim=16, mlp_dim=512, vocab=256)
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tpu_workload import model
+from tpu_workload.model import decoder as model
 
 
 def _autodiff_norm(x_BTD, scale_D):

@@ -8,7 +8,8 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from conftest import trainer_config
-from tpu_workload import attention, data, packing, records, sharding
+from tpu_workload.model import attention, sharding
+from tpu_workload.data import batches as data, packing, records
 
 EOS = 99
 # Four documents, the last one without its EOS, the second across the two files.
@@ -124,7 +125,7 @@ def test_packing_needs_its_settings():
 
 def test_a_packed_job_trains_with_accumulation(capsys):
     """The step takes the packed Batch whole (segments and mask too), through the microbatch split."""
-    from tpu_workload import train
+    from tpu_workload.loop import train
 
     cfg = trainer_config("tiny", steps=2, batch=8, seq=32, microbatches=2, data=dict(packing=True),
                          mesh=dict(data=1, fsdp=4, context=2, expert=1, tensor=1))

@@ -1,5 +1,5 @@
 """Profiles on demand: a trace of the steps asked for lands where TensorBoard's profile plugin looks, and
-/status says where (workload/profiling.py)."""
+/status says where (workload/performance/profiling.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import trainer_config
-from tpu_workload import metrics, profiling, train
+from tpu_workload.process import metrics
+from tpu_workload.performance import profiling
+from tpu_workload.loop import train
 
 MESH = dict(data=1, fsdp=8, context=1, expert=1, tensor=1)
 
@@ -50,7 +52,7 @@ def profiler():
     return profiling.Profiler(total_steps=100, logdir="/tmp/unused")
 
 
-class _Run:  # only what Profiler.hooks reads of a train.Run
+class _Run:  # only what Profiler.hooks reads of a hooks.Run
     def __init__(self, start):
         self.start = start
 

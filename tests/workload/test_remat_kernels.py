@@ -20,7 +20,7 @@ from jax._src.interpreters import partial_eval as pe
 
 from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec, SplashSpec
 from tpu_operator.api.presets import PRESETS
-from tpu_workload import model, moe, sharding
+from tpu_workload.model import decoder as model, moe, sharding
 
 BLOCKS = SplashSpec(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128, block_kv_dkv=128,
                     block_kv_dkv_compute=128, block_q_dq=128, block_kv_dq=128)

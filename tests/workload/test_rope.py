@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tpu_operator.api.spec import ModelSpec
-from tpu_workload import model
+from tpu_workload.model import decoder as model
 
 
 def test_presets_carry_their_published_rope_base():

@@ -1,4 +1,4 @@
-"""The trainer's HTTP server against hostile clients, over raw sockets (workload/serving.py): bodies that
+"""The trainer's HTTP server against hostile clients, over raw sockets (workload/process/serving.py): bodies that
 headers misdescribe, clients that say nothing or trickle, header floods, more connections than allowed.
 Nothing is asserted about how long anything took: each check waits (with a generous bound) for what the
 server must do, and the old server never does it."""
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tpu_workload import serving
+from tpu_workload.process import serving
 
 
 class Endpoint:

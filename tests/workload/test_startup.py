@@ -15,7 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from tpu_workload import runtime, sharding
+from tpu_workload.process import runtime
+from tpu_workload.model import sharding
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

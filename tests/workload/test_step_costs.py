@@ -32,7 +32,7 @@ from tests.conftest import ROOT
 from tpu_operator.api.contract import TrainerConfig
 from tpu_operator.api.derived import Plan
 from tpu_operator.api.models import TPUTrainingJob
-from tpu_workload import hlo_costs
+from tpu_workload.performance import hlo_costs
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                 reason="libtpu is not installed (bash scripts/setup.sh installs it)")

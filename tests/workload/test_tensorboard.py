@@ -7,7 +7,7 @@ import struct
 from tensorboardX.proto import event_pb2
 
 from conftest import trainer_config
-from tpu_workload import train
+from tpu_workload.loop import train
 
 FSDP8 = dict(data=1, fsdp=8, context=1, expert=1, tensor=1)
 

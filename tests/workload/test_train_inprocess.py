@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import trainer_config
-from tpu_workload import checkpoint, sharding, train
+from tpu_workload.loop import checkpoint, train
+from tpu_workload.model import sharding
 
 
 def _run(cfg, capsys):
@@ -49,7 +50,7 @@ def test_remat_policies_match_full(remat):
         cfg = trainer_config("tiny", mesh=dict(data=1, fsdp=8, context=1, expert=1, tensor=1), remat="full")
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"remat": remat_spec})})
         t = train.build(cfg, mesh)
-        from tpu_workload import data
+        from tpu_workload.data import batches as data
 
         batch = data.Batches(data.make_source(cfg.training, cfg.model.vocab), t.batch_sharding, 1)(0)
         _, metrics = t.step(t.init(), batch)
@@ -87,7 +88,7 @@ def test_state_is_split_over_every_slice_axis(preset, axes, caplog):
     cfg = trainer_config(preset, mesh=mesh)
     t = train.build(cfg, sharding.make_mesh(cfg.mesh.shape))
     planned = sharding.state_bytes(t.abstract_state, t.sharder.mesh)
-    with caplog.at_level("INFO", logger="tpu_workload.sharding"):
+    with caplog.at_level("INFO", logger="tpu_workload.model.sharding"):
         got = sharding.check_state_bytes(t.init(), planned, t.sharder.mesh)
     assert got == planned and got.split == 8
     assert 1.0 <= got.ratio < 1.03, got
@@ -109,7 +110,7 @@ def test_accumulated_step_equals_the_whole_batch_step(preset, axes):
     """microbatches: 4 gives the loss and gradients of the unaccumulated step on the same batch. The
     gradients are read from Adam's moments after one step (mu = 0.1 g, nu = 0.05 g^2: no clipping at
     this norm); the parameters themselves would not show them (the first step's learning rate is 0)."""
-    from tpu_workload import data
+    from tpu_workload.data import batches as data
 
     mesh_shape = dict(dict(data=1, fsdp=1, context=1, expert=1, tensor=1), **axes)
     mesh = sharding.make_mesh(mesh_shape)

@@ -13,7 +13,8 @@ import pytest
 
 from conftest import trainer_config
 from tpu_operator.api.contract import TrainingSpec
-from tpu_workload import exits, train
+from tpu_workload.process import exits
+from tpu_workload.loop import train
 
 FSDP8 = dict(data=1, fsdp=8, context=1, expert=1, tensor=1)
 
@@ -106,7 +107,8 @@ def test_a_trace_reads_by_layer_and_block():
     """The step's ops carry the model's named scopes, which a profile (docs/profiling.md) shows."""
     import re
 
-    from tpu_workload import data as data_lib, sharding
+    from tpu_workload.data import batches as data_lib
+    from tpu_workload.model import sharding
 
     for preset, block in (("tiny", "mlp"), ("tiny-moe", "moe")):
         cfg = trainer_config(preset, steps=1, mesh=FSDP8)
@@ -125,7 +127,7 @@ def test_a_packed_row_trains_as_its_documents_would_alone():
     from flax import nnx
 
     from tpu_operator.api.contract import KernelsSpec, ModelDims
-    from tpu_workload import model as model_lib
+    from tpu_workload.model import decoder as model_lib
 
     dims = ModelDims(layers=2, model_dim=64, heads=4, kv_heads=2, head_dim=16, mlp_dim=128, vocab=256)
     model = model_lib.Decoder(model_lib.ModelConfig(dims=dims, kernels=KernelsSpec(attention="xla")), nnx.Rngs(0))

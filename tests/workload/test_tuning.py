@@ -15,7 +15,8 @@ import tune_jax
 
 from conftest import trainer_config
 from tpu_operator.api.contract import GmmSpec, GmmTiles, KernelsSpec, SplashSpec
-from tpu_workload import train, tuning
+from tpu_workload.loop import train
+from tpu_workload.performance import tuning
 
 FSDP8 = dict(data=1, fsdp=8, context=1, expert=1, tensor=1)
 KIND = jax.devices()[0].device_kind
@@ -96,7 +97,7 @@ def test_the_step_uses_tuned_blocks_only_where_the_config_leaves_the_defaults(tm
 
 
 def test_a_step_compiled_for_a_tpu_looks_up_that_chips_blocks_not_this_processs(tmp_path):
-    """Ahead of time (tpu_workload.plan) this process's devices are CPUs: the mesh's chip names the entry."""
+    """Ahead of time (tpu_workload.performance.plan) this process's devices are CPUs: the mesh's chip names the entry."""
     tuned = {f: 256 for f in tuning.BLOCK_FIELDS}
     cfg = splash_config(str(tmp_path))
     (tmp_path / tuning.CACHE_FILE).write_text(json.dumps({tuning.SplashShape.of(cfg).key("TPU7x"): tuned}))

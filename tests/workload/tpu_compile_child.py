@@ -24,7 +24,8 @@ from tpu_operator.api.catalogue import generation
 from tpu_operator.api.contract import SplashSpec, TrainerConfig
 from tpu_operator.api.spec import RuntimeSpec
 from tpu_operator.rendering.libtpu import libtpu_init_args
-from tpu_workload import attention, moe, plan, sharding
+from tpu_workload.model import attention, moe, sharding
+from tpu_workload.performance import plan
 
 
 def _sharder(**axes) -> sharding.Sharder:

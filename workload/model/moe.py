@@ -84,7 +84,7 @@ def _mosaic_ops(tiles: GmmSpec, m: int, k: int, n: int, interpret: bool, fp8: bo
     # tokamax exports ragged_dot and takes an op instance as its implementation; the op classes are
     # in _src. Pinned (pyproject); the interpret-mode reference tests and the Mosaic compile tests hold
     # them. supported_on is widened: tokamax asks the process's default device, which is a CPU both
-    # in interpret mode and when compiling ahead of time for a TPU (tpu_workload.plan).
+    # in interpret mode and when compiling ahead of time for a TPU (tpu_workload.performance.plan).
     from tokamax._src.ops.ragged_dot import base, pallas_mosaic_tpu as mosaic
 
     class Op(mosaic.PallasMosaicTpuRaggedDot):

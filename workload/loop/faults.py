@@ -24,8 +24,8 @@ from collections.abc import Mapping
 
 from etils import epath
 
-from .exits import InjectedExit, Retryable, UserError
-from .train import Hook, Run
+from ..process.exits import InjectedExit, Retryable, UserError
+from .hooks import Hook, Run
 
 log = logging.getLogger(__name__)
 FAIL = "TPUJOB_TEST_FAIL_AT_STEP"

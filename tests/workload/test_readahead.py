@@ -1,4 +1,4 @@
-"""Read-ahead (pipeline.py): worker threads read a process's rows of the coming steps concurrently,
+"""Read-ahead (readahead.py): worker threads read a process's rows of the coming steps concurrently,
 and the batches are exactly the unprefetched pure function of the step, from any start step."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ import threading
 import numpy as np
 
 from conftest import trainer_config
-from tpu_workload import data, pipeline, sharding
+from tpu_workload.data import batches as data, readahead
+from tpu_workload.model import sharding
 
 
 def test_read_ahead_returns_the_pure_function_of_the_step_from_any_start():
     src = data.SyntheticDocuments(vocab=256, seq_len=16, batch=8, seed=5)  # packed rows: tuples
     rows = [1, 2, 6]
-    reader = pipeline.ReadAhead(lambda step, r: src.rows(step, range(r, r + 1)), rows, workers=3, prefetch=2)
+    reader = readahead.ReadAhead(lambda step, r: src.rows(step, range(r, r + 1)), rows, workers=3, prefetch=2)
     try:
         for step in (0, 1, 2, 9, 10, 3):  # a jump forward is a resume; back, a fresh start
             got = reader(step)

@@ -6,7 +6,7 @@ and every dimension that changes the kernel's shapes on one device: the sequence
 split, the heads of one tensor shard, the grouped matmul's rows, widths and local experts) to tuned
 values. Fill it on the target chip:
 
-    python -m tpu_workload.tuning --config config.json --cache-dir gs://bucket/tuning
+    python -m tpu_workload.performance.tuning --config config.json --cache-dir gs://bucket/tuning
 
 then name the directory in `kernels.tuningCache`: when the step is built, `resolve_splash` and
 `resolve_gmm` swap the tuned values in where the config leaves them at their defaults.
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from tpu_operator.api.contract import GmmSpec, GmmTiles, SplashSpec, TrainerConfig
 
-from . import attention, moe
+from ..model import attention, moe
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ def resolve_gmm(spec: GmmSpec, shape: GmmShape, cache_dir: str | None, device_ki
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpu_workload.tuning",
+    parser = argparse.ArgumentParser(prog="python -m tpu_workload.performance.tuning",
                                      description="Tune a trainer config's kernels (Splash blocks, grouped-matmul "
                                                  "tiles) for its per-device shapes on this chip.")
     parser.add_argument("--config", required=True, help="TrainerConfig JSON file (the one the pods mount)")

@@ -21,7 +21,8 @@ import jax
 
 from tpu_operator.api.contract import TrainerConfig
 
-from . import data as data_lib
+from ..data import batches as data_lib
+from .hooks import Hook
 
 # Synthetic held-out batches are those of steps from here on: far past any run's last step.
 HELD_OUT_STEP = 1 << 40
@@ -49,7 +50,5 @@ class Evaluator:
         """The evaluation after `step`, or nothing if there was none."""
         return self.done.pop(step, {})
 
-    def hook(self, clock):
-        from .train import Hook
-
+    def hook(self, clock) -> Hook:
         return Hook(self.cfg.training.eval.interval, on_state=clock.timed(self.evaluate, "eval"), values=self.values)

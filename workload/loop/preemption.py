@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .exits import Stopped
-from .train import Hook, Run, StepRecord
+from ..process.exits import Stopped
+from .hooks import Hook, Run, StepRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""`python -m tpu_workload.plan --config FILE`: the train step the pods will run, compiled by the TPU
+"""`python -m tpu_workload.performance.plan --config FILE`: the train step the pods will run, compiled by the TPU
 compiler for the job's real slice on any machine with libtpu (no TPU), and whether it fits.
 
 libtpu from PyPI compiles ahead of time for a slice it does not have: `topology_devices` makes the
@@ -32,7 +32,6 @@ import glob
 import importlib.metadata
 import importlib.util
 import logging
-import math
 import os
 import re
 import sys
@@ -108,19 +107,13 @@ class Memory:
 
 def build_step(cfg: TrainerConfig, devices: list):
     """The trainer's step over `devices`, lowered with abstract arguments; and the trainer."""
-    from . import data, sharding, train
+    from ..data import batches as data
+    from ..loop import train
+    from ..model import sharding
 
     mesh = sharding.make_mesh(cfg.mesh.shape, cfg.slices, devices)
     trainer = train.build(cfg, mesh, interpret=False)
     return trainer.step.lower(trainer.abstract_state, data.abstract_batch(cfg.training, trainer.batch_sharding)), trainer
-
-
-def state_bytes(trainer) -> int:
-    """Per-device bytes of the train state (parameters, optimizer state), from its shardings."""
-    import jax
-
-    return sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
-               for a in jax.tree.leaves(trainer.abstract_state))
 
 
 # --- what went wrong ------------------------------------------------------------------------------
@@ -230,6 +223,8 @@ def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dum
     """Compile `cfg`'s step for its slice and judge it against `capacity_gib` of HBM per device (and
     `host_capacity_gib` of host memory, for offloaded activations) less `headroom`. In this process:
     LIBTPU_INIT_ARGS must be set, and accepted (`libtpu_flags`), before."""
+    from ..model import sharding
+
     base = dict(hbm_capacity_gib=capacity_gib, host_capacity_gib=host_capacity_gib, headroom=headroom,
                 libtpu_version=libtpu_version())
     where = f"{cfg.generation} {cfg.topology} x {cfg.slices} slice(s)"
@@ -244,7 +239,7 @@ def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dum
     except Exception as exc:  # noqa: BLE001 -- a bug or a shape the trainer refuses: not the user's to fix
         log.exception("building the step failed")
         return PlanResult(verdict="CompileError", message=f"building the step failed: {_first_line(exc)}", **base)
-    state = state_bytes(trainer)
+    state = sharding.state_bytes(trainer.abstract_state, trainer.sharder.mesh).per_device
     start = time.perf_counter()
     try:
         compiled = lowered.compile()
@@ -330,7 +325,7 @@ def worst(results: list[tuple[int, PlanResult]]) -> PlanResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpu_workload.plan", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tpu_workload.performance.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="TrainerConfig JSON file (the one the pods mount)")
     parser.add_argument("--hbm-capacity-gib", type=float, help="HBM of one device (v7x: 96); unset: only the "
                                                                 "compiler's own limit is checked")

@@ -19,26 +19,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 
 from tpu_operator.api.profiling import CONTROL_REFUSED
+from tpu_operator.api.trainer_metrics import PROMETHEUS
 
 from .serving import Server, authorized, serve_http
 
 log = logging.getLogger(__name__)
 
 STEP_KEYS = ("step", "loss", "step_time_s", "global_tokens_per_s", "mfu", "last_checkpoint_step")
-PROMETHEUS = (("tpujob_step", "step", "Completed training steps."),
-              ("tpujob_loss", "loss", "Training loss of the latest step (with the weighted aux and z-losses)."),
-              ("tpujob_cross_entropy", "ce", "Cross entropy of the latest step, without the aux and z-losses."),
-              ("tpujob_grad_norm", "grad_norm", "Global gradient norm before clipping."),
-              ("tpujob_learning_rate", "learning_rate", "Learning rate of the latest reported step."),
-              ("tpujob_step_time_seconds", "step_time_s", "Latest step time in seconds."),
-              ("tpujob_tokens_per_second", "global_tokens_per_s", "Throughput of all devices, tokens per second."),
-              ("tpujob_tflops_per_device", "tflops_per_device", "Model TFLOP/s per device."),
-              ("tpujob_mfu", "mfu", "Model FLOPs utilisation at the job's precision, 0..1."),
-              ("tpujob_mfu_bf16", "mfu_bf16", "Model FLOPs utilisation against the bf16 peak (fp8 jobs), 0..1."),
-              ("tpujob_data_wait_seconds", "data_wait_s", "Time waited for batches since the previous report."),
-              ("tpujob_eval_loss", "eval_loss", "Cross entropy on the held-out data at the latest evaluation."),
-              ("tpujob_eval_perplexity", "eval_perplexity", "exp(eval loss)."),
-              ("tpujob_last_checkpoint_step", "last_checkpoint_step", "Step of the latest complete checkpoint."))
 
 
 def _now() -> str:

@@ -1,7 +1,7 @@
 """What one compiled train step costs per device, read from XLA's optimized HLO: matmul FLOPs, the
 Pallas kernels' FLOPs and calls, bytes by collective kind over ICI and DCN, and HBM traffic.
 
-    python -m tpu_workload.hlo_costs FILE|DUMP_DIR [--top N] [--json]
+    python -m tpu_workload.performance.hlo_costs FILE|DUMP_DIR [--top N] [--json]
 
 FILE is an optimized module as XLA dumps it (`--xla_dump_to=DIR`: `*jit_train_step*.after_optimizations.txt`)
 or `compiled.as_text()` (which libtpu 0.0.52 refuses for TPU steps with async collectives, a RET_CHECK;
@@ -864,7 +864,7 @@ def dump_costs(dump_dir: str, pattern: str = "*train_step*") -> Costs | None:
 
 
 def table(costs: Costs, top: int = 8) -> list[str]:
-    """The costs as `python -m tpu_workload.hlo_costs` prints them."""
+    """The costs as `python -m tpu_workload.performance.hlo_costs` prints them."""
     out = [f"matmul FLOPs per device per step: {costs.flops / 1e12:,.2f} TFLOP "
            f"(XLA dots/convolutions {costs.matmul_flops / 1e12:,.2f}"
            + "".join(f", {k} kernels {v / 1e12:,.2f}" for k, v in sorted(costs.kernel_flops.items()))
@@ -892,7 +892,7 @@ def table(costs: Costs, top: int = 8) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpu_workload.hlo_costs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tpu_workload.performance.hlo_costs", description=__doc__.splitlines()[0])
     parser.add_argument("module", help="an optimized HLO module's text, or an XLA dump directory (its train step)")
     parser.add_argument("--top", type=int, default=8, help="list the N costliest ops of each kind (default 8)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -1,7 +1,7 @@
 """Token batches, deterministic in (seed, step): resume is exact because data position = step.
 
 Each process builds only the rows its devices hold (`jax.make_array_from_callback`); rows of files
-are read ahead of the loop by worker threads (pipeline.py). With context parallelism the sequence
+are read ahead of the loop by worker threads (readahead.py). With context parallelism the sequence
 is stored in load-balanced order (attention.load_balance_order) and `positions` carries each
 token's original position.
 
@@ -27,7 +27,8 @@ import grain
 import jax
 import numpy as np
 
-from . import attention, packing, pipeline, records
+from ..model import attention
+from . import packing, readahead, records
 from . import files as files_lib
 
 log = logging.getLogger(__name__)
@@ -258,7 +259,7 @@ def abstract_batch(training, sharding: jax.sharding.NamedSharding) -> Batch:
 
 class Batches:
     """The Batch of a step. Each process builds only the rows its devices hold; the rows of file
-    sources are read ahead by `workers` threads, `prefetch` steps ahead (pipeline.ReadAhead)."""
+    sources are read ahead by `workers` threads, `prefetch` steps ahead (readahead.ReadAhead)."""
 
     def __init__(self, source, sharding: jax.sharding.NamedSharding, context: int, *, workers: int = 0,
                  prefetch: int = 1):
@@ -271,7 +272,7 @@ class Batches:
         self.reader = None
         if workers and source.reads:
             rows = [r for a, b in self.blocks for r in range(a, b)]
-            self.reader = pipeline.ReadAhead(lambda step, r: source.rows(step, range(r, r + 1)), rows, workers,
+            self.reader = readahead.ReadAhead(lambda step, r: source.rows(step, range(r, r + 1)), rows, workers,
                                              prefetch)
 
     def _rows(self, step: int) -> dict:

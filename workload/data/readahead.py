@@ -1,6 +1,6 @@
 """Reading a process's rows ahead of the training loop, in worker threads, through Grain.
 
-The rows a process needs are its devices' rows of each step (`rows`); element k of the pipeline is
+The rows a process needs are its devices' rows of each step (`rows`); element k of the read-ahead is
 row rows[k % n] of step k // n. Grain's prefetching iterator reads `prefetch` steps of elements
 ahead in `workers` threads while the loop trains, and returns them in order. What an element holds
 is the source's pure function of (step, row), so the iterator carries no state worth saving: asked
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import grain
 
-# Steps the element index covers: the pipeline is a finite MapDataset, made long enough to never end.
+# Steps the element index covers: the read-ahead is a finite MapDataset, made long enough to never end.
 HORIZON_STEPS = 1 << 40
 
 

@@ -31,8 +31,8 @@ from etils import epath
 
 from tpu_operator.api.profiling import MAX_TRACE_SECONDS, ProfileReport, StepRange, parse_steps
 
-from .metrics import Status
-from .train import Hook, Run
+from ..process.metrics import Status
+from ..loop.hooks import Hook, Run
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Which files a `files` data source reads: one rule for the sources (data.py, records.py) and for
+"""Which files a `files` data source reads: one rule for the sources (batches.py, records.py) and for
 the data-order fingerprint (fingerprint.py)."""
 
 from __future__ import annotations
