@@ -30,5 +30,11 @@ async def create(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **
     _, jobset = render(job)
     await memo.api.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", jobset)
     await memo.api.patch_namespaced_custom_object_status(
-        "training.tpu-operator.dev", "v1alpha1", namespace, "tputrainingjobs", name,
-        {"status": {"phase": "Pending", "jobSetName": name}}, _content_type="application/merge-patch+json")
+        "training.tpu-operator.dev",
+        "v1alpha1",
+        namespace,
+        "tputrainingjobs",
+        name,
+        {"status": {"phase": "Pending", "jobSetName": name}},
+        _content_type="application/merge-patch+json",
+    )

@@ -60,8 +60,13 @@ class FirstSeen(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            stream = watch.Watch().stream(self.cluster.custom.list_namespaced_custom_object, *self.resource[:2],
-                                          self.namespace, self.resource[2], timeout_seconds=30)
+            stream = watch.Watch().stream(
+                self.cluster.custom.list_namespaced_custom_object,
+                *self.resource[:2],
+                self.namespace,
+                self.resource[2],
+                timeout_seconds=30,
+            )
             self.ready.set()
             for event in stream:
                 obj = event["object"]
@@ -89,7 +94,7 @@ def request_counters(cluster: Cluster) -> collections.Counter:
     for line in text.splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
-        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.rindex("}")].split(","))
+        labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(","))
         labels = {k: v.strip('"') for k, v in labels.items()}
         counts[(labels.get("verb"), labels.get("resource"), labels.get("subresource", ""))] += float(line.split()[-1])
     return counts
@@ -98,11 +103,32 @@ def request_counters(cluster: Cluster) -> collections.Counter:
 @contextlib.contextmanager
 def operator(kind: str, kubeconfig: Path, namespace: str, workdir: Path) -> Iterator[subprocess.Popen]:
     if kind == "floor":
-        command = [sys.executable, "-m", "kopf", "run", "--standalone", "--namespace", namespace,
-                   str(ROOT / "benchmarks" / "floor_operator.py")]
+        command = [
+            sys.executable,
+            "-m",
+            "kopf",
+            "run",
+            "--standalone",
+            "--namespace",
+            namespace,
+            str(ROOT / "benchmarks" / "floor_operator.py"),
+        ]
     else:
-        command = [sys.executable, "-m", "tpu_operator.cli", "operator", "--standalone", "--namespace", namespace,
-                   "--metrics-access", "direct", "--health-port", str(free_port()), "--metrics-port", str(free_port())]
+        command = [
+            sys.executable,
+            "-m",
+            "tpu_operator.cli",
+            "operator",
+            "--standalone",
+            "--namespace",
+            namespace,
+            "--metrics-access",
+            "direct",
+            "--health-port",
+            str(free_port()),
+            "--metrics-port",
+            str(free_port()),
+        ]
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT)}
     with open(workdir / f"{kind}.log", "wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -121,7 +147,9 @@ def burst(cluster: Cluster, kind: str, n: int, example: dict, workdir: Path) -> 
     ns = cluster.namespace(f"bench-{kind}")
     account = f"bench-{kind}"
     cluster.kubectl("create", "serviceaccount", account, "-n", ns)
-    cluster.kubectl("create", "clusterrolebinding", ns, "--clusterrole=cluster-admin", f"--serviceaccount={ns}:{account}")
+    cluster.kubectl(
+        "create", "clusterrolebinding", ns, "--clusterrole=cluster-admin", f"--serviceaccount={ns}:{account}"
+    )
     kubeconfig = cluster.token_kubeconfig(ns, account, workdir / f"{kind}.kubeconfig")
     jobsets = FirstSeen(cluster, JOBSETS, ns, lambda obj: True)
     statuses = FirstSeen(cluster, JOBS, ns, lambda obj: bool(obj.get("status")))
@@ -144,20 +172,35 @@ def burst(cluster: Cluster, kind: str, n: int, example: dict, workdir: Path) -> 
                 name = f"bench-{i:04d}"
                 created[name] = time.monotonic()
                 create(name)
-            wait_for(lambda: all(m in jobsets.first and m in statuses.first for m in created), 1800,
-                     f"{n} JobSets and statuses from {kind}", interval=0.2)
+            wait_for(
+                lambda: all(m in jobsets.first and m in statuses.first for m in created),
+                1800,
+                f"{n} JobSets and statuses from {kind}",
+                interval=0.2,
+            )
             whole = time.monotonic() - start
             time.sleep(2)  # requests the last jobs still trigger
             after = request_counters(cluster)
             user = f"system:serviceaccount:{ns}:{account}"
-            audited = collections.Counter(f"{e['verb']} {e['resource']}" for e in cluster.audit(since)
-                                          if e["user"]["username"] == user and e["verb"] != "watch")
-            return {"kind": kind, "jobs": n, "whole_s": whole, "rss_mib": vm_hwm_mib(process.pid),
-                    "to_jobset": quantiles([jobsets.first[m] - t for m, t in created.items()]),
-                    "to_status": quantiles([statuses.first[m] - t for m, t in created.items()]),
-                    "requests_per_job": sum(audited.values()) / n, "by_kind": dict(audited.most_common(8)),
-                    "counter_per_job": {f"{v} {r}{'/' + s if s else ''}": (after[(v, r, s)] - before[(v, r, s)]) / n
-                                        for v, r, s in sorted(OPERATOR_ONLY)}}
+            audited = collections.Counter(
+                f"{e['verb']} {e['resource']}"
+                for e in cluster.audit(since)
+                if e["user"]["username"] == user and e["verb"] != "watch"
+            )
+            return {
+                "kind": kind,
+                "jobs": n,
+                "whole_s": whole,
+                "rss_mib": vm_hwm_mib(process.pid),
+                "to_jobset": quantiles([jobsets.first[m] - t for m, t in created.items()]),
+                "to_status": quantiles([statuses.first[m] - t for m, t in created.items()]),
+                "requests_per_job": sum(audited.values()) / n,
+                "by_kind": dict(audited.most_common(8)),
+                "counter_per_job": {
+                    f"{v} {r}{'/' + s if s else ''}": (after[(v, r, s)] - before[(v, r, s)]) / n
+                    for v, r, s in sorted(OPERATOR_ONLY)
+                },
+            }
     finally:
         jobsets.stop.set()
         statuses.stop.set()
@@ -190,13 +233,19 @@ def main() -> None:
             for n in args.jobs:
                 floor, ours = (burst(cluster, kind, n, example, Path(tmp)) for kind in ("floor", "tpujob"))
                 for r in (floor, ours):
-                    print(f"{r['kind']:7s} {n:4d} jobs: create->JobSet {fmt(r['to_jobset'])} | create->status "
-                          f"{fmt(r['to_status'])} | {r['requests_per_job']:.1f} req/job | whole {r['whole_s']:.1f} s"
-                          f" | peak RSS {r['rss_mib']:.0f} MiB\n        audit: {r['by_kind']}\n"
-                          f"        apiserver_request_total per job: {r['counter_per_job']}", flush=True)
+                    print(
+                        f"{r['kind']:7s} {n:4d} jobs: create->JobSet {fmt(r['to_jobset'])} | create->status "
+                        f"{fmt(r['to_status'])} | {r['requests_per_job']:.1f} req/job | whole {r['whole_s']:.1f} s"
+                        f" | peak RSS {r['rss_mib']:.0f} MiB\n        audit: {r['by_kind']}\n"
+                        f"        apiserver_request_total per job: {r['counter_per_job']}",
+                        flush=True,
+                    )
                 ratio = {q: ours["to_jobset"][q] / floor["to_jobset"][q] for q in ("p50", "p99")}
-                print(f"ours/floor at {n} jobs: create->JobSet p50 x{ratio['p50']:.2f}, p99 x{ratio['p99']:.2f}; "
-                      f"requests per job {ours['requests_per_job']:.1f} vs {floor['requests_per_job']:.1f}", flush=True)
+                print(
+                    f"ours/floor at {n} jobs: create->JobSet p50 x{ratio['p50']:.2f}, p99 x{ratio['p99']:.2f}; "
+                    f"requests per job {ours['requests_per_job']:.1f} vs {floor['requests_per_job']:.1f}",
+                    flush=True,
+                )
     finally:
         if started:
             launcher.down()

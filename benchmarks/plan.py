@@ -33,9 +33,11 @@ from tpu_operator.rendering.plan_report import resource_lines  # noqa: E402
 from tpu_operator.rendering.preflight import plan_args, plan_env  # noqa: E402
 
 # The plan with the loss chunk count forced (a benchmark-only override).
-FORCED = "import sys, tpu_workload.loop.train as t; n = int(sys.argv.pop(1)); tiling = t.loss_tiling; " \
-         "t.loss_tiling = lambda cfg: (n, tiling(cfg)[1] if n > 1 else 1); " \
-         "from tpu_workload.performance.plan import main; sys.exit(main(sys.argv[1:]))"
+FORCED = (
+    "import sys, tpu_workload.loop.train as t; n = int(sys.argv.pop(1)); tiling = t.loss_tiling; "
+    "t.loss_tiling = lambda cfg: (n, tiling(cfg)[1] if n > 1 else 1); "
+    "from tpu_workload.performance.plan import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def plan_one(path: Path, loss_chunks: int | None, dump: Path | None = None) -> tuple[PlanResult, float, object]:
@@ -43,12 +45,19 @@ def plan_one(path: Path, loss_chunks: int | None, dump: Path | None = None) -> t
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.json"
         config.write_text(Plan(job).trainer_config().model_dump_json(by_alias=True))
-        head = [sys.executable, "-m", "tpu_workload.performance.plan"] if loss_chunks is None else \
-            [sys.executable, "-c", FORCED, str(loss_chunks)]
+        head = (
+            [sys.executable, "-m", "tpu_workload.performance.plan"]
+            if loss_chunks is None
+            else [sys.executable, "-c", FORCED, str(loss_chunks)]
+        )
         start = time.perf_counter()
         keep = ["--keep-dump", str(dump / path.stem)] if dump else []
-        proc = subprocess.run([*head, *plan_args(job, str(config)), *keep], env={**os.environ, **plan_env(job)},
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [*head, *plan_args(job, str(config)), *keep],
+            env={**os.environ, **plan_env(job)},
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - start
     lines = proc.stdout.strip().splitlines()
     if not lines:
@@ -65,27 +74,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump", type=Path, help="keep each step's XLA dump under DIR/<example>")
     args = parser.parse_args(argv)
     paths = args.examples or sorted((ROOT / "examples").glob("*.yaml"))
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; loss chunks "
-          f"{args.loss_chunks or 'as the trainer picks'}", flush=True)
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; loss chunks "
+        f"{args.loss_chunks or 'as the trainer picks'}",
+        flush=True,
+    )
     if not args.json:
-        print(f"{'example':24} {'slice':14} {'devices':>7} {'state':>7} {'temps':>7} {'total':>7} {'HBM':>5} "
-              f"{'host':>6} {'of':>5} {'fits':>5} {'compile':>8} {'wall':>6}", flush=True)
+        print(
+            f"{'example':24} {'slice':14} {'devices':>7} {'state':>7} {'temps':>7} {'total':>7} {'HBM':>5} "
+            f"{'host':>6} {'of':>5} {'fits':>5} {'compile':>8} {'wall':>6}",
+            flush=True,
+        )
     for path in paths:
         r, wall, job = plan_one(path, args.loss_chunks, args.dump)
         if args.json:
-            print(json.dumps({"example": path.name, "wall_s": round(wall, 1), **r.model_dump(by_alias=True)}),
-                  flush=True)
+            print(
+                json.dumps({"example": path.name, "wall_s": round(wall, 1), **r.model_dump(by_alias=True)}), flush=True
+            )
             continue
         tpu = job.spec.tpu
         gib = lambda v: f"{v:7.2f}" if v is not None else "      -"  # noqa: E731
-        print(f"{path.name:24} {tpu.generation + ' ' + tpu.topology + ' x' + str(tpu.slices):14} {r.devices or 0:7} "
-              f"{gib(r.state_gib)} {gib(r.temporaries_gib)} {gib(r.hbm_per_device_gib)} "
-              f"{r.hbm_capacity_gib or 0:5.0f} {r.host_per_device_gib or 0:6.2f} {r.host_capacity_gib or 0:5.0f} "
-              f"{str(r.fits):>5} {r.compile_seconds or 0:7.1f}s {wall:5.0f}s"
-              + ("" if r.verdict == "Fits" else f"  {r.verdict}: {r.message[:200]}"), flush=True)
+        print(
+            f"{path.name:24} {tpu.generation + ' ' + tpu.topology + ' x' + str(tpu.slices):14} {r.devices or 0:7} "
+            f"{gib(r.state_gib)} {gib(r.temporaries_gib)} {gib(r.hbm_per_device_gib)} "
+            f"{r.hbm_capacity_gib or 0:5.0f} {r.host_per_device_gib or 0:6.2f} {r.host_capacity_gib or 0:5.0f} "
+            f"{str(r.fits):>5} {r.compile_seconds or 0:7.1f}s {wall:5.0f}s"
+            + ("" if r.verdict == "Fits" else f"  {r.verdict}: {r.message[:200]}"),
+            flush=True,
+        )
         if r.resources is not None:
             print("\n".join(f"    {line}" for line in resource_lines(r.resources)), flush=True)
-        for allocation in r.largest[:args.largest]:
+        for allocation in r.largest[: args.largest]:
             print(f"    {allocation}", flush=True)
     return 0
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from tpu_operator.rendering.manifests import render
 from tpu_operator.api.validation import parse_job
+from tpu_operator.rendering.manifests import render
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "llama3-8b-fsdp.yaml"
 

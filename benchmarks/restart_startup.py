@@ -34,16 +34,24 @@ def run(workdir: Path, steps: int, fail_at: int, cache: bool) -> dict:
     job = workdir / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     env = {**os.environ, "TPUJOB_COMPILATION_CACHE": "1" if cache else "0"}
-    subprocess.run([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f", str(job), "--run-dir",
-                    str(workdir / "run")], env=env, check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f", str(job), "--run-dir", str(workdir / "run")],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     records = [json.loads(line) for line in (workdir / "run" / "metrics.jsonl").read_text().splitlines()]
     attempts: dict[float, dict] = {}  # process start -> the attempt's first report
     for r in records:
         attempts.setdefault(r["progress"]["started_at"], r["progress"])
     firsts = list(attempts.values())
     status = yaml.safe_load((workdir / "run" / "status.yaml").read_text())["status"]
-    return {"startup_s": [round(p["first_step_at"] - p["started_at"], 1) for p in firsts],
-            "goodput": status["goodput"], "badput": status["badput"]}
+    return {
+        "startup_s": [round(p["first_step_at"] - p["started_at"], 1) for p in firsts],
+        "goodput": status["goodput"],
+        "badput": status["badput"],
+    }
 
 
 def main() -> None:
@@ -58,8 +66,11 @@ def main() -> None:
                 result = run(Path(d), args.steps, args.fail_at, cache)
             assert len(result["startup_s"]) == 2, result
             first, restart = result["startup_s"]
-            print(f"compilation cache {'on ' if cache else 'off'}: start-up first attempt {first:.1f} s, "
-                  f"restart {restart:.1f} s; goodput {result['goodput']:.3f}; badput {result['badput']}", flush=True)
+            print(
+                f"compilation cache {'on ' if cache else 'off'}: start-up first attempt {first:.1f} s, "
+                f"restart {restart:.1f} s; goodput {result['goodput']:.3f}; badput {result['badput']}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import json
 import os
 import sys
 
-
 # The cases: a preset, its sequence, and the mesh degrees that are not FSDP (FSDP takes the rest).
 CASES = {
     "dense": dict(preset="tiny", seq=128, mesh={}),
@@ -64,14 +63,30 @@ def main() -> None:
     mesh = {a: case["mesh"].get(a, 1) for a in ("data", "context", "expert", "tensor")}
     mesh["fsdp"] = n // (mesh["context"] * mesh["expert"] * mesh["tensor"])
     cfg = TrainerConfig(
-        name="bench", generation="v7x", topology="2x2x1", slices=1, hosts_per_slice=1, devices_per_host=n,
-        peak_flops_per_device=2.307e15 / 2, model=dict(PRESETS[preset]),
-        training=dict(steps=args.steps, global_batch=batch, sequence_length=seq, precision=args.precision,
-                      remat=dict(policy=args.remat), learning_rate=dict(peak=1e-3, schedule="constant")),
+        name="bench",
+        generation="v7x",
+        topology="2x2x1",
+        slices=1,
+        hosts_per_slice=1,
+        devices_per_host=n,
+        peak_flops_per_device=2.307e15 / 2,
+        model=dict(PRESETS[preset]),
+        training=dict(
+            steps=args.steps,
+            global_batch=batch,
+            sequence_length=seq,
+            precision=args.precision,
+            remat=dict(policy=args.remat),
+            learning_rate=dict(peak=1e-3, schedule="constant"),
+        ),
         mesh=mesh,
-        kernels=dict(attention=args.attention or ("splash" if on_tpu else "xla"),
-                     moe_matmul=args.moe_matmul or ("gmm" if on_tpu else "ragged_dot")),
-        checkpoint={}, metrics_port=0)
+        kernels=dict(
+            attention=args.attention or ("splash" if on_tpu else "xla"),
+            moe_matmul=args.moe_matmul or ("gmm" if on_tpu else "ragged_dot"),
+        ),
+        checkpoint={},
+        metrics_port=0,
+    )
     peak = cfg.peak_flops_per_device if on_tpu else runtime.CPU_PEAK_FLOPS_PER_DEVICE
     stdout, sys.stdout = sys.stdout, io.StringIO()  # the per-step JSON lines
     try:
@@ -79,13 +94,27 @@ def main() -> None:
     finally:
         sys.stdout = stdout
     # Older trainers named it tokens_per_s.
-    tokens_per_s = getattr(summary, "global_tokens_per_s", None) or getattr(summary, "tokens_per_s")
-    result = {"case": args.case, "preset": preset, "mesh": mesh, "devices": n, "platform": jax.default_backend(), "global_batch": batch,
-              "sequence_length": seq, "steps_timed": summary.steps_timed,
-              "step_time_s": summary.step_time_s, "global_tokens_per_s": tokens_per_s,
-              "mfu": summary.mfu, "peak_flops_per_device": peak, "final_loss": summary.loss}
-    print(f"{args.case} ({preset}): {result['global_tokens_per_s']:.0f} tokens/s, step {1e3 * result['step_time_s']:.1f} ms, "
-          f"MFU {100 * result['mfu']:.2f}% of {peak:.3g} FLOP/s x {n} ({result['platform']})", file=sys.stderr)
+    tokens_per_s = getattr(summary, "global_tokens_per_s", None) or summary.tokens_per_s
+    result = {
+        "case": args.case,
+        "preset": preset,
+        "mesh": mesh,
+        "devices": n,
+        "platform": jax.default_backend(),
+        "global_batch": batch,
+        "sequence_length": seq,
+        "steps_timed": summary.steps_timed,
+        "step_time_s": summary.step_time_s,
+        "global_tokens_per_s": tokens_per_s,
+        "mfu": summary.mfu,
+        "peak_flops_per_device": peak,
+        "final_loss": summary.loss,
+    }
+    print(
+        f"{args.case} ({preset}): {result['global_tokens_per_s']:.0f} tokens/s, step {1e3 * result['step_time_s']:.1f} ms, "
+        f"MFU {100 * result['mfu']:.2f}% of {peak:.3g} FLOP/s x {n} ({result['platform']})",
+        file=sys.stderr,
+    )
     print(json.dumps(result))
 
 

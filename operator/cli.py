@@ -6,7 +6,8 @@ import argparse
 import math
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .api import crd
 from .api.derived import Plan
@@ -72,8 +73,10 @@ async def server_check(jobs: list[TPUTrainingJob], default_image: str | None, na
     try:
         credentials = await configuration()
     except Exception as exc:  # noqa: BLE001 -- any loader failure means the same thing
-        print(f"error: not checked by a server: no kubeconfig ({type(exc).__name__}: {shown(str(exc), 500)})",
-              file=sys.stderr)
+        print(
+            f"error: not checked by a server: no kubeconfig ({type(exc).__name__}: {shown(str(exc), 500)})",
+            file=sys.stderr,
+        )
         return EXIT_NOT_CHECKED
     api = api_client(credentials)
     worst = 0
@@ -85,14 +88,22 @@ async def server_check(jobs: list[TPUTrainingJob], default_image: str | None, na
             config_map, jobset = render(job, default_image)
             where = f"{job.metadata.namespace}/{job.metadata.name}"
             try:
-                await dry_run(kube, job.metadata.namespace, (CONFIGMAPS, config_map), (JOBSETS, jobset),
-                              *((PODS, p) for p in pods_of(jobset)), strict=True)
+                await dry_run(
+                    kube,
+                    job.metadata.namespace,
+                    (CONFIGMAPS, config_map),
+                    (JOBSETS, jobset),
+                    *((PODS, p) for p in pods_of(jobset)),
+                    strict=True,
+                )
             except Inadmissible as exc:
                 print(f"error: {where}: {shown(str(exc), 1000)}", file=sys.stderr)
                 worst = EXIT_INVALID
             except ApiError as exc:
-                print(f"error: {where}: not checked by the server {credentials.host}: {shown(str(exc), 500)}",
-                      file=sys.stderr)
+                print(
+                    f"error: {where}: not checked by the server {credentials.host}: {shown(str(exc), 500)}",
+                    file=sys.stderr,
+                )
                 return EXIT_NOT_CHECKED
             else:
                 print(f"server: {credentials.host} admits {where} in a dry run (its ConfigMap, JobSet and pods)")
@@ -154,8 +165,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .local.run import TooLargeForLocal, check_fits, run_local, scale_down
 
     if not args.local:
-        print("error: only --local runs are supported by `tpujob run`; on a cluster, `kubectl apply -f` the job "
-              "with the operator installed", file=sys.stderr)
+        print(
+            "error: only --local runs are supported by `tpujob run`; on a cluster, `kubectl apply -f` the job "
+            "with the operator installed",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     docs = read_documents(read_text(args.file))
     if len(docs) != 1:
@@ -163,8 +177,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     doc = docs[0]
     original = parse_job(doc)  # the job as written must be valid before it is shrunk
     if original.spec.runtime.by_reference:
-        raise InvalidJob(["spec.runtime: a local run has no Secrets, ConfigMaps or pod fields to read valueFrom or "
-                          "envFrom from; give the values for the local run as runtime.env values"])
+        raise InvalidJob(
+            [
+                "spec.runtime: a local run has no Secrets, ConfigMaps or pod fields to read valueFrom or "
+                "envFrom from; give the values for the local run as runtime.env values"
+            ]
+        )
     if args.scale_down:
         doc, changes = scale_down(doc)
         print("scaled down for this machine: " + "; ".join(changes))
@@ -237,14 +255,27 @@ def operator_options(args: argparse.Namespace):  # noqa: ANN201 -- OperatorOptio
 
     deadline = args.preflight_deadline
     controller = OperatorConfig(
-        **given(default_image=args.default_image, metrics_access=args.metrics_access,
-                metrics_interval_s=args.metrics_interval, resync_interval_s=args.resync_interval),
-        preflight=Timing(**given(start_s=args.preflight_start_timeout,
-                                 deadline_s=int(deadline) if deadline is not None else None)))
+        **given(
+            default_image=args.default_image,
+            metrics_access=args.metrics_access,
+            metrics_interval_s=args.metrics_interval,
+            resync_interval_s=args.resync_interval,
+        ),
+        preflight=Timing(
+            **given(start_s=args.preflight_start_timeout, deadline_s=int(deadline) if deadline is not None else None)
+        ),
+    )
     return OperatorOptions(
-        namespaces=() if args.all_namespaces else tuple(args.namespace), standalone=args.standalone,
-        health_host=args.health_host, health_port=args.health_port, metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port, controller=controller, verbose=args.verbose, print_rbac=args.print_rbac)
+        namespaces=() if args.all_namespaces else tuple(args.namespace),
+        standalone=args.standalone,
+        health_host=args.health_host,
+        health_port=args.health_port,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        controller=controller,
+        verbose=args.verbose,
+        print_rbac=args.print_rbac,
+    )
 
 
 def positive_seconds(text: str) -> float:
@@ -269,15 +300,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True, help="job YAML, or - for stdin")
     p.add_argument("--project", help="Google Cloud project for the capacity look-up (optional, online)")
     p.add_argument("--zone", help="zone for the capacity look-up, e.g. us-central1-c")
-    p.add_argument("--default-image", help="the operator's --default-image: a job that names no image must get "
-                                           "one from it")
-    p.add_argument("--server", action="store_true",
-                   help="then a server-side dry run of its ConfigMap, JobSet and pods against the kubeconfig's "
-                        "cluster: exit 2 refused, 3 not checked (unreachable)")
+    p.add_argument(
+        "--default-image", help="the operator's --default-image: a job that names no image must get one from it"
+    )
+    p.add_argument(
+        "--server",
+        action="store_true",
+        help="then a server-side dry run of its ConfigMap, JobSet and pods against the kubeconfig's "
+        "cluster: exit 2 refused, 3 not checked (unreachable)",
+    )
     p.add_argument("--namespace", "-n", help="with --server: the namespace to check in (default: the job's)")
     p.set_defaults(func=cmd_validate)
-    p = sub.add_parser("plan", help="compile a job's train step for its TPU slice (libtpu, no TPU) and check "
-                                    "that it fits: exit 0 fits, 2 it does not, 3 not checked")
+    p = sub.add_parser(
+        "plan",
+        help="compile a job's train step for its TPU slice (libtpu, no TPU) and check "
+        "that it fits: exit 0 fits, 2 it does not, 3 not checked",
+    )
     p.add_argument("-f", "--file", required=True, help="job YAML, or - for stdin")
     p.add_argument("--json", action="store_true", help="one JSON object (the plan's result) per job")
     p.set_defaults(func=cmd_plan)
@@ -287,19 +325,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True, help="job YAML, or - for stdin")
     p.add_argument("--local", action="store_true", help="run on this machine: one process per TPU host")
     p.add_argument("--run-dir", help="logs, checkpoints, metrics and status (default runs/<name>-<time>)")
-    p.add_argument("--profile", metavar="FIRST-LAST",
-                   help="trace these steps (from 1) with the JAX profiler into the run's TensorBoard directory")
-    p.add_argument("--scale-down", action="store_true",
-                   help="shrink a job too large for this machine to a tiny model on a 2-host slice")
+    p.add_argument(
+        "--profile",
+        metavar="FIRST-LAST",
+        help="trace these steps (from 1) with the JAX profiler into the run's TensorBoard directory",
+    )
+    p.add_argument(
+        "--scale-down",
+        action="store_true",
+        help="shrink a job too large for this machine to a tiny model on a 2-host slice",
+    )
     p.add_argument("--steps", type=int, metavar="N", help="train N steps instead of the job's training.steps")
-    p.add_argument("--no-plan", action="store_true",
-                   help="skip the plan of the real slice before the run (a libtpu compile: minutes for a large model)")
+    p.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="skip the plan of the real slice before the run (a libtpu compile: minutes for a large model)",
+    )
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("report", help="write a PNG of loss, step time and MFU of a local run")
     p.add_argument("run_dir", help="the run directory of `tpujob run --local`")
     p.add_argument("-o", "--output", help="PNG path (default RUN_DIR/report.png)")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("operator", help="run the operator: TPUTrainingJobs -> JobSets, status from JobSets and trainers")
+    p = sub.add_parser(
+        "operator", help="run the operator: TPUTrainingJobs -> JobSets, status from JobSets and trainers"
+    )
     p.add_argument("--namespace", "-n", action="append", default=[], help="namespace to serve (repeatable)")
     p.add_argument("--all-namespaces", "-A", action="store_true", help="serve every namespace (the default)")
     p.add_argument("--standalone", action="store_true", help="single replica: no kopf peering")
@@ -308,16 +357,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics at :PORT/metrics")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address of the metrics endpoint")
     p.add_argument("--default-image", help="trainer image for jobs that name none")
-    p.add_argument("--metrics-access", choices=("proxy", "direct"),
-                   help="reach the trainer's /status through the API server's pod proxy (the default), or directly "
-                        "by pod IP")
+    p.add_argument(
+        "--metrics-access",
+        choices=("proxy", "direct"),
+        help="reach the trainer's /status through the API server's pod proxy (the default), or directly by pod IP",
+    )
     p.add_argument("--metrics-interval", type=positive_seconds, help="seconds between trainer metric reads")
-    p.add_argument("--resync-interval", type=positive_seconds,
-                   help="seconds between two re-reads of an unfinished job's JobSet, to catch up on a lost event")
-    p.add_argument("--preflight-start-timeout", type=positive_seconds,
-                   help="seconds a pre-flight pod may take to start before the job goes on without the check")
-    p.add_argument("--preflight-deadline", type=positive_seconds,
-                   help="the pre-flight Job's activeDeadlineSeconds (a full-size compile takes minutes)")
+    p.add_argument(
+        "--resync-interval",
+        type=positive_seconds,
+        help="seconds between two re-reads of an unfinished job's JobSet, to catch up on a lost event",
+    )
+    p.add_argument(
+        "--preflight-start-timeout",
+        type=positive_seconds,
+        help="seconds a pre-flight pod may take to start before the job goes on without the check",
+    )
+    p.add_argument(
+        "--preflight-deadline",
+        type=positive_seconds,
+        help="the pre-flight Job's activeDeadlineSeconds (a full-size compile takes minutes)",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="debug logs")
     p.add_argument("--print-rbac", action="store_true", help="print the RBAC rules the operator needs, and exit")
     p.set_defaults(func=cmd_operator)

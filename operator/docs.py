@@ -34,8 +34,11 @@ from typing import Any, get_args
 ROOT = Path(__file__).resolve().parents[1]  # the repository (docs/ and scripts/ are not in the wheel)
 DOCS = ROOT / "docs"
 COMMAND = "python -m tpu_operator.docs"
-BLOCK = re.compile(r"(<!-- generated: (?P<name>[a-z-]+) \(python -m tpu_operator\.docs\) -->\n)(?P<body>.*?)"
-                   r"(<!-- end generated: (?P=name) -->)", re.S)
+BLOCK = re.compile(
+    r"(<!-- generated: (?P<name>[a-z-]+) \(python -m tpu_operator\.docs\) -->\n)(?P<body>.*?)"
+    r"(<!-- end generated: (?P=name) -->)",
+    re.S,
+)
 
 
 def _cell(text: Any) -> str:
@@ -66,8 +69,15 @@ def _limits(node: dict[str, Any]) -> str:
     parts = []
     if "enum" in node:
         parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
-    for key, word in (("minimum", ">="), ("maximum", "<="), ("minLength", "length >="), ("maxLength", "length <="),
-                      ("minItems", "items >="), ("maxItems", "items <="), ("maxProperties", "keys <=")):
+    for key, word in (
+        ("minimum", ">="),
+        ("maximum", "<="),
+        ("minLength", "length >="),
+        ("maxLength", "length <="),
+        ("minItems", "items >="),
+        ("maxItems", "items <="),
+        ("maxProperties", "keys <="),
+    ):
         if key in node:
             strict = node.get("exclusive" + key[0].upper() + key[1:]) is True
             parts.append(f"{word.replace('=', '') if strict else word} {node[key]}")
@@ -85,7 +95,7 @@ def _fields(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, An
 
 
 def _row(path: str, node: dict[str, Any]) -> tuple[str, ...]:
-    default = "" if "default" not in node else "`\"\"`" if node["default"] == "" else f"`{node['default']}`"
+    default = "" if "default" not in node else '`""`' if node["default"] == "" else f"`{node['default']}`"
     return (f"`{path}`", _type(node), default, _limits(node), node.get("description", ""))
 
 
@@ -94,8 +104,12 @@ def _field_tables(schema: dict[str, Any], root: str) -> str:
     header = ("field", "type", "default", "limits", "description")
     out = [_table(header, [_row(f"{root}.{name}", child) for name, child in schema["properties"].items()])]
     for name, child in schema["properties"].items():
-        rows = [_row(p, n) for p, n in _fields(child.get("items", child), f"{root}.{name}"
-                                                + ("[]" if child.get("type") == "array" else ""))]
+        rows = [
+            _row(p, n)
+            for p, n in _fields(
+                child.get("items", child), f"{root}.{name}" + ("[]" if child.get("type") == "array" else "")
+            )
+        ]
         if rows:
             out.append(f"### `{root}.{name}`\n\n{child.get('description', '')}\n\n" + _table(header, rows))
     return "\n".join(out)
@@ -107,11 +121,16 @@ def api_spec() -> str:
     schema = crd.definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     required = ", ".join(f"`spec.{f}`" for f in schema["properties"]["spec"].get("required", []))
     fields = models.TPUTrainingJobSpec.model_fields
-    by_operator = ", ".join(f"`spec.{fields[f].alias or f}` (the operator's `--default-image`; a job with neither "
-                            f"is Invalid)" if f == "image" else f"`spec.{fields[f].alias or f}`"
-                            for f in sorted(models.OPERATOR_DEFAULTED_FIELDS))
-    return (f"Required: {required}. Defaulted by the operator, not by the API server, so the CRD shows no "
-            f"default: {by_operator}.\n\n" + _field_tables(schema["properties"]["spec"], "spec"))
+    by_operator = ", ".join(
+        f"`spec.{fields[f].alias or f}` (the operator's `--default-image`; a job with neither is Invalid)"
+        if f == "image"
+        else f"`spec.{fields[f].alias or f}`"
+        for f in sorted(models.OPERATOR_DEFAULTED_FIELDS)
+    )
+    return (
+        f"Required: {required}. Defaulted by the operator, not by the API server, so the CRD shows no "
+        f"default: {by_operator}.\n\n" + _field_tables(schema["properties"]["spec"], "spec")
+    )
 
 
 def trainer_settings() -> str:
@@ -122,8 +141,11 @@ def trainer_settings() -> str:
     training = schema["properties"]["spec"]["properties"]["training"]
     # A map's keys and a nested DataSpec repeat what their parent row and `training.data` say.
     repeated = ("`training.remat.tensors.", "`training.eval.data.")
-    rows = [(path, default, description) for path, _, default, _, description in
-            (_row(p, n) for p, n in _fields(training, "training")) if not path.startswith(repeated)]
+    rows = [
+        (path, default, description)
+        for path, _, default, _, description in (_row(p, n) for p, n in _fields(training, "training"))
+        if not path.startswith(repeated)
+    ]
     return _table(("setting", "default", "what it does"), rows)
 
 
@@ -137,8 +159,9 @@ def api_status() -> str:
 def columns() -> str:
     from .api import crd
 
-    rows = [(c["name"], f"`{c['jsonPath']}`", "`-o wide`" if c.get("priority") else "always")
-            for c in crd.PRINTER_COLUMNS]
+    rows = [
+        (c["name"], f"`{c['jsonPath']}`", "`-o wide`" if c.get("priority") else "always") for c in crd.PRINTER_COLUMNS
+    ]
     return _table(("column", "from", "shown"), rows)
 
 
@@ -151,9 +174,11 @@ def phases() -> str:
 
     listed = ", ".join(f"`{p}`" for p in get_args(Phase))
     doc = rule.__doc__ or ""
-    numbered = doc[doc.index("\n1. "):doc.index("\n\n", doc.index("\n1. ") + 1)].strip("\n")
-    return (f"Phases: {listed}.\n\nThe rule, first match wins (from `operator/controller/phases.py`, "
-            f"`phase_of`):\n\n{numbered}\n")
+    numbered = doc[doc.index("\n1. ") : doc.index("\n\n", doc.index("\n1. ") + 1)].strip("\n")
+    return (
+        f"Phases: {listed}.\n\nThe rule, first match wins (from `operator/controller/phases.py`, "
+        f"`phase_of`):\n\n{numbered}\n"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,18 +207,52 @@ def condition_table() -> list[ReasonRow]:
             rows.append(ReasonRow(t.name, status, r.name, meaning + "."))
     could_not_check = [v for v in get_args(PlanVerdict) if v != "Fits" and v not in JOB_MUST_CHANGE]
     rows += [
-        *[ReasonRow("Planned", "False", v, "the plan's verdict: the job must change (HBM, VMEM, or a flag libtpu "
-                 "refuses).") for v in JOB_MUST_CHANGE],
-        *[ReasonRow("Planned", "Unknown", v, "the plan could not check the job (its verdict); the JobSet is created "
-                 "without the check.") for v in could_not_check],
-        ReasonRow("Admitted", "False", "(Kueue's reason)", "the Workload's own QuotaReserved reason while it waits "
-               "for quota, or its Evicted reason after an eviction (`Preempted`, `PodsReadyTimeout`...)."),
-        *[ReasonRow("ContainersReady", "False", r, "the kubelet's waiting reason: the image cannot be pulled (the "
-                 "message names it).") for r in diagnosis.IMAGE_REASONS],
-        *[ReasonRow("ContainersReady", "False", r, "the kubelet's waiting reason: the container cannot start or keeps "
-                 "failing.") for r in diagnosis.START_REASONS],
-        ReasonRow("ContainersReady", "False", "(terminated reason)", "a container exited non-zero: its terminated "
-               "reason (`Error`, `OOMKilled`...) and exit code."),
+        *[
+            ReasonRow(
+                "Planned", "False", v, "the plan's verdict: the job must change (HBM, VMEM, or a flag libtpu refuses)."
+            )
+            for v in JOB_MUST_CHANGE
+        ],
+        *[
+            ReasonRow(
+                "Planned",
+                "Unknown",
+                v,
+                "the plan could not check the job (its verdict); the JobSet is created without the check.",
+            )
+            for v in could_not_check
+        ],
+        ReasonRow(
+            "Admitted",
+            "False",
+            "(Kueue's reason)",
+            "the Workload's own QuotaReserved reason while it waits "
+            "for quota, or its Evicted reason after an eviction (`Preempted`, `PodsReadyTimeout`...).",
+        ),
+        *[
+            ReasonRow(
+                "ContainersReady",
+                "False",
+                r,
+                "the kubelet's waiting reason: the image cannot be pulled (the message names it).",
+            )
+            for r in diagnosis.IMAGE_REASONS
+        ],
+        *[
+            ReasonRow(
+                "ContainersReady",
+                "False",
+                r,
+                "the kubelet's waiting reason: the container cannot start or keeps failing.",
+            )
+            for r in diagnosis.START_REASONS
+        ],
+        ReasonRow(
+            "ContainersReady",
+            "False",
+            "(terminated reason)",
+            "a container exited non-zero: its terminated reason (`Error`, `OOMKilled`...) and exit code.",
+        ),
     ]
     return rows
 
@@ -211,42 +270,76 @@ def event_table() -> list[ReasonRow]:
     from .api.contract import PlanVerdict
     from .controller import diagnosis
 
-    could_not_check = ", ".join(f"`{v}`" for v in get_args(PlanVerdict)
-                                if v not in ("Fits", "DoesNotFit", "VmemOverflow", "RejectedFlags"))
+    could_not_check = ", ".join(
+        f"`{v}`" for v in get_args(PlanVerdict) if v not in ("Fits", "DoesNotFit", "VmemOverflow", "RejectedFlags")
+    )
     return [
         ReasonRow("Normal", "", "Created", "the ConfigMap and the JobSet were created."),
-        ReasonRow("Warning", "", "Invalid", "the spec does not validate, or the API server refuses what it renders (phase Invalid)."),
+        ReasonRow(
+            "Warning",
+            "",
+            "Invalid",
+            "the spec does not validate, or the API server refuses what it renders (phase Invalid).",
+        ),
         ReasonRow("Warning", "", "NameConflict", "a child's name is taken by an object this job does not own."),
         ReasonRow("Warning", "", "SpecChangeRefused", "a spec change after the JobSet exists was refused."),
         ReasonRow("Normal", "", "Planned", "the pre-flight says the step fits."),
         ReasonRow("Warning", "", "DoesNotFit", "the pre-flight says it does not fit: no JobSet for this spec."),
-        ReasonRow("Warning", "", "(pre-flight reason)", "the pre-flight could not check the job: its Planned reason "
-               f"({could_not_check}, `DeadlineExceeded`, `PreflightFailed`, `PreflightNotStarted`)."),
-        ReasonRow("Warning", "", "(pod problem)", "the pods' most telling problem changed: the Scheduled or "
-               "ContainersReady reason (`Unschedulable`, " + ", ".join(f"`{r}`" for r in diagnosis.IMAGE_REASONS[:3])
-               + ", `CrashLoopBackOff`, `Error`...)."),
+        ReasonRow(
+            "Warning",
+            "",
+            "(pre-flight reason)",
+            "the pre-flight could not check the job: its Planned reason "
+            f"({could_not_check}, `DeadlineExceeded`, `PreflightFailed`, `PreflightNotStarted`).",
+        ),
+        ReasonRow(
+            "Warning",
+            "",
+            "(pod problem)",
+            "the pods' most telling problem changed: the Scheduled or "
+            "ContainersReady reason (`Unschedulable`, "
+            + ", ".join(f"`{r}`" for r in diagnosis.IMAGE_REASONS[:3])
+            + ", `CrashLoopBackOff`, `Error`...).",
+        ),
         ReasonRow("Normal", "", "Admitted", "Kueue admitted the job."),
-        ReasonRow("Normal / Warning", "", "Queued", "the job waits in its Kueue queue (Warning when Kueue says the queue "
-               "or the job is misconfigured)."),
-        ReasonRow("Warning", "", "Evicted", "Kueue evicted the job; it is queued again (counted under "
-               "restarts.preemption)."),
+        ReasonRow(
+            "Normal / Warning",
+            "",
+            "Queued",
+            "the job waits in its Kueue queue (Warning when Kueue says the queue or the job is misconfigured).",
+        ),
+        ReasonRow(
+            "Warning", "", "Evicted", "Kueue evicted the job; it is queued again (counted under restarts.preemption)."
+        ),
         ReasonRow("Warning", "", "Restarted", "a failed, preempted or hung attempt is restarted after its backoff."),
-        ReasonRow("Warning / Normal", "", "Resized", "an elastic job's next JobSet runs on another slice count: fewer "
-                                                  "after a lost slice (Warning), all of them again (Normal)."),
+        ReasonRow(
+            "Warning / Normal",
+            "",
+            "Resized",
+            "an elastic job's next JobSet runs on another slice count: fewer "
+            "after a lost slice (Warning), all of them again (Normal).",
+        ),
         ReasonRow("Warning", "", "Hung", "no progress for the hang timeout."),
         ReasonRow("Normal", "", "Suspended", "the JobSet is suspended."),
         ReasonRow("Normal", "", "Resumed", "the JobSet is resumed."),
         ReasonRow("Normal", "", "Succeeded", "the job succeeded."),
         ReasonRow("Warning", "", "Failed", "the job failed."),
         ReasonRow("Normal", "", "Profiled", "the trace asked for with the profile annotation is written (its path)."),
-        ReasonRow("Warning", "", "ProfileRefused", "the profile annotation's value is not valid, or the trainer refused "
-               "the request (steps already run, another trace being captured)."),
+        ReasonRow(
+            "Warning",
+            "",
+            "ProfileRefused",
+            "the profile annotation's value is not valid, or the trainer refused "
+            "the request (steps already run, another trace being captured).",
+        ),
     ]
 
 
 def conditions() -> str:
-    rows = [(f"`{r.kind}`", r.status, f"`{r.reason}`" if not r.reason.startswith("(") else r.reason, r.meaning)
-            for r in condition_table()]
+    rows = [
+        (f"`{r.kind}`", r.status, f"`{r.reason}`" if not r.reason.startswith("(") else r.reason, r.meaning)
+        for r in condition_table()
+    ]
     return _table(("type", "status", "reason", "meaning"), rows)
 
 
@@ -263,11 +356,16 @@ def _label_values() -> dict[str, str]:
     from .api.goodput import BUCKETS
     from .controller.manager import TRIGGERS
 
-    return {"handler": ", ".join(TRIGGERS), "bucket": ", ".join(BUCKETS), "cause": ", ".join(get_args(Cause)),
-            "result": "the reconcile's outcome (`created`, `adopted`, `followed`, `waiting`, `invalid`, `gone`... "
-                      "as `controller/reconcile.py` returns them); `error` (an exception) and `api_error` (an API "
-                      "error) are retried and counted in `tpu_operator_reconcile_errors_total` too",
-            "namespace": "the job's namespace", "job": "the job's name"}
+    return {
+        "handler": ", ".join(TRIGGERS),
+        "bucket": ", ".join(BUCKETS),
+        "cause": ", ".join(get_args(Cause)),
+        "result": "the reconcile's outcome (`created`, `adopted`, `followed`, `waiting`, `invalid`, `gone`... "
+        "as `controller/reconcile.py` returns them); `error` (an exception) and `api_error` (an API "
+        "error) are retried and counted in `tpu_operator_reconcile_errors_total` too",
+        "namespace": "the job's namespace",
+        "job": "the job's name",
+    }
 
 
 def metrics_operator() -> str:
@@ -277,15 +375,20 @@ def metrics_operator() -> str:
 
     stats = Stats()
     stats.observe("job", "done", 0.0)
-    stats.job(("ns", "job"), TPUTrainingJobStatus.model_validate(
-        {"goodput": 0.5, "badput": {}, "restarts": {}}))
+    stats.job(("ns", "job"), TPUTrainingJobStatus.model_validate({"goodput": 0.5, "badput": {}, "restarts": {}}))
     values, rows = _label_values(), []
     for family in stats.registry.collect():
         # The operator turns off prometheus_client's *_created series (controller/main.py).
         series = sorted({s.name for s in family.samples if not s.name.endswith("_created")})
         labels = sorted({k for s in family.samples for k in s.labels if k != "le"})
-        rows.append((" ".join(f"`{s}`" for s in series), family.type, family.documentation,
-                     "; ".join(f"`{k}`: {values.get(k, '')}" for k in labels)))
+        rows.append(
+            (
+                " ".join(f"`{s}`" for s in series),
+                family.type,
+                family.documentation,
+                "; ".join(f"`{k}`: {values.get(k, '')}" for k in labels),
+            )
+        )
     return _table(("series", "type", "meaning", "labels"), rows)
 
 
@@ -302,8 +405,14 @@ def metrics_trainer() -> str:
 def rbac() -> str:
     from .controller.rbac import RBAC_RULES
 
-    rows = [(", ".join(f"`{g}`" if g else "`\"\"` (core)" for g in r["apiGroups"]),
-             ", ".join(f"`{x}`" for x in r["resources"]), ", ".join(r["verbs"])) for r in RBAC_RULES]
+    rows = [
+        (
+            ", ".join(f"`{g}`" if g else '`""` (core)' for g in r["apiGroups"]),
+            ", ".join(f"`{x}`" for x in r["resources"]),
+            ", ".join(r["verbs"]),
+        )
+        for r in RBAC_RULES
+    ]
     return _table(("API group", "resources", "verbs"), rows)
 
 
@@ -311,8 +420,11 @@ def operator_flags() -> str:
     from .cli import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    rows = [(", ".join(f"`{o}`" for o in a.option_strings), a.help or "")
-            for a in sub.choices["operator"]._actions if a.option_strings and a.dest != "help"]
+    rows = [
+        (", ".join(f"`{o}`" for o in a.option_strings), a.help or "")
+        for a in sub.choices["operator"]._actions
+        if a.option_strings and a.dest != "help"
+    ]
     return _table(("flag", "what it does"), rows)
 
 
@@ -323,9 +435,19 @@ def pins() -> str:
 
 
 BLOCKS: dict[str, Callable[[], str]] = {
-    "api-spec": api_spec, "api-status": api_status, "columns": columns, "phases": phases,
-    "condition-types": condition_types, "conditions": conditions, "events": events, "metrics-operator": metrics_operator,
-    "metrics-trainer": metrics_trainer, "trainer-settings": trainer_settings, "rbac": rbac, "operator-flags": operator_flags, "pins": pins,
+    "api-spec": api_spec,
+    "api-status": api_status,
+    "columns": columns,
+    "phases": phases,
+    "condition-types": condition_types,
+    "conditions": conditions,
+    "events": events,
+    "metrics-operator": metrics_operator,
+    "metrics-trainer": metrics_trainer,
+    "trainer-settings": trainer_settings,
+    "rbac": rbac,
+    "operator-flags": operator_flags,
+    "pins": pins,
 }
 
 

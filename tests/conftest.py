@@ -22,8 +22,11 @@ def local_trainer_pid(run_dir: Path, variable: str, value: int) -> int:
             env = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"tpu_workload" in argv and str(run_dir).encode() in b" ".join(argv) \
-                and f"{variable}={value}".encode() in env:
+        if (
+            b"tpu_workload" in argv
+            and str(run_dir).encode() in b" ".join(argv)
+            and f"{variable}={value}".encode() in env
+        ):
             return int(proc.name)
     raise AssertionError(f"no trainer process with {variable}={value} under {run_dir}")
 

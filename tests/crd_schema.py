@@ -18,7 +18,6 @@ from typing import Any
 
 import jsonschema
 
-
 # apiVersion/kind/metadata are the server's business; the CRD schema never prunes them.
 _ROOT_KEEP = {"apiVersion", "kind", "metadata"}
 
@@ -86,13 +85,17 @@ def _cause(error: jsonschema.ValidationError) -> dict[str, str]:
     if error.validator == "required":
         return {"reason": "FieldValueRequired", "message": "Required value", "field": field}
     if error.validator == "enum":
-        return {"reason": "FieldValueNotSupported",
-                "message": f"Unsupported value: {error.instance!r}: supported values: {error.validator_value!r}",
-                "field": field}
+        return {
+            "reason": "FieldValueNotSupported",
+            "message": f"Unsupported value: {error.instance!r}: supported values: {error.validator_value!r}",
+            "field": field,
+        }
     if error.validator == "type":
-        return {"reason": "FieldValueTypeInvalid",
-                "message": f"Invalid value: {error.instance!r}: {field} in body must be of type {error.validator_value}",
-                "field": field}
+        return {
+            "reason": "FieldValueTypeInvalid",
+            "message": f"Invalid value: {error.instance!r}: {field} in body must be of type {error.validator_value}",
+            "field": field,
+        }
     return {"reason": "FieldValueInvalid", "message": f"Invalid value: {error.message}", "field": field}
 
 

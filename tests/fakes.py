@@ -11,7 +11,8 @@ import datetime
 from typing import Any
 
 from tpu_operator.api.status import TPUTrainingJobStatus
-from tpu_operator.api.timestamps import format as rfc3339, parse
+from tpu_operator.api.timestamps import format as rfc3339
+from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import phases, preflight, reconcile
 from tpu_operator.controller.kube import BATCH_JOBS, JOBS, JOBSETS, PODS, ApiError, Resource
 from tpu_operator.controller.manager import Manager
@@ -26,10 +27,17 @@ LATER = NOW + datetime.timedelta(minutes=5)
 # --- builders ---------------------------------------------------------------------------------------------
 
 
-def jobset(active: int = 0, ready: int = 0, conditions: tuple[str, ...] = (),
-           terminal: str | None = None, suspend: bool = False) -> dict[str, Any]:
-    status: dict[str, Any] = {"replicatedJobsStatus": [{"name": "slice", "active": active, "ready": ready}],
-                              "conditions": [{"type": t, "status": "True", "message": f"{t} msg"} for t in conditions]}
+def jobset(
+    active: int = 0,
+    ready: int = 0,
+    conditions: tuple[str, ...] = (),
+    terminal: str | None = None,
+    suspend: bool = False,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "replicatedJobsStatus": [{"name": "slice", "active": active, "ready": ready}],
+        "conditions": [{"type": t, "status": "True", "message": f"{t} msg"} for t in conditions],
+    }
     if terminal:
         status["terminalState"] = terminal
     return {"metadata": {"name": "js"}, "spec": {"suspend": suspend}, "status": status}
@@ -60,8 +68,9 @@ class FakeKube:
             raise ApiError(404, "not found")
         return copy.deepcopy(self.objects[path])
 
-    async def create(self, resource: Resource, namespace: str, body: dict[str, Any],
-                     dry_run: bool = False) -> dict[str, Any]:
+    async def create(
+        self, resource: Resource, namespace: str, body: dict[str, Any], dry_run: bool = False
+    ) -> dict[str, Any]:
         self.calls.append(("DRYRUN" if dry_run else "POST", resource.path(namespace)))
         if resource in self.refuse:  # the API server's validation or a webhook says no, dry run or not
             raise self.refuse[resource]
@@ -78,8 +87,9 @@ class FakeKube:
         self.objects[key] = obj
         return copy.deepcopy(obj)
 
-    async def patch(self, resource: Resource, namespace: str, name: str, body: dict[str, Any],
-                    sub: str | None = None) -> dict[str, Any]:
+    async def patch(
+        self, resource: Resource, namespace: str, name: str, body: dict[str, Any], sub: str | None = None
+    ) -> dict[str, Any]:
         self.calls.append(("PATCH", resource.path(namespace, name, sub)))
         obj = self.objects[resource.path(namespace, name)]
         wanted = (body.get("metadata") or {}).get("resourceVersion")
@@ -96,8 +106,12 @@ class FakeKube:
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[dict[str, Any]]:
         self.calls.append(("LIST", resource.path(namespace)))
         wanted = dict(term.split("=") for term in selector.split(","))
-        return [copy.deepcopy(o) for path, o in self.objects.items() if path.startswith(resource.path(namespace) + "/")
-                and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())]
+        return [
+            copy.deepcopy(o)
+            for path, o in self.objects.items()
+            if path.startswith(resource.path(namespace) + "/")
+            and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
+        ]
 
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any:
         self.calls.append(("PROXY", f"{pod}:{port}/{path}"))
@@ -112,8 +126,9 @@ class FakeKube:
             raise ApiError(409, "uid precondition failed")
         return self.objects.pop(path)
 
-    async def delete_all(self, resource: Resource, namespace: str, selector: str,
-                         body: dict[str, Any]) -> dict[str, Any]:
+    async def delete_all(
+        self, resource: Resource, namespace: str, selector: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
         doomed = await self.list(resource, namespace, selector)
         self.calls[-1] = ("DELETECOLLECTION", resource.path(namespace))  # the list above is part of this call
         for o in doomed:
@@ -145,8 +160,13 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             target[k] = copy.deepcopy(v)
 
 
-def run_reconcile(kube: FakeKube, obj: dict[str, Any], jobset_seen: dict[str, Any] | None = None,
-                  config: OperatorConfig = OperatorConfig()) -> tuple[reconcile.ReconcileResult, list[phases.Notice]]:
+def run_reconcile(
+    kube: FakeKube,
+    obj: dict[str, Any],
+    jobset_seen: dict[str, Any] | None = None,
+    config: OperatorConfig | None = None,
+) -> tuple[reconcile.ReconcileResult, list[phases.Notice]]:
+    config = config or OperatorConfig()
     notices: list[phases.Notice] = []
     means = reconcile.Means(kube, config, lambda o, n: notices.append(n), clock=lambda: NOW)
     outcome = asyncio.run(reconcile.reconcile(means, obj, reconcile.Seen(jobset_seen)))
@@ -170,10 +190,12 @@ def run_with_preflights(kube: FakeKube, now: str) -> tuple[reconcile.ReconcileRe
     PREFLIGHT_TIMING."""
     notices: list[Any] = []
     found = [o for path, o in kube.objects.items() if path.startswith(BATCH_JOBS.path("default") + "/")]
-    means = reconcile.Means(kube, OperatorConfig(preflight=PREFLIGHT_TIMING), lambda o, n: notices.append(n),
-                            clock=lambda: parse(now))
-    outcome = asyncio.run(reconcile.reconcile(means, kube.job(), reconcile.Seen(kube.jobset(),
-                                                                                preflights=copy.deepcopy(found))))
+    means = reconcile.Means(
+        kube, OperatorConfig(preflight=PREFLIGHT_TIMING), lambda o, n: notices.append(n), clock=lambda: parse(now)
+    )
+    outcome = asyncio.run(
+        reconcile.reconcile(means, kube.job(), reconcile.Seen(kube.jobset(), preflights=copy.deepcopy(found)))
+    )
     return outcome, notices
 
 
@@ -192,8 +214,9 @@ def manager_for(kube: FakeKube, **config: Any) -> tuple[Manager, Clock, list[pha
     notices: list[phases.Notice] = []
     clock = Clock()
     cfg = OperatorConfig(metrics_access="proxy", **config)
-    manager = Manager(kube, MetricsReader(kube, "proxy"), cfg, lambda o, n: notices.append(n), Stats(),
-                      now=lambda: LATER, clock=clock)
+    manager = Manager(
+        kube, MetricsReader(kube, "proxy"), cfg, lambda o, n: notices.append(n), Stats(), now=lambda: LATER, clock=clock
+    )
     return manager, clock, notices
 
 
@@ -212,11 +235,15 @@ async def drain(manager: Manager, index: dict[Any, list[dict[str, Any]]], jobset
 
 
 def add_pod0(kube: FakeKube, jobset_name: str = "job", ip: str = "10.1.2.3") -> None:
-    labels = {"jobset.sigs.k8s.io/jobset-name": jobset_name, "jobset.sigs.k8s.io/job-index": "0",
-              "batch.kubernetes.io/job-completion-index": "0"}
+    labels = {
+        "jobset.sigs.k8s.io/jobset-name": jobset_name,
+        "jobset.sigs.k8s.io/job-index": "0",
+        "batch.kubernetes.io/job-completion-index": "0",
+    }
     kube.objects[PODS.path("ml", f"{jobset_name}-slice-0-0-x")] = {
         "metadata": {"name": f"{jobset_name}-slice-0-0-x", "creationTimestamp": rfc3339(NOW), "labels": labels},
-        "status": {"phase": "Running", "podIP": ip}}
+        "status": {"phase": "Running", "podIP": ip},
+    }
 
 
 T0 = "2026-01-01T00:00:00Z"  # a job's creation in the restart tests; at(s) is s seconds later
@@ -231,8 +258,15 @@ def fail_slices(kube: FakeKube, *slices_and_codes: tuple[int, int], jobset: str 
     `start` seconds after T0 onwards (the first one is the root cause)."""
     js = failed_jobset(kube, jobset)
     for i, (slice_id, code) in enumerate(slices_and_codes):
-        failed_pod(kube, js, f"tiny-slice-{slice_id}-0", code, "", at(start + i),
-                   {"jobset.sigs.k8s.io/job-index": str(slice_id)})
+        failed_pod(
+            kube,
+            js,
+            f"tiny-slice-{slice_id}-0",
+            code,
+            "",
+            at(start + i),
+            {"jobset.sigs.k8s.io/job-index": str(slice_id)},
+        )
 
 
 def failed_jobset(kube: FakeKube, jobset: str, message: str | None = None) -> dict:
@@ -243,17 +277,27 @@ def failed_jobset(kube: FakeKube, jobset: str, message: str | None = None) -> di
     return js
 
 
-def failed_pod(kube: FakeKube, js: dict, pod: str, code: int, message: str, finished: str,
-               labels: dict | None = None) -> None:
+def failed_pod(
+    kube: FakeKube, js: dict, pod: str, code: int, message: str, finished: str, labels: dict | None = None
+) -> None:
     """Stand in for the kubelet: a failed pod of JobSet `js` (its name carries the JobSet's uid)."""
     name = f"{pod}-{js['metadata']['uid']}"
     kube.objects[PODS.path("default", name)] = {
         "metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny", **(labels or {})}},
-        "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
-            "exitCode": code, "message": message, "finishedAt": finished}}}]}}
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "state": {"terminated": {"exitCode": code, "message": message, "finishedAt": finished}},
+                }
+            ],
+        },
+    }
 
 
 def running(kube: FakeKube) -> None:
     """Stand in for JobSet: the stored JobSet `tiny` has its one slice active and ready."""
     kube.objects[JOBSETS.path("default", "tiny")]["status"] = {
-        "replicatedJobsStatus": [{"name": "slice", "active": 1, "ready": 1}]}
+        "replicatedJobsStatus": [{"name": "slice", "active": 1, "ready": 1}]
+    }

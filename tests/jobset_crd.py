@@ -85,6 +85,8 @@ def find() -> tuple[Path | None, str]:
         return path, f"go mod download (JobSet {version()})"
     if SHARED.is_file():
         return SHARED, f"{SHARED} (not necessarily JobSet {version()})"
-    return None, (f"the JobSet {version()} CRD was found nowhere: not in the cluster build's cache "
-                  f"({build().manifests / IN_BUILD}), not in the Go module cache, not from the module proxy ({why}), "
-                  f"and {SHARED} is absent; install Go (1.26) so `go mod download` can fetch it")
+    return None, (
+        f"the JobSet {version()} CRD was found nowhere: not in the cluster build's cache "
+        f"({build().manifests / IN_BUILD}), not in the Go module cache, not from the module proxy ({why}), "
+        f"and {SHARED} is absent; install Go (1.26) so `go mod download` can fetch it"
+    )

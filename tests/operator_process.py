@@ -24,13 +24,27 @@ class Operator:
     def __init__(self, kubeconfig: pathlib.Path, workdir: pathlib.Path, *args: str):
         self.kubeconfig, self.health_port, self.metrics_port = kubeconfig, free_port(), free_port()
         self.log_path = workdir / f"operator-{time.monotonic_ns()}.log"
-        self.command = [sys.executable, "-m", "tpu_operator.cli", "operator", "--standalone",
-                        "--default-image", TEST_IMAGE,  # as the chart passes operator.defaultImage
-                        "--health-port", str(self.health_port), "--health-host", "127.0.0.1",
-                        "--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1", *args]
+        self.command = [
+            sys.executable,
+            "-m",
+            "tpu_operator.cli",
+            "operator",
+            "--standalone",
+            "--default-image",
+            TEST_IMAGE,  # as the chart passes operator.defaultImage
+            "--health-port",
+            str(self.health_port),
+            "--health-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--metrics-host",
+            "127.0.0.1",
+            *args,
+        ]
         self.process: subprocess.Popen | None = None
 
-    def start(self, wait: bool = True) -> "Operator":
+    def start(self, wait: bool = True) -> Operator:
         """Start it; with `wait`, until its liveness endpoint answers."""
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with open(self.log_path, "ab") as log:

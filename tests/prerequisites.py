@@ -11,8 +11,9 @@ from collections.abc import Sequence
 import pytest
 
 
-def missing(tools: Sequence[str], probe: Sequence[str], *, timeout: float, install: str = "",
-            probe_failed: str = "") -> str | None:
+def missing(
+    tools: Sequence[str], probe: Sequence[str], *, timeout: float, install: str = "", probe_failed: str = ""
+) -> str | None:
     """Why the tools cannot be used here, or None: one not on PATH, or `probe` (e.g. `docker info`)
     not answering or failing. `install` and `probe_failed` are added to those reasons."""
     for tool in tools:
@@ -24,8 +25,11 @@ def missing(tools: Sequence[str], probe: Sequence[str], *, timeout: float, insta
     except subprocess.TimeoutExpired:
         return f"`{shown}` did not answer within {timeout:.0f} s"
     if result.returncode != 0:
-        return f"`{shown}` failed" + (f" ({probe_failed})" if probe_failed else "") + \
-            f": {(result.stderr or result.stdout).strip()[:300]}"
+        return (
+            f"`{shown}` failed"
+            + (f" ({probe_failed})" if probe_failed else "")
+            + f": {(result.stderr or result.stdout).strip()[:300]}"
+        )
     return None
 
 

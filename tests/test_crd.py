@@ -14,7 +14,9 @@ CRD_PATH = EXAMPLES.parent / "crds" / crd.CRD_FILE
 
 
 def test_committed_crd_matches_the_models():
-    assert CRD_PATH.read_text() == crd.to_yaml(), "crds/ drifted from the models: run `tpujob crd > crds/tputrainingjob.yaml`"
+    assert CRD_PATH.read_text() == crd.to_yaml(), (
+        "crds/ drifted from the models: run `tpujob crd > crds/tputrainingjob.yaml`"
+    )
     assert crd.committed() == crd.to_yaml()  # and the packaged copy is the same file
 
 

@@ -15,7 +15,7 @@ from tpu_operator import docs
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CONTROLLER = sorted((ROOT / "operator" / "controller").glob("*.py"))
-FIX = f"run `.venv/bin/python -m tpu_operator.docs` and commit the result"
+FIX = "run `.venv/bin/python -m tpu_operator.docs` and commit the result"
 
 
 @pytest.mark.parametrize("page", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)
@@ -51,8 +51,13 @@ def _calls(name: str) -> list[tuple[str, list[list[str] | None]]]:
         tree = ast.parse(path.read_text())
         assigned: dict[str, set] = {}
         for node in ast.walk(tree):  # names bound to one string constant in the module (COMPILING, reason)
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
                 assigned.setdefault(node.targets[0].id, set()).add(node.value.value)
         constants = {k: next(iter(v)) for k, v in assigned.items() if len(v) == 1}
         for node in ast.walk(tree):
@@ -80,8 +85,12 @@ class _Code:
         self.constants: dict[str, list[ast.AST]] = {}  # module-level NAME = value, by name, in any module
         self.modules: dict[Path, set[str]] = {}  # the names each file imports (modules among them: status_lib)
         for path, tree in self.trees.items():
-            self.modules[path] = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
-                                  if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+            self.modules[path] = {
+                (a.asname or a.name).split(".")[0]
+                for n in ast.walk(tree)
+                if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names
+            }
             for node in ast.walk(tree):
                 self.file[node] = path
                 for child in ast.iter_child_nodes(node):
@@ -94,7 +103,7 @@ class _Code:
                     self.calls.append(node)
             for node in tree.body:
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                    for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                    for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                         if isinstance(target, ast.Name):
                             self.constants.setdefault(target.id, []).append(node.value)
 
@@ -148,15 +157,22 @@ class _Code:
             for d in self.dicts(node.value, seen):
                 for value in d.values:
                     add(self.values(value, path, seen))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                and self.dicts(node.func.value, seen):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and self.dicts(node.func.value, seen)
+        ):
             for d in self.dicts(node.func.value, seen):
                 for value in d.values:
                     add(self.values(value, path, seen))
             for default in node.args[1:]:
                 add(self.values(default, path, seen))
-        elif isinstance(node, ast.Call) and self._name(node.func) in ("min", "max", "next", "sorted", "list") \
-                and node.args:  # an element of what it is given
+        elif (
+            isinstance(node, ast.Call)
+            and self._name(node.func) in ("min", "max", "next", "sorted", "list")
+            and node.args
+        ):  # an element of what it is given
             add(self.values(node.args[0], path, seen))
         elif isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
             add(self.values(node.elt, path, seen))
@@ -175,8 +191,9 @@ class _Code:
         """The functions a call can be: `f(...)`, or `module.f(...)` through an imported module; not a method
         of a value (`d.get(...)` is no function of the operator's)."""
         func = call.func
-        if isinstance(func, ast.Attribute) and not (isinstance(func.value, ast.Name)
-                                                    and func.value.id in self.modules[self.file[call]]):
+        if isinstance(func, ast.Attribute) and not (
+            isinstance(func.value, ast.Name) and func.value.id in self.modules[self.file[call]]
+        ):
             return None
         return self.functions.get(self._name(func))
 
@@ -187,8 +204,15 @@ class _Code:
         if not isinstance(node, ast.Name):
             return []
         function = self.function_of(node)
-        bound = [a.value for a in ast.walk(function) if isinstance(a, ast.Assign) and
-                 any(isinstance(t, ast.Name) and t.id == node.id for t in a.targets)] if function else []
+        bound = (
+            [
+                a.value
+                for a in ast.walk(function)
+                if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in a.targets)
+            ]
+            if function
+            else []
+        )
         return [d for value in bound or self.constants.get(node.id, []) for d in self.dicts(value, seen)]
 
     def name(self, node: ast.Name, path: tuple[int, ...], seen: frozenset) -> tuple[set, list]:
@@ -209,10 +233,15 @@ class _Code:
                 elif isinstance(n, ast.For):
                     for p in _paths(n.target, node.id):  # for key, value in D.items(): the dict's keys or values
                         it = n.iter
-                        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "items" \
-                                and p and self.dicts(it.func.value, seen):
+                        if (
+                            isinstance(it, ast.Call)
+                            and isinstance(it.func, ast.Attribute)
+                            and it.func.attr == "items"
+                            and p
+                            and self.dicts(it.func.value, seen)
+                        ):
                             for d in self.dicts(it.func.value, seen):
-                                for value in (d.keys if p[0] == 0 else d.values):
+                                for value in d.keys if p[0] == 0 else d.values:
                                     bindings.append((value, p[1:] + path))
                         elif isinstance(it, (ast.Tuple, ast.List, ast.Set)):
                             bindings += [(value, p + path) for value in it.elts]
@@ -236,8 +265,14 @@ class _Code:
         child, parent = node, self.parent.get(node)
         while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
             test = parent.test if isinstance(parent, ast.If) else None
-            if isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == node.id \
-                    and len(test.ops) == 1 and isinstance(test.ops[0], ast.In) and child in parent.body:
+            if (
+                isinstance(test, ast.Compare)
+                and isinstance(test.left, ast.Name)
+                and test.left.id == node.id
+                and len(test.ops) == 1
+                and isinstance(test.ops[0], ast.In)
+                and child in parent.body
+            ):
                 members = test.comparators[0]
                 if isinstance(members, ast.Name):
                     members = next(iter(self.constants.get(members.id, [])), None)
@@ -253,8 +288,10 @@ class _Code:
         params = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
         callers = [c for c in self.calls if self._name(c.func) == function.name]
         if not callers:
-            lost.append(f"{self.file[function].relative_to(ROOT)}:{function.lineno}: parameter {name} of "
-                        f"{function.name}, which nothing calls")
+            lost.append(
+                f"{self.file[function].relative_to(ROOT)}:{function.lineno}: parameter {name} of "
+                f"{function.name}, which nothing calls"
+            )
         for call in callers:
             given = [k.value for k in call.keywords if k.arg == name]
             if not given and name in params and params.index(name) < len(call.args):
@@ -281,8 +318,11 @@ class _Code:
                     found.update(result[0])
                     lost.extend(result[1])
                 continue
-            annotated = {f.target.id: f.annotation for f in cls.body
-                         if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)}
+            annotated = {
+                f.target.id: f.annotation
+                for f in cls.body
+                if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+            }
             fields = list(annotated)
             if node.attr not in fields:
                 lost.append(self.where(node))
@@ -303,8 +343,13 @@ class _Code:
 
     def literal(self, annotation: ast.AST) -> list[str] | None:
         """The strings of a Literal[...] annotation, directly or through a module constant (PlanVerdict)."""
-        for value in ([annotation] if isinstance(annotation, ast.Subscript) else
-                      self.constants.get(annotation.id, []) if isinstance(annotation, ast.Name) else []):
+        for value in (
+            [annotation]
+            if isinstance(annotation, ast.Subscript)
+            else self.constants.get(annotation.id, [])
+            if isinstance(annotation, ast.Name)
+            else []
+        ):
             if isinstance(value, ast.Subscript) and self._name(value.value) == "Literal":
                 elts = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
                 return [e.value for e in elts if isinstance(e, ast.Constant)]
@@ -329,17 +374,25 @@ class _Code:
                 return self.class_named(arg.annotation)
         for n in ast.walk(function):  # x, why = f(...) with f -> tuple[X | None, str]
             if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and len(n.targets) == 1:
-                for (i, *rest) in (p for p in _paths(n.targets[0], node.id) if len(p) == 1):
+                for i, *_rest in (p for p in _paths(n.targets[0], node.id) if len(p) == 1):
                     for f in self.functions.get(self._name(n.value.func), []):
                         if isinstance(f.returns, ast.Subscript) and isinstance(f.returns.slice, ast.Tuple):
                             return self.class_named(f.returns.slice.elts[i])
         for n in ast.walk(function):
-            if isinstance(n, (ast.Assign, ast.NamedExpr)) and isinstance(n.value, ast.Call) and any(
-                    isinstance(t, ast.Name) and t.id == node.id for t in (n.targets if isinstance(n, ast.Assign)
-                                                                         else [n.target])):
+            if (
+                isinstance(n, (ast.Assign, ast.NamedExpr))
+                and isinstance(n.value, ast.Call)
+                and any(
+                    isinstance(t, ast.Name) and t.id == node.id
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                )
+            ):
                 func = n.value.func
-                if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
-                        and func.value.id in self.classes:  # Cls.constructor(...)
+                if (
+                    isinstance(func, ast.Attribute)
+                    and isinstance(func.value, ast.Name)
+                    and func.value.id in self.classes
+                ):  # Cls.constructor(...)
                     return self.classes[func.value.id]
                 made = self._name(func)
                 if made in self.classes:
@@ -383,14 +436,18 @@ def condition_writes() -> list[tuple[str, set, list]]:
         path = code.file[call]
         if code._name(call.func) != "set_condition" or path.parent.name != "controller" or path.name == "conditions.py":
             continue
-        args = {**dict(zip(("conditions", "type_", "status", "reason"), call.args)),
-                **{k.arg: k.value for k in call.keywords}}
+        args = {
+            **dict(zip(("conditions", "type_", "status", "reason"), call.args)),
+            **{k.arg: k.value for k in call.keywords},
+        }
         entries = _loop_entries(code, args["type_"], args["reason"]) or [(args["type_"], (), args["reason"], ())]
         pairs: set[tuple[str, str]] = set()
         lost: list[str] = []
         for type_node, type_path, reason_node, reason_path in entries:
-            (types, lost_types), (reasons, lost_reasons) = (code.values(type_node, type_path),
-                                                           code.values(reason_node, reason_path))
+            (types, lost_types), (reasons, lost_reasons) = (
+                code.values(type_node, type_path),
+                code.values(reason_node, reason_path),
+            )
             pairs |= {(t, r) for t in types for r in reasons}
             lost += lost_types + [f"{t}: {where}" for t in types for where in lost_reasons]
         writes.append((f"{path.name}:{call.lineno}", pairs, lost))
@@ -416,11 +473,21 @@ def test_every_condition_the_controller_writes_is_in_the_table():
     assert len(writes) > 20, "set_condition calls not found: has the controller changed how it sets conditions?"
     written = {pair for _, pairs, _ in writes for pair in pairs}
     assert {("Ready", "Progressing"), ("Reconciled", "Forbidden"), ("Planned", "DoesNotFit")} <= written, written
-    missing = sorted({(where, *pair) for where, pairs, _ in writes for pair in pairs
-                      if pair not in table and pair not in NOT_IN_TABLE})
+    missing = sorted(
+        {
+            (where, *pair)
+            for where, pairs, _ in writes
+            for pair in pairs
+            if pair not in table and pair not in NOT_IN_TABLE
+        }
+    )
     assert not missing, f"conditions the controller writes but tpu_operator.docs.condition_table() lacks: {missing}"
-    lost = [(where, what) for where, _, unfollowed in writes for what in unfollowed
-            if not (what.split(":")[0] in passed_through and what.endswith(".get('reason')"))]
+    lost = [
+        (where, what)
+        for where, _, unfollowed in writes
+        for what in unfollowed
+        if not (what.split(":")[0] in passed_through and what.endswith(".get('reason')"))
+    ]
     assert not lost, f"condition types or reasons this test cannot follow to their strings: {lost}"
     assert set(NOT_IN_TABLE) <= written and not set(NOT_IN_TABLE) & table, "NOT_IN_TABLE is out of date"
 
@@ -437,8 +504,10 @@ def test_the_tables_list_nothing_the_code_does_not_have():
     source = "".join(p.read_text() for p in (ROOT / "operator").rglob("*.py") if p.name != "docs.py")
     literals = set(re.findall(r"""["']([A-Za-z]+)["']""", source))
     rows = [*docs.condition_table(), *docs.event_table()]
-    stale = sorted({r.reason for r in rows if not r.reason.startswith("(") and r.reason not in literals}
-                   | {r.kind for r in docs.condition_table() if r.kind not in literals})
+    stale = sorted(
+        {r.reason for r in rows if not r.reason.startswith("(") and r.reason not in literals}
+        | {r.kind for r in docs.condition_table() if r.kind not in literals}
+    )
     assert not stale, f"condition types, reasons or Events that appear nowhere in operator/: {stale}"
 
 

@@ -12,9 +12,16 @@ from tpu_operator.rendering.manifests import render
 
 
 def _job(slices=2, elastic=None, batch=16, micro=1, **tpu):
-    return tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": slices,
-                         **({"elastic": elastic} if elastic is not None else {}), **tpu},
-                    training={"steps": 10, "globalBatch": batch, "sequenceLength": 128, "microbatches": micro})
+    return tiny_job(
+        tpu={
+            "generation": "v7x",
+            "topology": "2x2x1",
+            "slices": slices,
+            **({"elastic": elastic} if elastic is not None else {}),
+            **tpu,
+        },
+        training={"steps": 10, "globalBatch": batch, "sequenceLength": 128, "microbatches": micro},
+    )
 
 
 def _problems(doc):
@@ -25,12 +32,15 @@ def _problems(doc):
     return []
 
 
-@pytest.mark.parametrize("elastic, path, reason", [
-    ({"minSlices": 3}, "spec.tpu.elastic.minSlices", "3 is more than slices (2)"),
-    ({"minSlices": 0}, "spec.tpu.elastic.minSlices", "greater than or equal to 1"),
-    ({}, "spec.tpu.elastic.minSlices", "Field required"),
-    ({"minSlices": 1, "growback": True}, "spec.tpu.elastic.growback", "unknown field"),
-])
+@pytest.mark.parametrize(
+    "elastic, path, reason",
+    [
+        ({"minSlices": 3}, "spec.tpu.elastic.minSlices", "3 is more than slices (2)"),
+        ({"minSlices": 0}, "spec.tpu.elastic.minSlices", "greater than or equal to 1"),
+        ({}, "spec.tpu.elastic.minSlices", "Field required"),
+        ({"minSlices": 1, "growback": True}, "spec.tpu.elastic.growback", "unknown field"),
+    ],
+)
 def test_bad_elastic_settings_name_the_field(elastic, path, reason):
     problems = _problems(_job(elastic=elastic))
     assert any(p == path and reason in r for p, r in problems), problems
@@ -39,21 +49,29 @@ def test_bad_elastic_settings_name_the_field(elastic, path, reason):
 def test_a_slice_count_that_cannot_split_the_batch_is_refused_naming_min_slices():
     # 3 slices of 8 devices: 24 rows split 3 ways, but not over 2 x 8 = 16 shards.
     problems = _problems(_job(slices=3, elastic={"minSlices": 1}, batch=24))
-    assert problems == [("spec.tpu.elastic.minSlices",
-                         "on 2 slice(s) the global batch 24 does not split over 2 x fsdp x expert = 16 shards; "
-                         "raise minSlices above 2 or make globalBatch a multiple of it")], problems
+    assert problems == [
+        (
+            "spec.tpu.elastic.minSlices",
+            "on 2 slice(s) the global batch 24 does not split over 2 x fsdp x expert = 16 shards; "
+            "raise minSlices above 2 or make globalBatch a multiple of it",
+        )
+    ], problems
     assert _problems(_job(slices=3, elastic={"minSlices": 3}, batch=24)) == []
 
 
-@pytest.mark.parametrize("batch, micro, slices, running, shards, expected", [
-    (16, 1, 2, 2, 8, 1),   # all slices: as written
-    (16, 1, 2, 1, 8, 2),   # half the slices: twice the microbatches, the same rows per device at a time
-    (48, 1, 3, 2, 8, 3),   # 1 x 3/2 rounds up to 2, which does not split 48 over 16 shards: 3
-    (64, 2, 4, 1, 8, 8),
-    (24, 1, 3, 2, 8, None),  # 24 rows over 16 shards: no count does
-])
-def test_microbatches_keep_the_global_batch_and_no_more_rows_per_device(batch, micro, slices, running, shards,
-                                                                         expected):
+@pytest.mark.parametrize(
+    "batch, micro, slices, running, shards, expected",
+    [
+        (16, 1, 2, 2, 8, 1),  # all slices: as written
+        (16, 1, 2, 1, 8, 2),  # half the slices: twice the microbatches, the same rows per device at a time
+        (48, 1, 3, 2, 8, 3),  # 1 x 3/2 rounds up to 2, which does not split 48 over 16 shards: 3
+        (64, 2, 4, 1, 8, 8),
+        (24, 1, 3, 2, 8, None),  # 24 rows over 16 shards: no count does
+    ],
+)
+def test_microbatches_keep_the_global_batch_and_no_more_rows_per_device(
+    batch, micro, slices, running, shards, expected
+):
     got = microbatches_at(batch, micro, slices, running, shards)
     assert got == expected
     if got is not None:

@@ -33,9 +33,21 @@ def test_local_ledger_puts_a_shrink_and_a_grow_back_in_their_own_buckets():
 
 
 def test_report_shades_the_steps_run_on_fewer_slices(tmp_path):
-    records = [{"step": s, "loss": 1.0 / s, "step_time_s": 0.1, "mfu": 0.1, "progress": {"started_at": t}}
-               for s, t in [(1, 1.5), (2, 1.5), (3, 1.5), (4, 1.5), (5, 11.0), (6, 11.0), (7, 11.0),
-                            (8, 11.0), (8, 21.0), (9, 21.0)]]
+    records = [
+        {"step": s, "loss": 1.0 / s, "step_time_s": 0.1, "mfu": 0.1, "progress": {"started_at": t}}
+        for s, t in [
+            (1, 1.5),
+            (2, 1.5),
+            (3, 1.5),
+            (4, 1.5),
+            (5, 11.0),
+            (6, 11.0),
+            (7, 11.0),
+            (8, 11.0),
+            (8, 21.0),
+            (9, 21.0),
+        ]
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (tmp_path / "slices.json").write_text(json.dumps({"desired": 2, "history": [[1.0, 2], [10.0, 1], [20.0, 2]]}))
     (tmp_path / "status.yaml").write_text(yaml.safe_dump({"status": {"goodput": 0.5, "badput": {"shrinking": 1.0}}}))

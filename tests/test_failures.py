@@ -3,12 +3,12 @@ ledger (api/goodput.py): pure, shared by the operator and the local runner."""
 
 import pytest
 
+from tests.conftest import tiny_job
 from tpu_operator.api import goodput as g
 from tpu_operator.api.failures import PodExit, RestartCounts, root_cause, verdict
 from tpu_operator.api.lifecycle import Progress, TerminationRecord, exit_code
 from tpu_operator.api.spec import FailurePolicySpec
 from tpu_operator.api.validation import InvalidJob, parse_job
-from tests.conftest import tiny_job
 
 
 def rec(code, error=""):
@@ -16,16 +16,20 @@ def rec(code, error=""):
 
 
 def test_root_cause_is_the_first_real_failure_not_the_pods_stopped_after_it():
-    exits = [PodExit("h0", 143, rec(143, "stopped"), "2026-01-01T00:00:09Z"),
-             PodExit("h1", 42, rec(42, "Retryable: gloo"), "2026-01-01T00:00:05Z"),
-             PodExit("h2", 0, None, "2026-01-01T00:00:01Z")]
+    exits = [
+        PodExit("h0", 143, rec(143, "stopped"), "2026-01-01T00:00:09Z"),
+        PodExit("h1", 42, rec(42, "Retryable: gloo"), "2026-01-01T00:00:05Z"),
+        PodExit("h2", 0, None, "2026-01-01T00:00:01Z"),
+    ]
     f = root_cause(exits)
     assert (f.cause, f.code, f.pod, f.error) == ("failure", 42, "h1", "Retryable: gloo")
     assert root_cause([PodExit("h0", 143, finished_at=2), PodExit("h1", 143, finished_at=1)]).pod == "h1"
     assert root_cause([PodExit("h0", 143), PodExit("h1", 137, finished_at=1)]).cause == "failure"
     # Finished together: the host killed from outside, not its peer that lost the connection to it.
-    together = [PodExit("h0", 42, rec(42, "UNKNOWN: Gloo AllGather failed: Connection reset by peer"), 5.0),
-                PodExit("h1", 137, None, 5.0)]
+    together = [
+        PodExit("h0", 42, rec(42, "UNKNOWN: Gloo AllGather failed: Connection reset by peer"), 5.0),
+        PodExit("h1", 137, None, 5.0),
+    ]
     assert (root_cause(together).pod, root_cause(together).code) == ("h1", 137)
     assert root_cause([PodExit("h0", 1, finished_at=1), PodExit("h1", 3, finished_at=2)]).cause == "user"
     assert root_cause([PodExit("h0", 137, disrupted=True)]).cause == "preemption"  # the cluster stopped it
@@ -39,17 +43,20 @@ def f(code, cause="failure"):
 POLICY = FailurePolicySpec(maxRestarts=2, backoffSeconds=10, maxBackoffSeconds=30)
 
 
-@pytest.mark.parametrize("policy, counts, code, restart, cause, delay, says", [
-    (POLICY, RestartCounts(), 42, True, "failure", 10, "h1 exited with code 42 (retryable infrastructure failure)"),
-    (POLICY, RestartCounts(failure=1, total=1), 137, True, "failure", 20, "restart 2 (failure) in 20 s"),
-    (POLICY, RestartCounts(failure=1, preemption=3, total=4), 42, True, "failure", 30, "in 30 s"),  # capped
-    (POLICY, RestartCounts(failure=2, total=2), 42, False, None, 0, "restart budget spent (2 of maxRestarts 2"),
-    (POLICY, RestartCounts(failure=2, total=2), 143, True, "preemption", 30, "stopped by SIGTERM"),  # not charged
-    (POLICY, RestartCounts(), 3, False, None, 0, "E: why; a user error is never retried"),
-    (POLICY, RestartCounts(), 1, False, None, 0, "not in restartOnExitCodes [42, 137, 143]"),
-    (FailurePolicySpec(restartOnExitCodes=[]), RestartCounts(), 1, True, "failure", 10, "unexpected error"),
-    (FailurePolicySpec(restartOnExitCodes=[]), RestartCounts(), 3, False, None, 0, "never retried"),
-])
+@pytest.mark.parametrize(
+    "policy, counts, code, restart, cause, delay, says",
+    [
+        (POLICY, RestartCounts(), 42, True, "failure", 10, "h1 exited with code 42 (retryable infrastructure failure)"),
+        (POLICY, RestartCounts(failure=1, total=1), 137, True, "failure", 20, "restart 2 (failure) in 20 s"),
+        (POLICY, RestartCounts(failure=1, preemption=3, total=4), 42, True, "failure", 30, "in 30 s"),  # capped
+        (POLICY, RestartCounts(failure=2, total=2), 42, False, None, 0, "restart budget spent (2 of maxRestarts 2"),
+        (POLICY, RestartCounts(failure=2, total=2), 143, True, "preemption", 30, "stopped by SIGTERM"),  # not charged
+        (POLICY, RestartCounts(), 3, False, None, 0, "E: why; a user error is never retried"),
+        (POLICY, RestartCounts(), 1, False, None, 0, "not in restartOnExitCodes [42, 137, 143]"),
+        (FailurePolicySpec(restartOnExitCodes=[]), RestartCounts(), 1, True, "failure", 10, "unexpected error"),
+        (FailurePolicySpec(restartOnExitCodes=[]), RestartCounts(), 3, False, None, 0, "never retried"),
+    ],
+)
 def test_verdict(policy, counts, code, restart, cause, delay, says):
     v = verdict(policy, counts, f(code))
     assert (v.restart, v.cause, v.delay_s) == (restart, cause, delay) and says in v.message, v.message
@@ -70,8 +77,9 @@ def test_termination_records_round_trip_and_log_tails_give_their_last_line():
     record = TerminationRecord(code=42, error="Retryable: x" * 1000, progress=Progress(started_at=1.0, step=3))
     text = record.message()
     assert len(text.encode()) <= 4096 and TerminationRecord.parse(text).progress.step == 3
-    assert TerminationRecord.parse("W0101 noise\nTraceback...\nValueError: bad\n\n", 1) == \
-        TerminationRecord(code=1, error="ValueError: bad")
+    assert TerminationRecord.parse("W0101 noise\nTraceback...\nValueError: bad\n\n", 1) == TerminationRecord(
+        code=1, error="ValueError: bad"
+    )
     assert TerminationRecord.parse("") is None
     assert (exit_code(-9), exit_code(-15), exit_code(42)) == (137, 143, 42)
 
@@ -86,15 +94,32 @@ def progress(**kw):
 def test_goodput_of_a_killed_attempt_counts_its_unsaved_steps_as_lost():
     ledger = g.start_attempt(g.Ledger(), 12.0, created=0.0)  # pods seen running at 12 s
     # The trainer started at 10 s, its first step (compile) was done at 20 s, then 10 steps of 1 s.
-    p = progress(started_at=10.0, start_step=0, first_step_at=20.0, last_step_at=30.0, step=11,
-                 last_checkpoint_step=8, step_seconds=10.0, steps_timed=10)
+    p = progress(
+        started_at=10.0,
+        start_step=0,
+        first_step_at=20.0,
+        last_step_at=30.0,
+        step=11,
+        last_checkpoint_step=8,
+        step_seconds=10.0,
+        steps_timed=10,
+    )
     ledger = g.reported(ledger, p, 30.0, 0.0)
     assert ledger.attempt.running_since == 10.0 and ledger.badput.queued == 10.0
     ledger = g.end_attempt(ledger, 30.5, "failure")  # a host is killed half-way through step 12
     ledger = g.start_attempt(ledger, 40.0, 0.0)
     # It resumed from step 8: steps 9..11 are recomputed.
-    p2 = progress(started_at=38.0, start_step=8, first_step_at=45.0, last_step_at=57.0, step=21,
-                  last_checkpoint_step=21, step_seconds=11.0, steps_timed=12, checkpoint_seconds=1.0)
+    p2 = progress(
+        started_at=38.0,
+        start_step=8,
+        first_step_at=45.0,
+        last_step_at=57.0,
+        step=21,
+        last_checkpoint_step=21,
+        step_seconds=11.0,
+        steps_timed=12,
+        checkpoint_seconds=1.0,
+    )
     ledger = g.reported(ledger, p2, 57.0, 0.0)
     ledger = g.end_attempt(ledger, 58.0, "succeeded")
     fraction, productive, badput = g.report(ledger, 0.0)
@@ -107,8 +132,9 @@ def test_goodput_of_a_killed_attempt_counts_its_unsaved_steps_as_lost():
 
 def test_goodput_reads_the_same_until_the_ledger_changes_and_ignores_stale_reports():
     ledger = g.start_attempt(g.Ledger(), 5.0, 0.0)
-    p = progress(started_at=4.0, start_step=0, first_step_at=9.0, last_step_at=12.0, step=4, step_seconds=3.0,
-                 steps_timed=3)
+    p = progress(
+        started_at=4.0, start_step=0, first_step_at=9.0, last_step_at=12.0, step=4, step_seconds=3.0, steps_timed=3
+    )
     ledger = g.reported(ledger, p, 12.0, 0.0)
     assert g.reported(ledger, p, 20.0, 0.0) is ledger  # the same report: nothing to write
     assert g.report(ledger, 0.0) == g.report(ledger, 0.0)

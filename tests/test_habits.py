@@ -1,7 +1,8 @@
-"""The project's habits, checked like its behaviour: the type checker (and, later here, the linter).
+"""The project's habits, checked like its behaviour: the linter, the formatter and the type checker.
 
-mypy runs as README's test command runs everything else, from the pinned tools of the test extra and the
-settings in pyproject.toml's [tool.mypy].
+They run as README's test command runs everything else, from the pinned tools of the test extra and the
+settings in pyproject.toml's [tool.ruff] and [tool.mypy]. To fix what they find: `.venv/bin/ruff format .`
+and `.venv/bin/ruff check --fix .`; mypy's errors are fixed by hand.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ def _mypy(tmp_path: Path, *packages: str) -> subprocess.CompletedProcess[str]:
 
 
 def _in_repo_terms(output: str) -> str:
-    return "\n".join("operator/" + line.removeprefix("tpu_operator/") if line.startswith("tpu_operator/") else line
-                     for line in output.splitlines())
+    return "\n".join(
+        "operator/" + line.removeprefix("tpu_operator/") if line.startswith("tpu_operator/") else line
+        for line in output.splitlines()
+    )
 
 
 def test_the_operators_api_and_controller_type_check_strictly(tmp_path: Path) -> None:
@@ -47,3 +50,23 @@ def test_the_operators_api_and_controller_type_check_strictly(tmp_path: Path) ->
     output = _in_repo_terms(run.stdout + run.stderr)
     assert run.returncode == 0, f"mypy (strict on tpu_operator.api and .controller) found problems:\n{output}"
     assert "Success: no issues found" in run.stdout, output
+
+
+def _ruff(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--no-cache", str(REPO)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_ruff_finds_nothing():
+    result = _ruff("check")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_every_file_is_formatted():
+    result = _ruff("format", "--check")
+    assert result.returncode == 0, "run `.venv/bin/ruff format .`:\n" + result.stdout[-4000:] + result.stderr[-2000:]

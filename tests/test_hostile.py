@@ -14,7 +14,6 @@ import pytest
 from tests.hostile_cases import CASES, replaced
 from tpu_operator import cli
 
-
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -29,14 +28,30 @@ def test_hostile_input_is_one_clear_error(text, named, tmp_path, capsys):
     assert named in err, err[:2000]
     lines = err.splitlines()
     assert all(line.startswith("error: ") for line in lines), lines[:5]
-    assert len(lines) <= cli.MAX_PROBLEMS_SHOWN + 1 and all(len(line) <= 1100 for line in lines), \
-        [len(line) for line in lines][:10]
+    assert len(lines) <= cli.MAX_PROBLEMS_SHOWN + 1 and all(len(line) <= 1100 for line in lines), [
+        len(line) for line in lines
+    ][:10]
     assert not CONTROL.search(err), repr(CONTROL.search(err))
 
 
-@pytest.mark.parametrize("text,named", [c[1:] for c in CASES if c[0] in (
-    "alias-bomb", "deep-flow-nesting", "duplicate-key", "layers-10**400", "elastic-10**15-microbatches",
-    "annotations-over-256KiB", "escape-in-flag")], ids=lambda v: str(v)[:20])
+@pytest.mark.parametrize(
+    "text,named",
+    [
+        c[1:]
+        for c in CASES
+        if c[0]
+        in (
+            "alias-bomb",
+            "deep-flow-nesting",
+            "duplicate-key",
+            "layers-10**400",
+            "elastic-10**15-microbatches",
+            "annotations-over-256KiB",
+            "escape-in-flag",
+        )
+    ],
+    ids=lambda v: str(v)[:20],
+)
 def test_render_refuses_them_too(text, named, tmp_path, capsys):
     path = tmp_path / "job.yaml"
     path.write_text(text)
@@ -63,10 +78,14 @@ def test_every_valid_example_still_validates():
 
 @pytest.mark.parametrize("case", ["alias-bomb", "deep-flow-nesting", "5000-digit-integer", "layers-10**400"])
 def test_a_real_tpujob_process_exits_2_without_a_traceback(case, tmp_path):
-    (text, named), = [c[1:] for c in CASES if c[0] == case]
+    ((text, named),) = [c[1:] for c in CASES if c[0] == case]
     path = tmp_path / "job.yaml"
     path.write_text(text)
-    result = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "validate", "-f", str(path)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_operator.cli", "validate", "-f", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert result.stdout == ""

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,20 +20,43 @@ STEPS = 14
 
 
 def _doc(elastic: bool):
-    return tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2,
-                         **({"elastic": {"minSlices": 1, "growBack": True}} if elastic else {})},
-                    training={"steps": STEPS, "globalBatch": 16, "sequenceLength": 128,
-                              "learningRate": {"peak": 1e-2, "warmupSteps": 1, "schedule": "constant"}},
-                    checkpoint={"directory": "/checkpoints/elastic", "interval": 4, "keep": 2},
-                    failurePolicy={"maxRestarts": 2, "backoffSeconds": 0.5})
+    return tiny_job(
+        tpu={
+            "generation": "v7x",
+            "topology": "2x2x1",
+            "slices": 2,
+            **({"elastic": {"minSlices": 1, "growBack": True}} if elastic else {}),
+        },
+        training={
+            "steps": STEPS,
+            "globalBatch": 16,
+            "sequenceLength": 128,
+            "learningRate": {"peak": 1e-2, "warmupSteps": 1, "schedule": "constant"},
+        },
+        checkpoint={"directory": "/checkpoints/elastic", "interval": 4, "keep": 2},
+        failurePolicy={"maxRestarts": 2, "backoffSeconds": 0.5},
+    )
 
 
 def _start(tmp_path, name, doc):
     (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc))
     run_dir = tmp_path / name
-    proc = subprocess.Popen([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f",
-                             str(tmp_path / f"{name}.yaml"), "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tpu_operator.cli",
+            "run",
+            "--local",
+            "-f",
+            str(tmp_path / f"{name}.yaml"),
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     return proc, run_dir
 
 
@@ -76,8 +98,10 @@ def test_a_lost_slice_shrinks_the_run_which_grows_back_on_the_same_loss_curve(tm
     # saves the step in flight), after one had written a checkpoint of its own.
     assert one[0]["progress"]["start_step"] % 4 == 0 and one[0]["progress"]["start_step"] >= 4
     assert any(r["last_checkpoint_step"] > one[0]["progress"]["start_step"] for r in one)
-    assert again[0]["progress"]["start_step"] == one[-1]["step"] + 1 or \
-        again[0]["progress"]["start_step"] == one[-1]["step"], (one[-1], again[0])
+    assert (
+        again[0]["progress"]["start_step"] == one[-1]["step"] + 1
+        or again[0]["progress"]["start_step"] == one[-1]["step"]
+    ), (one[-1], again[0])
     assert again[-1]["step"] == STEPS
     # The same global batch on one slice: the loss stays on the uninterrupted curve, step by step.
     got = [(r["step"], r["loss"]) for r in records]
@@ -92,5 +116,7 @@ def test_a_lost_slice_shrinks_the_run_which_grows_back_on_the_same_loss_curve(tm
     assert status["badput"]["restarting"] == 0, status["badput"]
     history = json.loads((run_dir / "slices.json").read_text())["history"]
     assert [n for _, n in history] == [2, 1, 2]
-    print(f"worst relative loss difference {worst:.2e} over {len(got)} reported steps; "
-          f"one slice ran steps {one[0]['step']}-{one[-1]['step']}; badput {status['badput']}")
+    print(
+        f"worst relative loss difference {worst:.2e} over {len(got)} reported steps; "
+        f"one slice ran steps {one[0]['step']}-{one[-1]['step']}; badput {status['badput']}"
+    )

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -27,8 +26,22 @@ def test_killed_host_then_sigterm_restart_resume_and_goodput_accounts_for_the_ti
     doc["spec"]["failurePolicy"] = {"maxRestarts": 1, "backoffSeconds": 0.5}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f", str(tmp_path / "job.yaml"),
-                             "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tpu_operator.cli",
+            "run",
+            "--local",
+            "-f",
+            str(tmp_path / "job.yaml"),
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out, stage = [], "kill"
     try:
         for line in proc.stdout:  # a line per step: "step 6/18  loss ...  ckpt 4"

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from tests.conftest import tiny_job
-from tpu_operator.local.run import TooLargeForLocal, check_fits, scale_down
 from tpu_operator.api.validation import parse_job
+from tpu_operator.local.run import TooLargeForLocal, check_fits, scale_down
 
 # Process 0 prints metric lines; every process records its environment; host 1 fails on the first
 # attempt with the exit code in $FAIL_CODE (when set), after printing an error line and no termination
@@ -44,22 +44,43 @@ if me == "0-0":
 
 
 def _job(tmp_path, **env):
-    doc = tiny_job(tpu={"generation": "v7x", "topology": "2x2x2"},
-                   training={"steps": 6, "globalBatch": 16, "sequenceLength": 128},
-                   checkpoint={"directory": "/checkpoints/x", "persistentVolumeClaim": "ckpt"},
-                   command=["python", "-c", TRAINER], args=["--config", "/etc/tpujob/config.json"],
-                   failurePolicy={"maxRestarts": 1, "restartOnExitCodes": [42, 143], "backoffSeconds": 0.5},
-                   runtime={"env": [{"name": k, "value": v} for k, v in env.items()],
-                            "xlaFlags": ["--xla_tpu_enable_latency_hiding_scheduler=true"]})
+    doc = tiny_job(
+        tpu={"generation": "v7x", "topology": "2x2x2"},
+        training={"steps": 6, "globalBatch": 16, "sequenceLength": 128},
+        checkpoint={"directory": "/checkpoints/x", "persistentVolumeClaim": "ckpt"},
+        command=["python", "-c", TRAINER],
+        args=["--config", "/etc/tpujob/config.json"],
+        failurePolicy={"maxRestarts": 1, "restartOnExitCodes": [42, 143], "backoffSeconds": 0.5},
+        runtime={
+            "env": [{"name": k, "value": v} for k, v in env.items()],
+            "xlaFlags": ["--xla_tpu_enable_latency_hiding_scheduler=true"],
+        },
+    )
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
 def _run(tmp_path, job_path, *extra, **kw):
-    return subprocess.run([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f", str(job_path),
-                           "--run-dir", str(tmp_path / "run"), *extra], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path, **kw)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpu_operator.cli",
+            "run",
+            "--local",
+            "-f",
+            str(job_path),
+            "--run-dir",
+            str(tmp_path / "run"),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        **kw,
+    )
 
 
 @pytest.mark.e2e
@@ -69,7 +90,7 @@ def test_each_pod_gets_the_manifest_environment_on_loopback(tmp_path):
     ckpt = tmp_path / "run" / "checkpoints"
     envs = {p.name: json.loads(p.read_text()) for p in ckpt.glob("env-*.json")}
     assert sorted(envs) == ["env-0-0.json", "env-0-1.json"]
-    for me, env in envs.items():
+    for env in envs.values():
         assert env["TPUJOB_COORDINATOR_ADDRESS"].startswith("127.0.0.1:")
         assert env["TPUJOB_NUM_PROCESSES"] == "2" and env["TPUJOB_HOSTS_PER_SLICE"] == "2"
         assert env["TPUJOB_CPU_DEVICES"] == "8" and env["JAX_PLATFORMS"] == "cpu"
@@ -105,8 +126,9 @@ def test_a_retryable_exit_restarts_the_whole_slice_after_its_backoff(tmp_path, c
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("code, why", [(9, "not in restartOnExitCodes [42, 143]"),
-                                       (3, "a user error is never retried")])
+@pytest.mark.parametrize(
+    "code, why", [(9, "not in restartOnExitCodes [42, 143]"), (3, "a user error is never retried")]
+)
 def test_other_exits_fail_at_once_quoting_the_last_error_line(tmp_path, code, why):
     result = _run(tmp_path, _job(tmp_path, FAIL_CODE=str(code)))
     assert result.returncode == 1
@@ -118,9 +140,23 @@ def test_other_exits_fail_at_once_quoting_the_last_error_line(tmp_path, code, wh
 
 @pytest.mark.e2e
 def test_interrupt_stops_every_process(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f",
-                             str(_job(tmp_path, HANG="1")), "--run-dir", str(tmp_path / "run")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tpu_operator.cli",
+            "run",
+            "--local",
+            "-f",
+            str(_job(tmp_path, HANG="1")),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+    )
     pid_files = [tmp_path / "run" / "checkpoints" / f"pid-0-{i}" for i in range(2)]
     try:
         deadline = time.monotonic() + 60
@@ -181,8 +217,10 @@ def test_a_scaled_down_run_is_short_unless_asked():
     assert parse_job(small).spec.training.steps == 7 and not any(c.startswith("steps") for c in changes)
 
 
-@pytest.mark.parametrize("steps, reason", [("5-2", "the first step (5) is after the last (2)"),
-                                           ("3-7", "the job has 6 steps"), ("x", "not a step range")])
+@pytest.mark.parametrize(
+    "steps, reason",
+    [("5-2", "the first step (5) is after the last (2)"), ("3-7", "the job has 6 steps"), ("x", "not a step range")],
+)
 def test_a_bad_profile_range_is_refused_before_anything_runs(tmp_path, steps, reason):
     result = _run(tmp_path, _job(tmp_path), "--profile", steps)
     assert result.returncode == 2 and "error: --profile: " in result.stderr and reason in result.stderr

@@ -23,16 +23,22 @@ from tpu_operator.api.catalogue import generation
 from tpu_operator.api.contract import TERMINATION_MESSAGE_BYTES, PlanResult, StepResources
 from tpu_operator.api.validation import parse_job
 
-needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                  reason="libtpu is not installed (bash scripts/setup.sh installs it)")
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed (bash scripts/setup.sh installs it)"
+)
 
 
 def plan(tmp_path, doc: dict, *extra: str) -> tuple[int, dict, str]:
     """`tpujob plan --json` on `doc`: (exit status, the result, stderr)."""
     path = tmp_path / f"{doc['metadata']['name']}.yaml"
     path.write_text(yaml.safe_dump(doc))
-    p = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(path), "--json", *extra],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(path), "--json", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return p.returncode, (json.loads(p.stdout.splitlines()[-1]) if p.stdout.strip() else {}), p.stderr
 
 
@@ -41,8 +47,15 @@ def small_8b(**spec) -> dict:
     that compiles in seconds, on a 2-host v7x slice: the cheapest real multi-host compile."""
     doc = example("llama3-8b-fsdp.yaml")
     doc["spec"]["tpu"]["topology"] = "2x2x2"
-    doc["spec"]["model"] = {"layers": 2, "modelDim": 256, "heads": 2, "kvHeads": 2, "headDim": 128, "mlpDim": 512,
-                            "vocab": 4096}
+    doc["spec"]["model"] = {
+        "layers": 2,
+        "modelDim": 256,
+        "heads": 2,
+        "kvHeads": 2,
+        "headDim": 128,
+        "mlpDim": 512,
+        "vocab": 4096,
+    }
     doc["spec"]["training"].update(globalBatch=16, sequenceLength=1024)
     doc["spec"].update(spec)
     return doc
@@ -61,8 +74,13 @@ def test_the_quickstart_plans_and_fits(tmp_path):
 def test_a_multi_host_splash_step_compiles_for_v7x_and_prints_the_breakdown(tmp_path):
     path = tmp_path / "small-8b.yaml"
     path.write_text(yaml.safe_dump(small_8b()))
-    p = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     out = p.stdout
     assert "v7x 2x2x2 x 1 slice(s), 16 TPU7x devices" in out and "compiler:    libtpu" in out
@@ -95,8 +113,13 @@ def test_the_plan_reports_the_steps_flops_collectives_hbm_traffic_and_its_time_b
     assert r["stepTimeBoundSeconds"] == max(bounds.values()) and bounds[r["binding"]] == max(bounds.values())
     assert bounds["compute"] == pytest.approx(r["matmulTFLOP"] * 1e12 / (2307e12 / 2), rel=1e-3)
     assert 0 < r["mfuCeiling"] <= 1
-    lines = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(tmp_path / "llama3-8b.yaml")],
-                           cwd=ROOT, capture_output=True, text=True, timeout=600).stdout
+    lines = subprocess.run(
+        [sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(tmp_path / "llama3-8b.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
     for head in ("matmuls:", "collectives: ICI", "HBM traffic:", "step time:   at least", "MFU ceiling:"):
         assert head in lines, lines
     assert f"bound by {r['binding']}" in lines and "all-gather" in lines
@@ -104,19 +127,29 @@ def test_the_plan_reports_the_steps_flops_collectives_hbm_traffic_and_its_time_b
 
 def test_each_resources_bound_is_its_cost_over_the_chips_peak_shared_by_its_devices():
     v7x = generation("v7x")
-    r = StepResources(matmul_tflop=1000, fp8_tflop=400, model_tflop=500, hbm_traffic_gib=2000, ici_sent_gib=150,
-                      dcn_sent_gib=10, ici_gib={"all-gather": 100}, dcn_gib={"all-reduce": 10})
+    r = StepResources(
+        matmul_tflop=1000,
+        fp8_tflop=400,
+        model_tflop=500,
+        hbm_traffic_gib=2000,
+        ici_sent_gib=150,
+        dcn_sent_gib=10,
+        ici_gib={"all-gather": 100},
+        dcn_gib={"all-reduce": 10},
+    )
     b = roofline.bound(r, v7x, "fp8")
     per_device = 2  # a v7x chip's two devices share its peaks
-    assert b.bound_seconds["compute"] == pytest.approx(600e12 / (2307e12 / per_device) + 400e12 / (4614e12 / per_device),
-                                                       rel=1e-3)
+    assert b.bound_seconds["compute"] == pytest.approx(
+        600e12 / (2307e12 / per_device) + 400e12 / (4614e12 / per_device), rel=1e-3
+    )
     assert b.bound_seconds["hbm"] == pytest.approx(2000 * 2**30 / (7380e9 / per_device), rel=1e-3)
     assert b.bound_seconds["ici"] == pytest.approx(150 * 2**30 / (1200e9 / 2 / per_device), rel=1e-3)  # one direction
     assert b.bound_seconds["dcn"] == pytest.approx(10 * 2**30 / (100e9 / 8 / per_device), rel=1e-3)
     assert b.binding == "dcn" and b.step_time_bound_s == b.bound_seconds["dcn"]
     assert b.mfu_ceiling == pytest.approx(500e12 / b.step_time_bound_s / (4614e12 / per_device), rel=1e-3)
-    compute_bound = roofline.bound(r.model_copy(update={"dcn_sent_gib": 0, "ici_sent_gib": 1, "hbm_traffic_gib": 1}),
-                                   v7x, "bf16")
+    compute_bound = roofline.bound(
+        r.model_copy(update={"dcn_sent_gib": 0, "ici_sent_gib": 1, "hbm_traffic_gib": 1}), v7x, "bf16"
+    )
     assert compute_bound.binding == "compute"
     assert compute_bound.mfu_ceiling == pytest.approx(500 / 1000 * 2307 / (0.6 * 2307 + 0.4 * 2307 / 2), rel=1e-3)
 
@@ -124,9 +157,19 @@ def test_each_resources_bound_is_its_cost_over_the_chips_peak_shared_by_its_devi
 @needs_libtpu
 def test_a_job_that_cannot_fit_exits_2_with_the_numbers_and_what_to_change(tmp_path):
     # One layer, but a 1M-token vocabulary at d=16384 on one chip: 197 GiB of weights and Adam per device.
-    doc = tiny_job(tpu={"generation": "v7x", "topology": "1x1x1"}, training={"steps": 1, "globalBatch": 2,
-                   "sequenceLength": 128}, model={"layers": 1, "modelDim": 16384, "heads": 4, "kvHeads": 4,
-                                                  "headDim": 64, "mlpDim": 16384, "vocab": 1 << 20})
+    doc = tiny_job(
+        tpu={"generation": "v7x", "topology": "1x1x1"},
+        training={"steps": 1, "globalBatch": 2, "sequenceLength": 128},
+        model={
+            "layers": 1,
+            "modelDim": 16384,
+            "heads": 4,
+            "kvHeads": 4,
+            "headDim": 64,
+            "mlpDim": 16384,
+            "vocab": 1 << 20,
+        },
+    )
     doc["metadata"]["name"] = "too-wide"
     code, result, _ = plan(tmp_path, doc)
     assert code == 2, result
@@ -139,8 +182,19 @@ def test_a_job_that_cannot_fit_exits_2_with_the_numbers_and_what_to_change(tmp_p
 
 @needs_libtpu
 def test_a_splash_block_that_overflows_vmem_names_the_blocks_and_the_limit(tmp_path):
-    blocks = dict.fromkeys(("blockQ", "blockKv", "blockKvCompute", "blockQDkv", "blockKvDkv", "blockKvDkvCompute",
-                            "blockQDq", "blockKvDq"), 1024)
+    blocks = dict.fromkeys(
+        (
+            "blockQ",
+            "blockKv",
+            "blockKvCompute",
+            "blockQDkv",
+            "blockKvDkv",
+            "blockKvDkvCompute",
+            "blockQDq",
+            "blockKvDq",
+        ),
+        1024,
+    )
     doc = small_8b(kernels={"attention": "splash", "splash": blocks}, runtime={"scopedVmemLimitKiB": 2048})
     doc["spec"]["tpu"]["topology"] = "2x2x1"
     doc["spec"]["training"]["globalBatch"] = 8
@@ -168,12 +222,20 @@ def test_every_examples_libtpu_init_args_are_accepted():
 
 @needs_libtpu
 def test_a_misspelt_flag_is_refused_with_its_field_path(tmp_path):
-    doc = tiny_job(runtime={"libtpuInitArgs": ["--xla_tpu_enable_latency_hiding_scheduler=true",
-                                               "--xla_tpu_scoped_vmem_limt_kib=4096"]})
+    doc = tiny_job(
+        runtime={
+            "libtpuInitArgs": ["--xla_tpu_enable_latency_hiding_scheduler=true", "--xla_tpu_scoped_vmem_limt_kib=4096"]
+        }
+    )
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(doc))
-    p = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2, p.stdout + p.stderr
     refused = [line.strip() for line in p.stdout.splitlines() if "refuses" in line]
     assert len(refused) == 1 and refused[0].startswith("spec.runtime.libtpuInitArgs[1]: libtpu"), p.stdout
@@ -195,7 +257,9 @@ def test_without_libtpu_the_plan_says_so_and_exits_3(monkeypatch, tmp_path):
 
 
 def test_a_result_always_fits_a_termination_message():
-    result = PlanResult(verdict="DoesNotFit", message="x" * 6000, largest=["y" * 160] * 40, change=["training.globalBatch"])
+    result = PlanResult(
+        verdict="DoesNotFit", message="x" * 6000, largest=["y" * 160] * 40, change=["training.globalBatch"]
+    )
     text = result.to_termination_message()
     assert len(text.encode()) <= TERMINATION_MESSAGE_BYTES
     back = PlanResult.model_validate_json(text)
@@ -224,12 +288,19 @@ def test_every_full_size_example_fits(tmp_path, name):
 
 @needs_libtpu
 def test_an_elastic_job_plans_every_slice_count_it_may_run_on(tmp_path):
-    doc = tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2, "elastic": {"minSlices": 1}},
-                   training={"steps": 10, "globalBatch": 16, "sequenceLength": 128})
+    doc = tiny_job(
+        tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2, "elastic": {"minSlices": 1}},
+        training={"steps": 10, "globalBatch": 16, "sequenceLength": 128},
+    )
     path = tmp_path / "elastic.yaml"
     path.write_text(yaml.safe_dump(doc))
-    p = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(path), "--json"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpu_operator.cli", "plan", "-f", str(path), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     results = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     # Two slices (16 devices), then one (8 devices: the same batch in twice the microbatches).

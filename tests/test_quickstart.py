@@ -15,9 +15,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quickstart_runs_locally_and_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "-f",
-                             str(ROOT / "examples" / "quickstart.yaml"), "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, timeout=540)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpu_operator.cli",
+            "run",
+            "--local",
+            "-f",
+            str(ROOT / "examples" / "quickstart.yaml"),
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     if importlib.util.find_spec("libtpu") is not None:  # first, the plan of the real v7x slice
         assert "plan of the real slice (2x2x2 x 1)" in result.stdout and "verdict:     fits" in result.stdout
@@ -32,8 +45,10 @@ def test_quickstart_runs_locally_and_checkpoints(tmp_path):
     assert [r["step"] for r in evaluated] == [10, 20, 30] and status["evalLoss"] == evaluated[-1]["eval_loss"]
     assert evaluated[-1]["eval_loss"] < evaluated[0]["eval_loss"]
     assert (run_dir / "checkpoints" / str(steps)).is_dir()
-    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["quickstart-slice-0-0.log",
-                                                                    "quickstart-slice-0-1.log"]
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
+        "quickstart-slice-0-0.log",
+        "quickstart-slice-0-1.log",
+    ]
     assert (run_dir / "report.png").stat().st_size > 10_000
 
 
@@ -42,9 +57,28 @@ def test_accumulation_packing_evaluation_and_a_profile_in_one_local_run(tmp_path
     documents and a held-out evaluation, trained on two processes, with steps 2-3 traced
     (`--profile`; one run for all four, each costs a minute of the default run)."""
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "tpu_operator.cli", "run", "--local", "--scale-down", "--steps",
-                             "4", "-f", str(ROOT / "examples" / "packed-documents.yaml"), "--run-dir", str(run_dir),
-                             "--profile", "2-3", "--no-plan"], capture_output=True, text=True, timeout=540)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpu_operator.cli",
+            "run",
+            "--local",
+            "--scale-down",
+            "--steps",
+            "4",
+            "-f",
+            str(ROOT / "examples" / "packed-documents.yaml"),
+            "--run-dir",
+            str(run_dir),
+            "--profile",
+            "2-3",
+            "--no-plan",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "in 4 microbatches, synthetic packed documents" in result.stdout
     # The full-size plan is tests/test_plan.py's (slow): here it is skipped, saying so.

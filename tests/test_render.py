@@ -11,10 +11,10 @@ import yaml
 
 from tests.conftest import EXAMPLES, TEST_IMAGE, example, tiny_job
 from tpu_operator.api.contract import TrainerConfig
-from tpu_operator.rendering.manifests import render, to_yaml_stream
-from tpu_operator.rendering.preflight import render_preflight
 from tpu_operator.api.validation import InvalidJob, parse_job
 from tpu_operator.controller.children import refused_changes
+from tpu_operator.rendering.manifests import render, to_yaml_stream
+from tpu_operator.rendering.preflight import render_preflight
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -44,10 +44,20 @@ def test_golden_render(name):
 CAPACITY = {
     "onDemand": {"tpu": {"topology": "2x2x1"}},
     "spot": {"tpu": {"topology": "2x2x1", "capacity": "spot"}},
-    "reservation": {"tpu": {"topology": "2x2x1", "capacity": "reservation", "reservationName": "tpu7x-res",
-                            "reservationProject": "shared-tpus"}},
-    "flexStart": {"tpu": {"topology": "2x2x1", "capacity": "flexStart", "maxRunDuration": "1h30m"},
-                  "queueName": "dws-queue", "workloadPriorityClassName": "high", "priorityClassName": "batch"},
+    "reservation": {
+        "tpu": {
+            "topology": "2x2x1",
+            "capacity": "reservation",
+            "reservationName": "tpu7x-res",
+            "reservationProject": "shared-tpus",
+        }
+    },
+    "flexStart": {
+        "tpu": {"topology": "2x2x1", "capacity": "flexStart", "maxRunDuration": "1h30m"},
+        "queueName": "dws-queue",
+        "workloadPriorityClassName": "high",
+        "priorityClassName": "batch",
+    },
 }
 
 
@@ -78,14 +88,23 @@ def test_capacity_modes_select_and_tolerate_their_nodes():
     base = {"cloud.google.com/gke-tpu-accelerator": "tpu7x", "cloud.google.com/gke-tpu-topology": "2x2x1"}
     expected = {
         "onDemand": (base, [tpu]),
-        "spot": ({"cloud.google.com/gke-spot": "true", **base},
-                 [tpu, {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
-                        "effect": "NoSchedule"}]),
-        "reservation": ({"cloud.google.com/reservation-name": "tpu7x-res",
-                         "cloud.google.com/reservation-affinity": "specific",
-                         "cloud.google.com/reservation-project": "shared-tpus", **base}, [tpu]),
-        "flexStart": (base, [tpu, {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true",
-                                   "effect": "NoSchedule"}]),
+        "spot": (
+            {"cloud.google.com/gke-spot": "true", **base},
+            [tpu, {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+        ),
+        "reservation": (
+            {
+                "cloud.google.com/reservation-name": "tpu7x-res",
+                "cloud.google.com/reservation-affinity": "specific",
+                "cloud.google.com/reservation-project": "shared-tpus",
+                **base,
+            },
+            [tpu],
+        ),
+        "flexStart": (
+            base,
+            [tpu, {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+        ),
     }
     for mode, (selector, tolerations) in expected.items():
         pod = _pod(_capacity_jobset(mode))
@@ -109,8 +128,11 @@ def test_a_queued_job_is_created_suspended_with_kueue_labels_on_the_jobset_only(
 
 
 def test_a_user_node_selector_cannot_move_the_job_off_its_capacity():
-    _, js = render(parse_job(tiny_job(tpu={"topology": "2x2x1", "capacity": "spot"},
-                                      nodeSelector={"cloud.google.com/gke-spot": "false"})))
+    _, js = render(
+        parse_job(
+            tiny_job(tpu={"topology": "2x2x1", "capacity": "spot"}, nodeSelector={"cloud.google.com/gke-spot": "false"})
+        )
+    )
     assert _pod(js)["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
 
 
@@ -120,17 +142,23 @@ def test_4x4x4_shape():
     assert (rj["replicas"], rj["template"]["spec"]["parallelism"], rj["template"]["spec"]["completions"]) == (1, 16, 16)
     pod = _pod(js)
     assert pod["containers"][0]["resources"]["limits"]["google.com/tpu"] == 4
-    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu7x",
-                                   "cloud.google.com/gke-tpu-topology": "4x4x4"}
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu7x",
+        "cloud.google.com/gke-tpu-topology": "4x4x4",
+    }
     assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert pod["hostNetwork"] is False and "dnsPolicy" not in pod and pod["restartPolicy"] == "Never"
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
-    assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    assert (
+        js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    )
     env = _env(js)
     assert env["TPUJOB_COORDINATOR_ADDRESS"] == "llama3-8b-slice-0-0.llama3-8b:8476"
     assert env["TPUJOB_NUM_PROCESSES"] == "16"
-    assert env["TPUJOB_HOST_ID"]["fieldRef"]["fieldPath"] == \
-        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (
+        env["TPUJOB_HOST_ID"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
     assert "MEGASCALE_NUM_SLICES" not in env
     flags = env["LIBTPU_INIT_ARGS"].split()
     for op in ("all_gather", "reduce_scatter", "all_reduce"):
@@ -162,8 +190,14 @@ def test_sparse_core_offload_can_be_turned_off_per_collective():
 
 
 def test_v6e_gets_no_sparse_core_flags():
-    _, js = render(parse_job(tiny_job(tpu={"generation": "v6e", "topology": "2x2"},
-                                      training={"steps": 1, "globalBatch": 4, "sequenceLength": 128})))
+    _, js = render(
+        parse_job(
+            tiny_job(
+                tpu={"generation": "v6e", "topology": "2x2"},
+                training={"steps": 1, "globalBatch": 4, "sequenceLength": 128},
+            )
+        )
+    )
     assert "LIBTPU_INIT_ARGS" not in _env(js)
     assert _pod(js)["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
 
@@ -205,10 +239,17 @@ def test_hostile_strings_never_change_structure(hostile, jobset_schema):
     with pytest.raises(InvalidJob, match=r"spec\.tolerations\[0\]\.value"):
         parse_job(refused)
     cm, js = render(parse_job(doc))
-    baseline_cm, baseline_js = render(parse_job(tiny_job(
-        runtime={"env": [{"name": "USER_VALUE", "value": "plain"}]}, command=["sh", "-c", "plain"], args=["plain"],
-        nodeSelector={"example.com/pool": "p"},
-        tolerations=[{"key": "example.com/x", "operator": "Equal", "value": "plain", "effect": "NoSchedule"}])))
+    baseline_cm, baseline_js = render(
+        parse_job(
+            tiny_job(
+                runtime={"env": [{"name": "USER_VALUE", "value": "plain"}]},
+                command=["sh", "-c", "plain"],
+                args=["plain"],
+                nodeSelector={"example.com/pool": "p"},
+                tolerations=[{"key": "example.com/x", "operator": "Equal", "value": "plain", "effect": "NoSchedule"}],
+            )
+        )
+    )
 
     def shape(obj):
         if isinstance(obj, dict):
@@ -229,8 +270,10 @@ def test_hostile_strings_never_change_structure(hostile, jobset_schema):
 def test_names_must_fit_every_pod_hostname():
     # 4x4x8 = 32 hosts: longest pod name <name>-slice-0-31-abcde (JobSet's webhook counts the generated
     # suffix); 63 - len("-slice-0-31-abcde") = 46 characters.
-    spec = {"tpu": {"generation": "v7x", "topology": "4x4x8"},
-            "training": {"steps": 1, "globalBatch": 256, "sequenceLength": 128}}
+    spec = {
+        "tpu": {"generation": "v7x", "topology": "4x4x8"},
+        "training": {"steps": 1, "globalBatch": 256, "sequenceLength": 128},
+    }
     ok = tiny_job(**spec)
     ok["metadata"]["name"] = "a" * 46
     _, js = render(parse_job(ok))
@@ -248,20 +291,34 @@ def test_owner_references_only_when_the_owner_is_known():
     doc["metadata"]["uid"] = "1234"
     for m in render(parse_job(doc)):
         (ref,) = m["metadata"]["ownerReferences"]
-        assert ref == {"apiVersion": "training.tpu-operator.dev/v1alpha1", "kind": "TPUTrainingJob", "name": "tiny",
-                       "uid": "1234", "controller": True, "blockOwnerDeletion": True}
+        assert ref == {
+            "apiVersion": "training.tpu-operator.dev/v1alpha1",
+            "kind": "TPUTrainingJob",
+            "name": "tiny",
+            "uid": "1234",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
 
 
 def test_labels_find_every_object_and_pod():
     cm, js = render(parse_job(tiny_job()))
-    for labels in (cm["metadata"]["labels"], js["metadata"]["labels"],
-                   js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["labels"]):
+    for labels in (
+        cm["metadata"]["labels"],
+        js["metadata"]["labels"],
+        js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["labels"],
+    ):
         assert labels["training.tpu-operator.dev/job"] == "tiny"
 
 
 def test_user_node_selector_cannot_move_the_job_off_its_tpu():
-    _, js = render(parse_job(tiny_job(nodeSelector={"cloud.google.com/gke-tpu-topology": "8x8x8",
-                                                    "cloud.google.com/gke-nodepool": "pool-a"})))
+    _, js = render(
+        parse_job(
+            tiny_job(
+                nodeSelector={"cloud.google.com/gke-tpu-topology": "8x8x8", "cloud.google.com/gke-nodepool": "pool-a"}
+            )
+        )
+    )
     assert _pod(js)["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x2x1"
     assert _pod(js)["nodeSelector"]["cloud.google.com/gke-nodepool"] == "pool-a"
 
@@ -295,8 +352,12 @@ def test_the_config_map_name_is_a_hash_of_what_it_holds_and_it_is_immutable():
     preflight_volumes = render_preflight(parse_job(edited), 2)["spec"]["template"]["spec"]["volumes"]
     assert {"name": "config", "configMap": {"name": other["metadata"]["name"]}} in preflight_volumes
     # An elastic job on fewer slices mounts the same ConfigMap: the trainer applies TPUJOB_SLICES to it.
-    elastic = parse_job(tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 3, "elastic": {"minSlices": 1}},
-                                 training={"steps": 10, "globalBatch": 48, "sequenceLength": 128}))
+    elastic = parse_job(
+        tiny_job(
+            tpu={"generation": "v7x", "topology": "2x2x1", "slices": 3, "elastic": {"minSlices": 1}},
+            training={"steps": 10, "globalBatch": 48, "sequenceLength": 128},
+        )
+    )
     assert render(elastic)[0] == render(elastic, None, 2)[0]
 
 
@@ -323,27 +384,45 @@ def test_operator_default_image_applies_only_where_the_job_names_none():
     assert _pod(js)["containers"][0]["image"] == "mine:2"
 
 
-@pytest.mark.parametrize("spec,host_network", [
-    ({}, False),  # one slice: pod networking
-    ({"tpu": {"topology": "2x2x4", "slices": 2}, "training": {"steps": 1, "globalBatch": 64, "sequenceLength": 128}},
-     True),  # multislice: the node's network for DCN
-    ({"runtime": {"hostNetwork": True}}, True),
-    ({"tpu": {"topology": "2x2x4", "slices": 2}, "training": {"steps": 1, "globalBatch": 64, "sequenceLength": 128},
-      "runtime": {"hostNetwork": False}}, False),
-])
+@pytest.mark.parametrize(
+    "spec,host_network",
+    [
+        ({}, False),  # one slice: pod networking
+        (
+            {
+                "tpu": {"topology": "2x2x4", "slices": 2},
+                "training": {"steps": 1, "globalBatch": 64, "sequenceLength": 128},
+            },
+            True,
+        ),  # multislice: the node's network for DCN
+        ({"runtime": {"hostNetwork": True}}, True),
+        (
+            {
+                "tpu": {"topology": "2x2x4", "slices": 2},
+                "training": {"steps": 1, "globalBatch": 64, "sequenceLength": 128},
+                "runtime": {"hostNetwork": False},
+            },
+            False,
+        ),
+    ],
+)
 def test_host_networking_is_a_setting_on_for_multislice_by_default(spec, host_network):
     pod = _pod(render(parse_job(tiny_job(**spec)))[1])
     assert pod["hostNetwork"] is host_network
-    assert ("dnsPolicy" in pod) is host_network and pod.get("dnsPolicy", "ClusterFirstWithHostNet") == \
-        "ClusterFirstWithHostNet"
+    assert ("dnsPolicy" in pod) is host_network and pod.get(
+        "dnsPolicy", "ClusterFirstWithHostNet"
+    ) == "ClusterFirstWithHostNet"
 
 
 def test_the_trainer_runs_unprivileged_on_a_read_only_root():
     pod = _pod(render(parse_job(tiny_job()))[1])
     assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
     (trainer,) = pod["containers"]
-    assert trainer["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                          "readOnlyRootFilesystem": True}
+    assert trainer["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+    }
     assert {"name": "tmp", "mountPath": "/tmp"} in trainer["volumeMounts"]
     assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
     paths = [m["mountPath"] for m in trainer["volumeMounts"]]

@@ -24,11 +24,18 @@ def _closed_port() -> int:
 
 def _kubeconfig(tmp_path, server: str):
     path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "x",
-        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "x",
+                "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
     return path
 
 
@@ -36,8 +43,13 @@ def tpujob(tmp_path, kubeconfig, job) -> subprocess.CompletedProcess:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-    return subprocess.run([sys.executable, "-m", "tpu_operator.cli", "validate", "--server", "-f", str(path)],
-                          capture_output=True, text=True, timeout=120, env={**env, "KUBECONFIG": str(kubeconfig)})
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_operator.cli", "validate", "--server", "-f", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "KUBECONFIG": str(kubeconfig)},
+    )
 
 
 def test_a_server_that_cannot_be_reached_is_exit_3(tmp_path):

@@ -44,16 +44,37 @@ BAD = [
     ("spec.training.microbatches", 3, "spec.training.microbatches", "globalBatch must be a multiple of 24"),
     ("spec.training.microbatches", 0, "spec.training.microbatches", "greater than or equal to 1"),
     ("spec.training.precision", "fp4", "spec.training.precision", "is not allowed"),
-    ("spec.training.remat", {"policy": "full", "tensors": {"qkv_proj": "offload"}}, "spec.training.remat.tensors",
-     "only used with policy custom"),
-    ("spec.training.remat", {"policy": "custom", "tensors": {"bogus": "offload"}}, "spec.training.remat.tensors.bogus",
-     "is not allowed"),
+    (
+        "spec.training.remat",
+        {"policy": "full", "tensors": {"qkv_proj": "offload"}},
+        "spec.training.remat.tensors",
+        "only used with policy custom",
+    ),
+    (
+        "spec.training.remat",
+        {"policy": "custom", "tensors": {"bogus": "offload"}},
+        "spec.training.remat.tensors.bogus",
+        "is not allowed",
+    ),
     ("spec.training.data", {"source": "files"}, "spec.training.data.path", "required when source is files"),
-    ("spec.training.data", {"source": "files", "path": "/d", "format": "bin", "packing": True},
-     "spec.training.data.eosId", "required when packing bin files"),
-    ("spec.training.data", {"source": "files", "path": "/d", "format": "arrayrecord"}, "spec.training.data.packing",
-     "required with format arrayrecord"),
-    ("spec.training.data", {"packing": True, "eosId": 1 << 20}, "spec.training.data.eosId", "not a token of model.vocab"),
+    (
+        "spec.training.data",
+        {"source": "files", "path": "/d", "format": "bin", "packing": True},
+        "spec.training.data.eosId",
+        "required when packing bin files",
+    ),
+    (
+        "spec.training.data",
+        {"source": "files", "path": "/d", "format": "arrayrecord"},
+        "spec.training.data.packing",
+        "required with format arrayrecord",
+    ),
+    (
+        "spec.training.data",
+        {"packing": True, "eosId": 1 << 20},
+        "spec.training.data.eosId",
+        "not a token of model.vocab",
+    ),
     ("spec.training.data", {"prefetch": 0}, "spec.training.data.prefetch", "greater than or equal to 1"),
     ("spec.training.learningRate", {"peak": -1}, "spec.training.learningRate.peak", "greater than 0"),
     ("spec.parallelism", {"fsdp": "auto", "context": "auto"}, "spec.parallelism", "only one axis may be auto"),
@@ -63,28 +84,59 @@ BAD = [
     ("spec.parallelism", {"fsdp": "many"}, "spec.parallelism.fsdp", "'auto'"),
     ("spec.parallelism", {"fsdp": 2, "context": 4}, "spec.kernels.attention", None),  # splash below
     ("spec.kernels.splash", {"blockQ": 100}, "spec.kernels.splash.blockQ", "multiple of 128"),
-    ("spec.kernels.splash", {"blockKv": 512, "blockKvCompute": 384}, "spec.kernels.splash.blockKvCompute",
-     "does not divide blockKv"),
+    (
+        "spec.kernels.splash",
+        {"blockKv": 512, "blockKvCompute": 384},
+        "spec.kernels.splash.blockKvCompute",
+        "does not divide blockKv",
+    ),
     ("spec.kernels.moeMatmul", "cutlass", "spec.kernels.moeMatmul", "is not allowed"),
     ("spec.model", {"preset": "tiny-moe"}, "spec.kernels.moeMatmul", "model.modelDim (64) is less; use ragged_dot"),
     ("spec.runtime.scopedVmemLimitKiB", 98304, "spec.runtime.scopedVmemLimitKiB", "at most 65536"),
     ("spec.runtime.libtpuInitArgs", ["--ok=1", "rm -rf /"], "spec.runtime.libtpuInitArgs[1]", "pattern"),
-    ("spec.runtime.env", [{"name": "TPUJOB_PROCESS_ID", "value": "0"}], "spec.runtime.env[0].name",
-     "set by the operator"),
-    ("spec.runtime.env", [{"name": "LIBTPU_INIT_ARGS", "value": "x"}], "spec.runtime.env[0].name",
-     "set by the operator"),
+    (
+        "spec.runtime.env",
+        [{"name": "TPUJOB_PROCESS_ID", "value": "0"}],
+        "spec.runtime.env[0].name",
+        "set by the operator",
+    ),
+    (
+        "spec.runtime.env",
+        [{"name": "LIBTPU_INIT_ARGS", "value": "x"}],
+        "spec.runtime.env[0].name",
+        "set by the operator",
+    ),
     ("spec.runtime.env", [{"name": "TPU_WORKER_ID", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
-    ("spec.runtime.env", [{"name": "TPU_WORKER_HOSTNAMES", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
+    (
+        "spec.runtime.env",
+        [{"name": "TPU_WORKER_HOSTNAMES", "value": "0"}],
+        "spec.runtime.env[0].name",
+        "set by the operator",
+    ),
     ("spec.runtime.env", [{"name": "TPU_TOPOLOGY", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
-    ("spec.runtime.env", [{"name": "JAX_COORDINATOR_ADDRESS", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
+    (
+        "spec.runtime.env",
+        [{"name": "JAX_COORDINATOR_ADDRESS", "value": "0"}],
+        "spec.runtime.env[0].name",
+        "set by the operator",
+    ),
     ("spec.runtime.env", [{"name": "JAX_PROCESS_ID", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
-    ("spec.runtime.env", [{"name": "MEGASCALE_SLICE_ID", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
+    (
+        "spec.runtime.env",
+        [{"name": "MEGASCALE_SLICE_ID", "value": "0"}],
+        "spec.runtime.env[0].name",
+        "set by the operator",
+    ),
     ("spec.runtime.env", [{"name": "TPUJOB_HOST_ID", "value": "0"}], "spec.runtime.env[0].name", "set by the operator"),
     ("spec.runtime.metricsPort", 80, "spec.runtime.metricsPort", "greater than or equal to 1024"),
     ("spec.checkpoint.directory", "s3://bucket/x", "spec.checkpoint.directory", "pattern"),
     ("spec.checkpoint", {"persistentVolumeClaim": "ckpt"}, "spec.checkpoint.directory", "required when"),
-    ("spec.checkpoint", {"directory": "gs://bkt/c", "persistentVolumeClaim": "ckpt"},
-     "spec.checkpoint.persistentVolumeClaim", "gs://"),
+    (
+        "spec.checkpoint",
+        {"directory": "gs://bkt/c", "persistentVolumeClaim": "ckpt"},
+        "spec.checkpoint.persistentVolumeClaim",
+        "gs://",
+    ),
     ("spec.failurePolicy.restartOnExitCodes", [0], "spec.failurePolicy.restartOnExitCodes[0]", "greater than"),
     ("spec.failurePolicy.maxRestarts", -1, "spec.failurePolicy.maxRestarts", "greater than or equal to 0"),
     ("spec.image", "my image:latest", "spec.image", "pattern"),
@@ -127,66 +179,152 @@ BAD = [
     ("spec.tpu.generation", " v7x", "spec.tpu.generation", "not a supported TPU generation"),
     # What Kubernetes refuses in the rendered pods, refused here naming the spec field.
     ("spec.nodeSelector", {"pool": "not a label value!"}, "spec.nodeSelector.pool", "pattern"),
-    ("spec.nodeSelector", {"a" * 254 + "/b": "x"}, "spec.nodeSelector." + "a" * 100 + "... (156 more characters)",
-     "at most 253"),  # a key in a path is shown capped
+    (
+        "spec.nodeSelector",
+        {"a" * 254 + "/b": "x"},
+        "spec.nodeSelector." + "a" * 100 + "... (156 more characters)",
+        "at most 253",
+    ),  # a key in a path is shown capped
     ("spec.tolerations", [{"key": "bad key!", "operator": "Exists"}], "spec.tolerations[0].key", "pattern"),
-    ("spec.tolerations", [{"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}],
-     "spec.tolerations[0].tolerationSeconds", "only with effect NoExecute"),
-    ("spec.tolerations", [{"key": "k", "operator": "Exists", "value": "v"}], "spec.tolerations[0].value",
-     "empty when operator is Exists"),
+    (
+        "spec.tolerations",
+        [{"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}],
+        "spec.tolerations[0].tolerationSeconds",
+        "only with effect NoExecute",
+    ),
+    (
+        "spec.tolerations",
+        [{"key": "k", "operator": "Exists", "value": "v"}],
+        "spec.tolerations[0].value",
+        "empty when operator is Exists",
+    ),
     ("spec.tolerations", [{"operator": "Equal", "value": "v"}], "spec.tolerations[0].operator", "must be Exists"),
     ("spec.resources", {"requests": {"gpu": "1"}}, "spec.resources.requests.gpu", "pattern"),
     ("spec.resources", {"limits": {"memory": "1" * 100}}, "spec.resources.limits.memory", "at most 64"),
-    ("spec.resources", {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}, "spec.resources.requests.memory",
-     "more than limits.memory"),
-    ("spec.resources", {"requests": {"cpu": "1500m"}, "limits": {"cpu": "1.4"}}, "spec.resources.requests.cpu",
-     "more than limits.cpu"),
-    ("spec.resources", {"requests": {"example.com/fpga": "1"}}, "spec.resources.limits.example.com/fpga",
-     "not overcommitted"),
-    ("spec.resources", {"requests": {"example.com/fpga": "1"}, "limits": {"example.com/fpga": "2"}},
-     "spec.resources.requests.example.com/fpga", "must equal"),
-    ("spec.resources", {"limits": {"example.com/fpga": "500m"}}, "spec.resources.limits.example.com/fpga",
-     "whole number"),
+    (
+        "spec.resources",
+        {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}},
+        "spec.resources.requests.memory",
+        "more than limits.memory",
+    ),
+    (
+        "spec.resources",
+        {"requests": {"cpu": "1500m"}, "limits": {"cpu": "1.4"}},
+        "spec.resources.requests.cpu",
+        "more than limits.cpu",
+    ),
+    (
+        "spec.resources",
+        {"requests": {"example.com/fpga": "1"}},
+        "spec.resources.limits.example.com/fpga",
+        "not overcommitted",
+    ),
+    (
+        "spec.resources",
+        {"requests": {"example.com/fpga": "1"}, "limits": {"example.com/fpga": "2"}},
+        "spec.resources.requests.example.com/fpga",
+        "must equal",
+    ),
+    (
+        "spec.resources",
+        {"limits": {"example.com/fpga": "500m"}},
+        "spec.resources.limits.example.com/fpga",
+        "whole number",
+    ),
     ("spec.image", "ghcr.io/Upper/case:tag", "spec.image", "pattern"),
     ("spec.image", "ghcr.io/x/y@sha256:abc", "spec.image", "pattern"),
     ("spec.image", "ghcr.io/x/y:" + "t" * 129, "spec.image", "pattern"),
-    ("spec.checkpoint", {"directory": "/dev/shm", "persistentVolumeClaim": "c"}, "spec.checkpoint.directory",
-     "would hide a volume"),
-    ("spec.checkpoint", {"directory": "/etc/tpujob/", "persistentVolumeClaim": "c"}, "spec.checkpoint.directory",
-     "would hide a volume"),
-    ("spec.checkpoint", {"directory": "/", "persistentVolumeClaim": "c"}, "spec.checkpoint.directory",
-     "would hide a volume"),
-    ("spec.checkpoint", {"directory": "/ckpt/../etc", "persistentVolumeClaim": "c"}, "spec.checkpoint.directory",
-     "no . or .. parts"),
+    (
+        "spec.checkpoint",
+        {"directory": "/dev/shm", "persistentVolumeClaim": "c"},
+        "spec.checkpoint.directory",
+        "would hide a volume",
+    ),
+    (
+        "spec.checkpoint",
+        {"directory": "/etc/tpujob/", "persistentVolumeClaim": "c"},
+        "spec.checkpoint.directory",
+        "would hide a volume",
+    ),
+    (
+        "spec.checkpoint",
+        {"directory": "/", "persistentVolumeClaim": "c"},
+        "spec.checkpoint.directory",
+        "would hide a volume",
+    ),
+    (
+        "spec.checkpoint",
+        {"directory": "/ckpt/../etc", "persistentVolumeClaim": "c"},
+        "spec.checkpoint.directory",
+        "no . or .. parts",
+    ),
     ("spec.training.data", {"source": "files", "path": "data/train"}, "spec.training.data.path", "pattern"),
     ("spec.training.data", {"source": "files", "path": "s3://b/x"}, "spec.training.data.path", "pattern"),
-    ("spec.runtime.libtpuInitArgs", ["--xla_tpu_scoped_vmem_limit_kib=98304"], "spec.runtime.libtpuInitArgs",
-     "spec.runtime.scopedVmemLimitKiB"),
-    ("spec.runtime.xlaFlags", ["--xla_tpu_scoped_vmem_limit_kib=98304"], "spec.runtime.xlaFlags",
-     "spec.runtime.scopedVmemLimitKiB"),
-    ("spec.runtime.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "spec.runtime.env",
-     "set twice"),
-    ("spec.runtime.env", [{"name": f"E{i}", "value": "v" * 1000} for i in range(256)], "spec",
-     "bytes as JSON"),
+    (
+        "spec.runtime.libtpuInitArgs",
+        ["--xla_tpu_scoped_vmem_limit_kib=98304"],
+        "spec.runtime.libtpuInitArgs",
+        "spec.runtime.scopedVmemLimitKiB",
+    ),
+    (
+        "spec.runtime.xlaFlags",
+        ["--xla_tpu_scoped_vmem_limit_kib=98304"],
+        "spec.runtime.xlaFlags",
+        "spec.runtime.scopedVmemLimitKiB",
+    ),
+    ("spec.runtime.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}], "spec.runtime.env", "set twice"),
+    ("spec.runtime.env", [{"name": f"E{i}", "value": "v" * 1000} for i in range(256)], "spec", "bytes as JSON"),
     ("metadata.namespace", "Team_A", "metadata.namespace", "pattern"),
     ("spec.priorityClassName", "system-node-critical", "spec.priorityClassName", "reserved for the cluster"),
     # Secrets by reference: as a container's env and envFrom, each refused where the API server would refuse it.
-    ("spec.runtime.env", [{"name": "T", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
-     "spec.runtime.env[0].valueFrom", "not with a non-empty value"),
-    ("spec.runtime.env", [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"},
-                                                     "fieldRef": {"fieldPath": "metadata.name"}}}],
-     "spec.runtime.env[0].valueFrom", "exactly one of"),
+    (
+        "spec.runtime.env",
+        [{"name": "T", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        "spec.runtime.env[0].valueFrom",
+        "not with a non-empty value",
+    ),
+    (
+        "spec.runtime.env",
+        [
+            {
+                "name": "T",
+                "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}, "fieldRef": {"fieldPath": "metadata.name"}},
+            }
+        ],
+        "spec.runtime.env[0].valueFrom",
+        "exactly one of",
+    ),
     ("spec.runtime.env", [{"name": "T", "valueFrom": {}}], "spec.runtime.env[0].valueFrom", "exactly one of"),
-    ("spec.runtime.env", [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "k"}}}],
-     "spec.runtime.env[0].valueFrom.secretKeyRef.name", "pattern"),
-    ("spec.runtime.env", [{"name": "T", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "a b"}}}],
-     "spec.runtime.env[0].valueFrom.configMapKeyRef.key", "pattern"),
-    ("spec.runtime.env", [{"name": "T", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}],
-     "spec.runtime.env[0].valueFrom.fieldRef.fieldPath", "pattern"),
-    ("spec.runtime.envFrom", [{"secretRef": {"name": "s"}, "configMapRef": {"name": "c"}}], "spec.runtime.envFrom[0]",
-     "exactly one of"),
-    ("spec.runtime.envFrom", [{"prefix": "TPU_", "secretRef": {"name": "s"}}], "spec.runtime.envFrom[0].prefix",
-     "the operator or GKE set"),
+    (
+        "spec.runtime.env",
+        [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "k"}}}],
+        "spec.runtime.env[0].valueFrom.secretKeyRef.name",
+        "pattern",
+    ),
+    (
+        "spec.runtime.env",
+        [{"name": "T", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "a b"}}}],
+        "spec.runtime.env[0].valueFrom.configMapKeyRef.key",
+        "pattern",
+    ),
+    (
+        "spec.runtime.env",
+        [{"name": "T", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}],
+        "spec.runtime.env[0].valueFrom.fieldRef.fieldPath",
+        "pattern",
+    ),
+    (
+        "spec.runtime.envFrom",
+        [{"secretRef": {"name": "s"}, "configMapRef": {"name": "c"}}],
+        "spec.runtime.envFrom[0]",
+        "exactly one of",
+    ),
+    (
+        "spec.runtime.envFrom",
+        [{"prefix": "TPU_", "secretRef": {"name": "s"}}],
+        "spec.runtime.envFrom[0].prefix",
+        "the operator or GKE set",
+    ),
     ("spec.runtime.envFrom", [{"secretRef": {"name": "s"}}] * 17, "spec.runtime.envFrom", "at most 16"),
     ("spec.training", None, "spec.training", "Field required"),
 ]
@@ -211,15 +349,29 @@ def test_bad_input_names_the_field(where, value, path, reason):
 def test_slice_specific_rules():
     # No SparseCore on v6e, no native fp8 on v5p, VMEM bounds per generation.
     cases = [
-        (tiny_job(tpu={"generation": "v6e", "topology": "2x2"}, runtime={"sparseCoreOffload": {"allGather": True}},
-                  training={"steps": 1, "globalBatch": 4, "sequenceLength": 128}),
-         "spec.runtime.sparseCoreOffload: v6e has no SparseCore"),
-        (tiny_job(tpu={"generation": "v5p", "topology": "2x2x1"},
-                  training={"steps": 1, "globalBatch": 4, "sequenceLength": 128, "precision": "fp8"}),
-         "spec.training.precision: v5p has no native fp8"),
-        (tiny_job(tpu={"generation": "v5p", "topology": "2x2x1"}, runtime={"scopedVmemLimitKiB": 1024},
-                  training={"steps": 1, "globalBatch": 4, "sequenceLength": 128}),
-         "spec.runtime.scopedVmemLimitKiB"),
+        (
+            tiny_job(
+                tpu={"generation": "v6e", "topology": "2x2"},
+                runtime={"sparseCoreOffload": {"allGather": True}},
+                training={"steps": 1, "globalBatch": 4, "sequenceLength": 128},
+            ),
+            "spec.runtime.sparseCoreOffload: v6e has no SparseCore",
+        ),
+        (
+            tiny_job(
+                tpu={"generation": "v5p", "topology": "2x2x1"},
+                training={"steps": 1, "globalBatch": 4, "sequenceLength": 128, "precision": "fp8"},
+            ),
+            "spec.training.precision: v5p has no native fp8",
+        ),
+        (
+            tiny_job(
+                tpu={"generation": "v5p", "topology": "2x2x1"},
+                runtime={"scopedVmemLimitKiB": 1024},
+                training={"steps": 1, "globalBatch": 4, "sequenceLength": 128},
+            ),
+            "spec.runtime.scopedVmemLimitKiB",
+        ),
     ]
     for doc, expected in cases:
         with pytest.raises(InvalidJob) as exc:
@@ -228,18 +380,29 @@ def test_slice_specific_rules():
 
 
 def test_v6e_accepts_its_own_vmem_limit():
-    job = parse_job(tiny_job(tpu={"generation": "v6e", "topology": "2x2"}, runtime={"scopedVmemLimitKiB": 98304},
-                             training={"steps": 1, "globalBatch": 4, "sequenceLength": 128}))
+    job = parse_job(
+        tiny_job(
+            tpu={"generation": "v6e", "topology": "2x2"},
+            runtime={"scopedVmemLimitKiB": 98304},
+            training={"steps": 1, "globalBatch": 4, "sequenceLength": 128},
+        )
+    )
     assert job.spec.runtime.scoped_vmem_limit_kib == 98304
 
 
-@pytest.mark.parametrize("tpu,extra", [
-    ({"capacity": "onDemand"}, {}),
-    ({"capacity": "spot"}, {}),
-    ({"capacity": "reservation", "reservationName": "tpu-res", "reservationProject": "shared-project"}, {}),
-    ({"capacity": "flexStart", "maxRunDuration": "168h"}, {"queueName": "dws"}),
-    ({"capacity": "onDemand"}, {"queueName": "team-a", "workloadPriorityClassName": "high", "priorityClassName": "p"}),
-])
+@pytest.mark.parametrize(
+    "tpu,extra",
+    [
+        ({"capacity": "onDemand"}, {}),
+        ({"capacity": "spot"}, {}),
+        ({"capacity": "reservation", "reservationName": "tpu-res", "reservationProject": "shared-project"}, {}),
+        ({"capacity": "flexStart", "maxRunDuration": "168h"}, {"queueName": "dws"}),
+        (
+            {"capacity": "onDemand"},
+            {"queueName": "team-a", "workloadPriorityClassName": "high", "priorityClassName": "p"},
+        ),
+    ],
+)
 def test_every_capacity_mode_validates(tpu, extra):
     job = parse_job(tiny_job(tpu={"topology": "2x2x1", **tpu}, **extra))
     assert job.spec.tpu.capacity == tpu["capacity"] and job.spec.queue_name == extra.get("queueName")
@@ -256,8 +419,9 @@ def test_every_problem_is_listed_at_once():
 
 
 def _tpujob(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "tpu_operator.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_operator.cli", *args], input=stdin, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cli_exits_2_with_problems_on_stderr_and_nothing_on_stdout():
@@ -266,9 +430,12 @@ def test_cli_exits_2_with_problems_on_stderr_and_nothing_on_stdout():
         result = _tpujob(command, "-f", "-", stdin=yaml.safe_dump(doc))
         assert result.returncode == 2
         assert result.stdout == ""
-        assert "error: spec.tpu.topology: 3x3x3 is not a v7x topology; valid examples: 2x2x1, 4x4x4, 4x4x8" \
-            in result.stderr.replace(": beyond 1x1x1, 2x2x1, 2x2x2, 2x2x4, 2x4x4 every dimension is a multiple of 4 "
-                                     "and A <= B <= C", "")
+        assert (
+            "error: spec.tpu.topology: 3x3x3 is not a v7x topology; valid examples: 2x2x1, 4x4x4, 4x4x8"
+            in result.stderr.replace(
+                ": beyond 1x1x1, 2x2x1, 2x2x2, 2x2x4, 2x4x4 every dimension is a multiple of 4 and A <= B <= C", ""
+            )
+        )
 
 
 def test_cli_reports_unreadable_and_malformed_input():
@@ -283,34 +450,82 @@ def test_cli_reports_unreadable_and_malformed_input():
 # cross-field rules from running in pydantic, so validation runs those whose inputs are valid.
 MULTI = [
     # (spec overrides, the problems expected, as (path, a word of the reason))
-    ({"tpu": {"topology": "3x3x3"}, "parallelism": {"fsdp": 8},
-      "training": {"steps": 10, "globalBatch": 12, "sequenceLength": 128}},
-     [("spec.tpu.topology", "not a v7x topology"), ("spec.training.globalBatch", "multiple of data x fsdp x expert = 8")]),
-    ({"tpu": {"topology": "2x2x1"}, "model": {"preset": "tiny", "kvHeads": 3},
-      "training": {"steps": 10, "globalBatch": 12, "sequenceLength": 128}},
-     [("spec.model.kvHeads", "does not divide heads"), ("spec.training.globalBatch", "= 8")]),
-    ({"tpu": {"topology": "2x2x1"}, "image": "has space", "parallelism": {"fsdp": "auto", "tensor": 8},
-      "training": {"steps": 10, "globalBatch": 12, "sequenceLength": 128}},
-     [("spec.image", "pattern"), ("spec.parallelism.tensor", "does not divide model.heads (4)")]),
-    ({"tpu": {"generation": "v5p", "topology": "2x2x3"}, "runtime": {"sparseCoreOffload": {"allGather": True}},
-      "training": {"steps": 10, "globalBatch": 4, "sequenceLength": 100, "precision": "fp8"},
-      "kernels": {"attention": "splash"}},
-     [("spec.tpu.topology", "not a v5p topology"), ("spec.kernels.attention", "multiple of 128, got 100")]),
-    ({"tpu": {"generation": "v5p", "topology": "2x2x1"}, "runtime": {"sparseCoreOffload": {"allGather": True}},
-      "training": {"steps": 10, "globalBatch": 4, "sequenceLength": 128, "precision": "fp8"}, "suspend": "maybe"},
-     [("spec.suspend", "boolean"), ("spec.runtime.sparseCoreOffload", "no SparseCore"),
-      ("spec.training.precision", "no native fp8")]),
+    (
+        {
+            "tpu": {"topology": "3x3x3"},
+            "parallelism": {"fsdp": 8},
+            "training": {"steps": 10, "globalBatch": 12, "sequenceLength": 128},
+        },
+        [
+            ("spec.tpu.topology", "not a v7x topology"),
+            ("spec.training.globalBatch", "multiple of data x fsdp x expert = 8"),
+        ],
+    ),
+    (
+        {
+            "tpu": {"topology": "2x2x1"},
+            "model": {"preset": "tiny", "kvHeads": 3},
+            "training": {"steps": 10, "globalBatch": 12, "sequenceLength": 128},
+        },
+        [("spec.model.kvHeads", "does not divide heads"), ("spec.training.globalBatch", "= 8")],
+    ),
+    (
+        {
+            "tpu": {"topology": "2x2x1"},
+            "image": "has space",
+            "parallelism": {"fsdp": "auto", "tensor": 8},
+            "training": {"steps": 10, "globalBatch": 12, "sequenceLength": 128},
+        },
+        [("spec.image", "pattern"), ("spec.parallelism.tensor", "does not divide model.heads (4)")],
+    ),
+    (
+        {
+            "tpu": {"generation": "v5p", "topology": "2x2x3"},
+            "runtime": {"sparseCoreOffload": {"allGather": True}},
+            "training": {"steps": 10, "globalBatch": 4, "sequenceLength": 100, "precision": "fp8"},
+            "kernels": {"attention": "splash"},
+        },
+        [("spec.tpu.topology", "not a v5p topology"), ("spec.kernels.attention", "multiple of 128, got 100")],
+    ),
+    (
+        {
+            "tpu": {"generation": "v5p", "topology": "2x2x1"},
+            "runtime": {"sparseCoreOffload": {"allGather": True}},
+            "training": {"steps": 10, "globalBatch": 4, "sequenceLength": 128, "precision": "fp8"},
+            "suspend": "maybe",
+        },
+        [
+            ("spec.suspend", "boolean"),
+            ("spec.runtime.sparseCoreOffload", "no SparseCore"),
+            ("spec.training.precision", "no native fp8"),
+        ],
+    ),
     # The capacity rules read spec.tpu's capacity fields and spec.queueName, not the topology.
-    ({"tpu": {"topology": "3x3x3", "capacity": "flexStart", "reservationName": "r"}},
-     [("spec.tpu.topology", "not a v7x topology"), ("spec.tpu.reservationName", "only used with capacity reservation"),
-      ("spec.queueName", "required with tpu.capacity flexStart")]),
-    ({"tpu": {"topology": "2x2x1", "capacity": "flexStart"}, "queueName": "Bad_Queue"},
-     [("spec.queueName", "pattern")]),  # a queue is named, if badly: not also "required"
+    (
+        {"tpu": {"topology": "3x3x3", "capacity": "flexStart", "reservationName": "r"}},
+        [
+            ("spec.tpu.topology", "not a v7x topology"),
+            ("spec.tpu.reservationName", "only used with capacity reservation"),
+            ("spec.queueName", "required with tpu.capacity flexStart"),
+        ],
+    ),
+    (
+        {"tpu": {"topology": "2x2x1", "capacity": "flexStart"}, "queueName": "Bad_Queue"},
+        [("spec.queueName", "pattern")],
+    ),  # a queue is named, if badly: not also "required"
     # All sections valid: the spec's own validator lists every cross-field problem, not the first.
-    ({"tpu": {"generation": "v5p", "topology": "2x2x1"}, "runtime": {"sparseCoreOffload": {"allGather": True}},
-      "training": {"steps": 10, "globalBatch": 3, "sequenceLength": 128, "precision": "fp8"}},
-     [("spec.runtime.sparseCoreOffload", "no SparseCore"), ("spec.training.precision", "no native fp8"),
-      ("spec.training.globalBatch", "= 4")]),
+    (
+        {
+            "tpu": {"generation": "v5p", "topology": "2x2x1"},
+            "runtime": {"sparseCoreOffload": {"allGather": True}},
+            "training": {"steps": 10, "globalBatch": 3, "sequenceLength": 128, "precision": "fp8"},
+        },
+        [
+            ("spec.runtime.sparseCoreOffload", "no SparseCore"),
+            ("spec.training.precision", "no native fp8"),
+            ("spec.training.globalBatch", "= 4"),
+        ],
+    ),
 ]
 
 
@@ -350,8 +565,10 @@ def test_the_issue_27_elastic_job_is_refused_by_its_bounds():
     # It passed the CRD and counted 10**15 integers on the operator's event loop; now both the CRD and the
     # models stop it at training.microbatches (and the batch at training.globalBatch).
     micro = 10**15 + 37
-    doc = tiny_job(tpu={"topology": "2x2x1", "slices": 3, "elastic": {"minSlices": 2}},
-                   training={"steps": 10, "globalBatch": 48 * micro, "microbatches": micro, "sequenceLength": 128})
+    doc = tiny_job(
+        tpu={"topology": "2x2x1", "slices": 3, "elastic": {"minSlices": 2}},
+        training={"steps": 10, "globalBatch": 48 * micro, "microbatches": micro, "sequenceLength": 128},
+    )
     with pytest.raises(InvalidJob) as exc:
         parse_job(doc)
     paths = {p.split(":")[0] for p in exc.value.problems}
@@ -391,8 +608,15 @@ def test_microbatches_at_is_the_fewest_divisor_without_counting():
 def test_the_derived_grace_period_is_at_most_a_day():
     from tpu_operator.api.derived import MAX_GRACE_S, Plan
 
-    big = {"layers": 1024, "modelDim": 131072, "heads": 1024, "kvHeads": 1024, "headDim": 1024,
-           "mlpDim": 1048576, "vocab": 4194304}
+    big = {
+        "layers": 1024,
+        "modelDim": 131072,
+        "heads": 1024,
+        "kvHeads": 1024,
+        "headDim": 1024,
+        "mlpDim": 1048576,
+        "vocab": 4194304,
+    }
     job = parse_job(tiny_job(model=big))
     assert Plan(job).termination_grace_period_seconds == MAX_GRACE_S
 
@@ -450,8 +674,10 @@ def test_a_growing_back_job_leaves_room_for_its_probes_pod_names():
 
     assert growback.PROBE_JOB == names.GROWBACK_REPLICATED_JOB
     # 2x2x4: 4 hosts; slices 2, minSlices 1: the probe asks for 1 slice, pods <name>-grow-g-0-3 (+ "-abcde").
-    spec = {"tpu": {"topology": "2x2x4", "slices": 2, "elastic": {"minSlices": 1, "growBack": True}},
-            "training": {"steps": 1, "globalBatch": 64, "sequenceLength": 128}}
+    spec = {
+        "tpu": {"topology": "2x2x4", "slices": 2, "elastic": {"minSlices": 1, "growBack": True}},
+        "training": {"steps": 1, "globalBatch": 64, "sequenceLength": 128},
+    }
     longest = 63 - len("-grow-g-0-3-abcde")
     doc = tiny_job(**spec)
     doc["metadata"]["name"] = "a" * longest
@@ -468,5 +694,11 @@ def test_quantities_compare_exactly():
     from tpu_operator.api.spec import quantity
 
     assert quantity("1500m") == quantity("1.5") and quantity("1Gi") == 1024**3 and quantity("1e3") == quantity("1k")
-    parse_job(tiny_job(resources={"requests": {"cpu": "1500m", "memory": "1Gi"},
-                                  "limits": {"cpu": "1.5", "memory": "1024Mi", "example.com/fpga": "2"}}))
+    parse_job(
+        tiny_job(
+            resources={
+                "requests": {"cpu": "1500m", "memory": "1Gi"},
+                "limits": {"cpu": "1.5", "memory": "1024Mi", "example.com/fpga": "2"},
+            }
+        )
+    )

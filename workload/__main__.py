@@ -20,8 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="TrainerConfig JSON file")
     args = parser.parse_args(argv)
     _reserve_stdout_for_json()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .loop.progress import Clock
     from .process import exits
 
@@ -56,13 +55,19 @@ def _train(config: str, clock) -> None:
         if env.slices is not None and env.slices != cfg.slices:
             # An elastic job on fewer slices: the same global batch in more microbatches (docs/elastic.md).
             whole, cfg = cfg.slices, cfg.at_slices(env.slices)
-            logging.getLogger("tpu_workload").info("running on %d of %d slices: mesh %s, %d microbatches",
-                                                   env.slices, whole, cfg.mesh, cfg.training.microbatches)
+            logging.getLogger("tpu_workload").info(
+                "running on %d of %d slices: mesh %s, %d microbatches",
+                env.slices,
+                whole,
+                cfg.mesh,
+                cfg.training.microbatches,
+            )
     except ValueError as exc:
         raise exits.UserError(f"environment contract: {exc}") from exc
     try:
-        with exits.deadline(env.init_timeout_s, "joining the other processes (jax.distributed start-up)",
-                            clock.snapshot):
+        with exits.deadline(
+            env.init_timeout_s, "joining the other processes (jax.distributed start-up)", clock.snapshot
+        ):
             runtime.start(env)
     except Exception as exc:
         raise exits.Retryable(f"joining the other processes failed: {exits.error_line(exc)}") from exc
@@ -83,16 +88,24 @@ def _train(config: str, clock) -> None:
     status = metrics.Status(cfg.training.steps, jax.process_count(), progress=lambda: clock.snapshot().model_dump())
     main = jax.process_index() == 0
     # Only process 0 serves HTTP, so only process 0 traces a profile asked for (profiling.py).
-    profiler = profiling.for_config(cfg, train.tensorboard_dir(cfg, env.run_dir), status,
-                                     metrics.emit) if main else None
+    profiler = (
+        profiling.for_config(cfg, train.tensorboard_dir(cfg, env.run_dir), status, metrics.emit) if main else None
+    )
     # Process 0 serves /status and /metrics from start-up (compile included) until it exits.
     server = metrics.serve(status, port, profile=profiler.answer, token=serving.control_token()) if main else None
     try:
-        train.run(cfg, peak_flops_per_device=runtime.peak_flops_per_device(env, cfg.peak_flops_per_device),
-                  run_dir=env.run_dir, status=status, clock=clock,
-                  extra_hooks=lambda run: [preemption.StopOnSigterm(run).hook(),
-                                           *faults.hooks(run, jax.process_index()),
-                                           *(profiler.hooks(run) if profiler else [])])
+        train.run(
+            cfg,
+            peak_flops_per_device=runtime.peak_flops_per_device(env, cfg.peak_flops_per_device),
+            run_dir=env.run_dir,
+            status=status,
+            clock=clock,
+            extra_hooks=lambda run: [
+                preemption.StopOnSigterm(run).hook(),
+                *faults.hooks(run, jax.process_index()),
+                *(profiler.hooks(run) if profiler else []),
+            ],
+        )
     except Exception:
         status.update(state="failed")
         raise

@@ -15,8 +15,14 @@ from .models import TPUTrainingJob
 TYPE_PREFIXES = {"v7x": ("tpu7x", "v7x"), "v6e": ("v6e",), "v5p": ("v5p",)}
 
 
-def check_capacity(job: TPUTrainingJob, project: str | None, zone: str | None, *, api_endpoint: str | None = None,
-                   credentials: Any = None) -> str:
+def check_capacity(
+    job: TPUTrainingJob,
+    project: str | None,
+    zone: str | None,
+    *,
+    api_endpoint: str | None = None,
+    credentials: Any = None,
+) -> str:
     gen, topology = job.spec.tpu.generation, job.spec.tpu.topology
     if not (project and zone):
         return "capacity: could not check: both --project and --zone are needed"

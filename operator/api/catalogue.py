@@ -55,8 +55,10 @@ class Generation:
             return None
         if self.dims == 3:
             if any(d % 4 for d in shape) or list(shape) != sorted(shape):
-                return (f"{topology} is not a {self.name} topology: beyond {', '.join(self.fixed_topologies)} every "
-                        f"dimension is a multiple of 4 and A <= B <= C; valid examples: {self.examples}")
+                return (
+                    f"{topology} is not a {self.name} topology: beyond {', '.join(self.fixed_topologies)} every "
+                    f"dimension is a multiple of 4 and A <= B <= C; valid examples: {self.examples}"
+                )
         elif topology not in self.fixed_topologies:
             return f"{topology} is not a {self.name} topology; valid: {', '.join(self.fixed_topologies)}"
         if math.prod(shape) > self.max_chips:
@@ -77,32 +79,79 @@ def parse_topology(topology: str) -> tuple[int, ...]:
 
 GENERATIONS: dict[str, Generation] = {
     "v7x": Generation(
-        name="v7x", gke_accelerator="tpu7x", machine_type="tpu7x-standard-4t", chips_per_host=4,
-        devices_per_chip=2, peak_bf16_flops=2307 * TERA, peak_fp8_flops=4614 * TERA, hbm_bandwidth=7380 * GB,
-        ici_bandwidth=1200 * GB, dcn_bandwidth=100 * GB / 8, hbm_gib=192, host_ram_gb=960,
-        vmem_kib=65536, sparse_core=True, dims=3,
-        fixed_topologies=("1x1x1", "2x2x1", "2x2x2", "2x2x4", "2x4x4"), max_chips=9216),
+        name="v7x",
+        gke_accelerator="tpu7x",
+        machine_type="tpu7x-standard-4t",
+        chips_per_host=4,
+        devices_per_chip=2,
+        peak_bf16_flops=2307 * TERA,
+        peak_fp8_flops=4614 * TERA,
+        hbm_bandwidth=7380 * GB,
+        ici_bandwidth=1200 * GB,
+        dcn_bandwidth=100 * GB / 8,
+        hbm_gib=192,
+        host_ram_gb=960,
+        vmem_kib=65536,
+        sparse_core=True,
+        dims=3,
+        fixed_topologies=("1x1x1", "2x2x1", "2x2x2", "2x2x4", "2x4x4"),
+        max_chips=9216,
+    ),
     "v6e": Generation(
-        name="v6e", gke_accelerator="tpu-v6e-slice", machine_type="ct6e-standard-4t", chips_per_host=4,
-        devices_per_chip=1, peak_bf16_flops=918 * TERA, peak_fp8_flops=918 * TERA, hbm_bandwidth=1638 * GB,
-        ici_bandwidth=800 * GB, dcn_bandwidth=100 * GB / 8, hbm_gib=32, host_ram_gb=720,
-        vmem_kib=131072, sparse_core=False, dims=2,
-        fixed_topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"), max_chips=256),
+        name="v6e",
+        gke_accelerator="tpu-v6e-slice",
+        machine_type="ct6e-standard-4t",
+        chips_per_host=4,
+        devices_per_chip=1,
+        peak_bf16_flops=918 * TERA,
+        peak_fp8_flops=918 * TERA,
+        hbm_bandwidth=1638 * GB,
+        ici_bandwidth=800 * GB,
+        dcn_bandwidth=100 * GB / 8,
+        hbm_gib=32,
+        host_ram_gb=720,
+        vmem_kib=131072,
+        sparse_core=False,
+        dims=2,
+        fixed_topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+        max_chips=256,
+    ),
     "v5p": Generation(
-        name="v5p", gke_accelerator="tpu-v5p-slice", machine_type="ct5p-hightpu-4t", chips_per_host=4,
-        devices_per_chip=1, peak_bf16_flops=459 * TERA, peak_fp8_flops=459 * TERA, hbm_bandwidth=2765 * GB,
-        ici_bandwidth=1200 * GB, dcn_bandwidth=50 * GB / 8, hbm_gib=95, host_ram_gb=448,
-        vmem_kib=None, sparse_core=False, dims=3,
-        fixed_topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4"), max_chips=8960),
+        name="v5p",
+        gke_accelerator="tpu-v5p-slice",
+        machine_type="ct5p-hightpu-4t",
+        chips_per_host=4,
+        devices_per_chip=1,
+        peak_bf16_flops=459 * TERA,
+        peak_fp8_flops=459 * TERA,
+        hbm_bandwidth=2765 * GB,
+        ici_bandwidth=1200 * GB,
+        dcn_bandwidth=50 * GB / 8,
+        hbm_gib=95,
+        host_ram_gb=448,
+        vmem_kib=None,
+        sparse_core=False,
+        dims=3,
+        fixed_topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4"),
+        max_chips=8960,
+    ),
 }
 
 EXAMPLES = {"v7x": ("2x2x1", "4x4x4", "4x4x8"), "v6e": ("2x2", "4x4", "16x16"), "v5p": ("2x2x1", "4x4x4", "8x8x16")}
 
 # GKE and Cloud TPU spellings users paste from other tools.
 ALIASES = {
-    "v7x": "v7x", "tpu7x": "v7x", "ironwood": "v7x", "tpu-v7x": "v7x", "v7": "v7x",
-    "v6e": "v6e", "tpu-v6e-slice": "v6e", "trillium": "v6e", "tpu6e": "v6e",
-    "v5p": "v5p", "tpu-v5p-slice": "v5p",
+    "v7x": "v7x",
+    "tpu7x": "v7x",
+    "ironwood": "v7x",
+    "tpu-v7x": "v7x",
+    "v7": "v7x",
+    "v6e": "v6e",
+    "tpu-v6e-slice": "v6e",
+    "trillium": "v6e",
+    "tpu6e": "v6e",
+    "v5p": "v5p",
+    "tpu-v5p-slice": "v5p",
 }
 
 

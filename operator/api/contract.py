@@ -26,14 +26,15 @@ DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 # only fail once the pods run.
 LOCATION = r"^(gs://[a-z0-9][-_.a-z0-9]*[a-z0-9](/[^\x00-\x1f\x7f]*)?|/[^\x00-\x1f\x7f]*)$"
 
+
 class Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=to_camel,
-                              validate_default=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, alias_generator=to_camel, validate_default=True
+    )
 
 
 def _desc(text: str, **kw: Any) -> Any:
     return Field(description=text, **kw)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,14 +52,15 @@ class ModelDims(Base):
     mlp_dim: int = _desc("SwiGLU hidden dimension (per expert for MoE).", ge=1, le=L.MAX_MLP_DIM)
     vocab: int = _desc("Vocabulary size.", ge=2, le=L.MAX_VOCAB)
     experts: int = _desc("MoE experts per layer; 0 for dense.", default=0, ge=0, le=L.MAX_EXPERTS)
-    experts_per_token: int = _desc("Top-k experts per token; 0 for dense.", default=0, ge=0,
-                                   le=L.MAX_EXPERTS_PER_TOKEN)
-    rope_theta: float = _desc("RoPE base frequency (Llama 3: 500000; Mixtral: 1000000).", default=10000.0, gt=0,
-                               le=L.MAX_ROPE_THETA)
+    experts_per_token: int = _desc("Top-k experts per token; 0 for dense.", default=0, ge=0, le=L.MAX_EXPERTS_PER_TOKEN)
+    rope_theta: float = _desc(
+        "RoPE base frequency (Llama 3: 500000; Mixtral: 1000000).", default=10000.0, gt=0, le=L.MAX_ROPE_THETA
+    )
     rope_scaling: Literal["none", "llama3"] = _desc(
         "RoPE frequency scaling for contexts past the pre-training length: llama3 is Llama 3.1's (factor 8 "
         "below the frequencies of an 8192-token context, smoothed between wavelengths 2048 and 8192).",
-        default="none")
+        default="none",
+    )
 
     @property
     def is_moe(self) -> bool:
@@ -83,13 +85,16 @@ REMAT_TENSORS = ("decoder_layer_input", "qkv_proj", "attention_out", "out_proj",
 class RematSpec(Base):
     policy: Literal["full", "minimal", "none", "custom"] = _desc(
         "full: recompute the whole layer in the backward pass; minimal: keep matmul outputs; "
-        "none: keep everything; custom: decide each named activation in `tensors`.", default="full")
+        "none: keep everything; custom: decide each named activation in `tensors`.",
+        default="full",
+    )
     tensors: dict[Literal[REMAT_TENSORS], Literal["device", "remat", "offload"]] = _desc(  # type: ignore[valid-type]
         "For policy custom: keep on device, recompute (remat) or offload to host memory, per named activation.",
-        default_factory=dict)
+        default_factory=dict,
+    )
 
     @model_validator(mode="after")
-    def _tensors_only_for_custom(self) -> "RematSpec":
+    def _tensors_only_for_custom(self) -> RematSpec:
         if self.tensors and self.policy != "custom":
             raise ValueError(f"tensors: only used with policy custom, not {self.policy}")
         return self
@@ -102,39 +107,64 @@ class AdamSpec(Base):
 
 
 class DataSpec(Base):
-    source: Literal["synthetic", "files"] = _desc("synthetic tokens, or tokenized files under `path`.",
-                                                  default="synthetic")
-    path: str | None = _desc("Directory or glob of tokenized files visible to every pod: a mounted path, or "
-                             "gs://bucket/prefix (flat files are read by byte range with the pod's Google "
-                             "credentials; ArrayRecord files are copied to local disk at start-up).", default=None,
-                             max_length=L.MAX_PATH, pattern=LOCATION)
+    source: Literal["synthetic", "files"] = _desc(
+        "synthetic tokens, or tokenized files under `path`.", default="synthetic"
+    )
+    path: str | None = _desc(
+        "Directory or glob of tokenized files visible to every pod: a mounted path, or "
+        "gs://bucket/prefix (flat files are read by byte range with the pod's Google "
+        "credentials; ArrayRecord files are copied to local disk at start-up).",
+        default=None,
+        max_length=L.MAX_PATH,
+        pattern=LOCATION,
+    )
     format: Literal["npy", "bin", "arrayrecord"] = _desc(
         "File format of `path`: npy or flat .bin (one stream of tokens, uint16 when model.vocab <= 65536 "
         "else uint32, documents separated by `eosId`), or arrayrecord (one document per record, stored as "
-        "the raw little-endian bytes of its tokens in that same dtype; needs `packing`).", default="npy")
-    shuffle: bool = _desc("Shuffle the sequences of `files`, a new permutation each pass over the data "
-                          "(seeded by training.seed; the order stays a pure function of the step, so "
-                          "resume is exact).", default=True)
+        "the raw little-endian bytes of its tokens in that same dtype; needs `packing`).",
+        default="npy",
+    )
+    shuffle: bool = _desc(
+        "Shuffle the sequences of `files`, a new permutation each pass over the data "
+        "(seeded by training.seed; the order stays a pure function of the step, so "
+        "resume is exact).",
+        default=True,
+    )
     allow_change: bool = _desc(
         "Resume even where what decides the data order (seed, global batch, sequence length, source, "
         "files, shuffle) differs from the checkpoint's: the run then reads other data than the "
-        "interrupted run would have. Without it such a resume is refused, naming the field.", default=False)
-    workers: int = _desc("Threads that read the rows of `files` ahead of the training loop (each process "
-                         "reads only the rows its devices hold); 0 reads them on the training thread when "
-                         "the step needs them.", default=8, ge=0, le=L.MAX_DATA_WORKERS)
-    prefetch: int = _desc("Steps whose rows the `workers` read ahead of the step being trained.", default=2, ge=1,
-                          le=L.MAX_PREFETCH)
-    packing: bool = _desc("Pack whole documents into each sequence (truncated to sequenceLength + 1 "
-                          "tokens, never split across sequences, the rest padded) instead of cutting one "
-                          "stream into windows; the batch then carries document ids and a loss mask. The "
-                          "packing plan is built once at start-up, which reads every document's length "
-                          "(all of the data once for npy/bin).", default=False)
-    eos_id: int | None = _desc("The token that ends each document in npy/bin files (it stays in the "
-                               "document); required with `packing` of npy/bin files.", default=None, ge=0,
-                               le=L.MAX_VOCAB)
+        "interrupted run would have. Without it such a resume is refused, naming the field.",
+        default=False,
+    )
+    workers: int = _desc(
+        "Threads that read the rows of `files` ahead of the training loop (each process "
+        "reads only the rows its devices hold); 0 reads them on the training thread when "
+        "the step needs them.",
+        default=8,
+        ge=0,
+        le=L.MAX_DATA_WORKERS,
+    )
+    prefetch: int = _desc(
+        "Steps whose rows the `workers` read ahead of the step being trained.", default=2, ge=1, le=L.MAX_PREFETCH
+    )
+    packing: bool = _desc(
+        "Pack whole documents into each sequence (truncated to sequenceLength + 1 "
+        "tokens, never split across sequences, the rest padded) instead of cutting one "
+        "stream into windows; the batch then carries document ids and a loss mask. The "
+        "packing plan is built once at start-up, which reads every document's length "
+        "(all of the data once for npy/bin).",
+        default=False,
+    )
+    eos_id: int | None = _desc(
+        "The token that ends each document in npy/bin files (it stays in the "
+        "document); required with `packing` of npy/bin files.",
+        default=None,
+        ge=0,
+        le=L.MAX_VOCAB,
+    )
 
     @model_validator(mode="after")
-    def _path_for_files(self) -> "DataSpec":
+    def _path_for_files(self) -> DataSpec:
         if self.source == "files" and not self.path:
             raise ValueError("path: required when source is files")
         if self.source == "synthetic" and self.path:
@@ -148,12 +178,18 @@ class DataSpec(Base):
 
 class EvalSpec(Base):
     interval: int = _desc("Evaluate every N steps (and after the last step).", default=100, ge=1, le=L.MAX_STEPS)
-    batches: int = _desc("Batches of `globalBatch` held-out sequences per evaluation, each run a microbatch "
-                         "at a time; the same batches every time, so evaluations compare.", default=4, ge=1,
-                         le=L.MAX_EVAL_BATCHES)
+    batches: int = _desc(
+        "Batches of `globalBatch` held-out sequences per evaluation, each run a microbatch "
+        "at a time; the same batches every time, so evaluations compare.",
+        default=4,
+        ge=1,
+        le=L.MAX_EVAL_BATCHES,
+    )
     data: DataSpec | None = _desc(
         "The held-out data, set as `training.data` is. Unset with synthetic training data: synthetic "
-        "sequences training never reads. Required when training reads files.", default=None)
+        "sequences training never reads. Required when training reads files.",
+        default=None,
+    )
 
 
 class TrainingSpec(Base):
@@ -162,32 +198,42 @@ class TrainingSpec(Base):
     microbatches: int = _desc(
         "Gradient accumulation: each step runs the global batch as this many equal microbatches, one "
         "after another, and sums their gradients before the one optimizer update. The loss and "
-        "gradients are the whole batch's; activations are one microbatch's.", default=1, ge=1,
-        le=L.MAX_MICROBATCHES)
+        "gradients are the whole batch's; activations are one microbatch's.",
+        default=1,
+        ge=1,
+        le=L.MAX_MICROBATCHES,
+    )
     sequence_length: int = _desc("Tokens per sequence.", ge=2, le=L.MAX_SEQUENCE_LENGTH)
     learning_rate: LearningRateSpec = _desc("Learning-rate schedule.", default_factory=LearningRateSpec)
     weight_decay: float = _desc("AdamW weight decay (not applied to norm scales).", default=0.1, ge=0, le=1)
     adam: AdamSpec = _desc("Adam's moment decays and epsilon.", default_factory=AdamSpec)
     z_loss_weight: float = _desc(
         "Weight of the z-loss, the mean squared log of the softmax normaliser (PaLM uses 1e-4): it keeps "
-        "the logits from drifting. 0 leaves it out.", default=0.0, ge=0,
-        le=L.MAX_LOSS_WEIGHT)
-    moe_aux_loss_weight: float = _desc("Weight of the MoE load-balancing loss (Switch Transformer).",
-                                       default=0.01, ge=0, le=L.MAX_LOSS_WEIGHT)
+        "the logits from drifting. 0 leaves it out.",
+        default=0.0,
+        ge=0,
+        le=L.MAX_LOSS_WEIGHT,
+    )
+    moe_aux_loss_weight: float = _desc(
+        "Weight of the MoE load-balancing loss (Switch Transformer).", default=0.01, ge=0, le=L.MAX_LOSS_WEIGHT
+    )
     grad_clip: float = _desc("Global gradient-norm clip; 0 disables.", default=1.0, ge=0, le=L.MAX_GRAD_CLIP)
     precision: Literal["bf16", "fp8"] = _desc("Matmul precision: bf16, or fp8 through qwix.", default="bf16")
     remat: RematSpec = _desc("Rematerialisation policy.", default_factory=RematSpec)
     data: DataSpec = _desc("Training data.", default_factory=DataSpec)
     seed: int = _desc("Seed for initialisation and synthetic data.", default=0, ge=0, le=L.MAX_SEED)
     log_every: int = _desc("Report metrics every N steps.", default=1, ge=1, le=L.MAX_STEPS)
-    eval: EvalSpec | None = _desc("Evaluation on held-out data: loss and perplexity, reported like the "
-                                  "training metrics. Unset: no evaluation.", default=None)
+    eval: EvalSpec | None = _desc(
+        "Evaluation on held-out data: loss and perplexity, reported like the training metrics. Unset: no evaluation.",
+        default=None,
+    )
 
     @model_validator(mode="after")
-    def _eval_data_for_files(self) -> "TrainingSpec":
+    def _eval_data_for_files(self) -> TrainingSpec:
         if self.eval is not None and self.eval.data is None and self.data.source == "files":
-            raise ValueError("eval.data: required when data.source is files (held-out files the training "
-                             "data does not include)")
+            raise ValueError(
+                "eval.data: required when data.source is files (held-out files the training data does not include)"
+            )
         return self
 
     @property
@@ -204,7 +250,9 @@ def splits_at(global_batch: int, microbatches: int, slices: int, running: int, s
     return global_batch % shards == 0 and -(-microbatches * slices // running) <= global_batch // shards
 
 
-def microbatches_at(global_batch: int, microbatches: int, slices: int, running: int, shards_per_slice: int) -> int | None:
+def microbatches_at(
+    global_batch: int, microbatches: int, slices: int, running: int, shards_per_slice: int
+) -> int | None:
     """Microbatches of a step on `running` of `slices` slices, the global batch kept: the fewest that are
     at least microbatches x slices / running (so a device's rows per microbatch are no more than on every
     slice, and the compiled step fits as the full one does) and split the batch evenly over
@@ -257,32 +305,50 @@ class SplashSpec(Base):
     the sequence (query blocks: the sequence of one context shard) when it does not divide it."""
 
     block_q: int = _desc("Query block of the forward pass.", default=512, ge=128, le=L.MAX_BLOCK, multiple_of=128)
-    block_kv: int = _desc("Key/value block of the forward pass.", default=512, ge=128, le=L.MAX_BLOCK,
-                          multiple_of=128)
-    block_kv_compute: int = _desc("Key/value compute block of the forward pass.", default=512, ge=128,
-                                  le=L.MAX_BLOCK, multiple_of=128)
-    block_q_dkv: int = _desc("Query block of the dK/dV backward pass.", default=512, ge=128, le=L.MAX_BLOCK,
-                             multiple_of=128)
-    block_kv_dkv: int = _desc("Key/value block of the dK/dV backward pass.", default=512, ge=128, le=L.MAX_BLOCK,
-                              multiple_of=128)
-    block_kv_dkv_compute: int = _desc("Key/value compute block of the dK/dV pass.", default=512, ge=128,
-                                      le=L.MAX_BLOCK, multiple_of=128)
-    block_q_dq: int = _desc("Query block of the dQ backward pass (unused with maxLogitConst, whose backward "
-                            "computes dQ with dK/dV).", default=512, ge=128, le=L.MAX_BLOCK, multiple_of=128)
-    block_kv_dq: int = _desc("Key/value block of the dQ backward pass (unused with maxLogitConst).", default=512,
-                             ge=128, le=L.MAX_BLOCK, multiple_of=128)
+    block_kv: int = _desc("Key/value block of the forward pass.", default=512, ge=128, le=L.MAX_BLOCK, multiple_of=128)
+    block_kv_compute: int = _desc(
+        "Key/value compute block of the forward pass.", default=512, ge=128, le=L.MAX_BLOCK, multiple_of=128
+    )
+    block_q_dkv: int = _desc(
+        "Query block of the dK/dV backward pass.", default=512, ge=128, le=L.MAX_BLOCK, multiple_of=128
+    )
+    block_kv_dkv: int = _desc(
+        "Key/value block of the dK/dV backward pass.", default=512, ge=128, le=L.MAX_BLOCK, multiple_of=128
+    )
+    block_kv_dkv_compute: int = _desc(
+        "Key/value compute block of the dK/dV pass.", default=512, ge=128, le=L.MAX_BLOCK, multiple_of=128
+    )
+    block_q_dq: int = _desc(
+        "Query block of the dQ backward pass (unused with maxLogitConst, whose backward computes dQ with dK/dV).",
+        default=512,
+        ge=128,
+        le=L.MAX_BLOCK,
+        multiple_of=128,
+    )
+    block_kv_dq: int = _desc(
+        "Key/value block of the dQ backward pass (unused with maxLogitConst).",
+        default=512,
+        ge=128,
+        le=L.MAX_BLOCK,
+        multiple_of=128,
+    )
     max_logit_const: float | None = _desc(
         "Fixed softmax max: skips the running max (a few % faster). Only tokamax's Splash has it, and its "
         "backward writes dQ once per key/value block in f32 (sequence / blockKvDkv copies of dQ per device: "
         "`tpujob plan` shows the cost); unset, JAX's Splash runs, whose dQ pass accumulates on chip.",
-        default=None, gt=0, le=L.MAX_LOGIT_CONST)
+        default=None,
+        gt=0,
+        le=L.MAX_LOGIT_CONST,
+    )
 
     @model_validator(mode="after")
-    def _compute_fits(self) -> "SplashSpec":
+    def _compute_fits(self) -> SplashSpec:
         for compute, block in (("block_kv_compute", "block_kv"), ("block_kv_dkv_compute", "block_kv_dkv")):
             if getattr(self, block) % getattr(self, compute):
-                raise ValueError(f"{to_camel(compute)}: {getattr(self, compute)} does not divide "
-                                 f"{to_camel(block)} ({getattr(self, block)})")
+                raise ValueError(
+                    f"{to_camel(compute)}: {getattr(self, compute)} does not divide "
+                    f"{to_camel(block)} ({getattr(self, block)})"
+                )
         return self
 
 
@@ -305,16 +371,22 @@ class GmmSpec(Base):
 
 class KernelsSpec(Base):
     attention: Literal["splash", "xla"] = _desc(
-        "splash: the Pallas Splash kernel (interpret mode off-TPU); xla: the reference path.", default="splash")
+        "splash: the Pallas Splash kernel (interpret mode off-TPU); xla: the reference path.", default="splash"
+    )
     splash: SplashSpec = _desc("Splash block sizes.", default_factory=SplashSpec)
     moe_matmul: Literal["gmm", "ragged_dot"] = _desc(
-        "gmm: tokamax's Mosaic grouped matmul (Megablox; interpret mode off-TPU); ragged_dot: XLA's, the "
-        "reference.", default="gmm")
+        "gmm: tokamax's Mosaic grouped matmul (Megablox; interpret mode off-TPU); ragged_dot: XLA's, the reference.",
+        default="gmm",
+    )
     gmm: GmmSpec = _desc("Grouped-matmul tiles.", default_factory=GmmSpec)
     tuning_cache: str | None = _desc(
         "Directory (mounted path or gs://) of Splash block sizes and grouped-matmul tiles tuned per chip "
         "and shape by `python -m tpu_workload.performance.tuning`; each is used when the job leaves it at its defaults.",
-        default=None, min_length=1, max_length=L.MAX_PATH, pattern=LOCATION)
+        default=None,
+        min_length=1,
+        max_length=L.MAX_PATH,
+        pattern=LOCATION,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,16 +394,21 @@ class KernelsSpec(Base):
 
 
 class CheckpointSpec(Base):
-    directory: str | None = _desc("gs:// URI or absolute path visible to every pod; unset disables checkpoints.",
-                                  default=None, max_length=L.MAX_PATH, pattern=LOCATION)
+    directory: str | None = _desc(
+        "gs:// URI or absolute path visible to every pod; unset disables checkpoints.",
+        default=None,
+        max_length=L.MAX_PATH,
+        pattern=LOCATION,
+    )
     interval: int = _desc("Save every N steps (and at the last step).", default=100, ge=1, le=L.MAX_STEPS)
     keep: int = _desc("Checkpoints to keep.", default=3, ge=1, le=L.MAX_CHECKPOINTS_KEPT)
     resume: bool = _desc("Resume from the latest complete checkpoint on start and restart.", default=True)
     persistent_volume_claim: str | None = _desc(
-        "PVC to mount at `directory` (for a path directory).", default=None, pattern=DNS1123_SUBDOMAIN, max_length=253)
+        "PVC to mount at `directory` (for a path directory).", default=None, pattern=DNS1123_SUBDOMAIN, max_length=253
+    )
 
     @model_validator(mode="after")
-    def _pvc_needs_path(self) -> "CheckpointSpec":
+    def _pvc_needs_path(self) -> CheckpointSpec:
         if self.persistent_volume_claim:
             if not self.directory:
                 raise ValueError("directory: required when persistentVolumeClaim is set")
@@ -356,7 +433,8 @@ class TrainerConfig(Base):
     devices_per_host: int = _desc("JAX devices per host on the TPU.", ge=1)
     peak_flops_per_device: float = _desc("Peak FLOP/s of one JAX device at the job's precision.", gt=0)
     peak_bf16_flops_per_device: float | None = _desc(
-        "Peak bf16 FLOP/s of one JAX device, where the job's precision has another peak (fp8).", default=None, gt=0)
+        "Peak bf16 FLOP/s of one JAX device, where the job's precision has another peak (fp8).", default=None, gt=0
+    )
     model: ModelDims = _desc("Resolved model shape.")
     training: TrainingSpec = _desc("Training settings.")
     mesh: Mesh = _desc("Resolved mesh.")
@@ -365,10 +443,13 @@ class TrainerConfig(Base):
     metrics_port: int = _desc("Metrics port of the coordinator.")
     # Not from the job's spec: `tpujob run --local --profile` sets it; on a cluster the annotation asks the
     # running trainer instead (api/profiling.py).
-    profile_steps: str | None = _desc("Steps to trace with the JAX profiler, FIRST-LAST (1-based, as reported).",
-                                      default=None, pattern=r"^[0-9]+(-[0-9]+)?$")
+    profile_steps: str | None = _desc(
+        "Steps to trace with the JAX profiler, FIRST-LAST (1-based, as reported).",
+        default=None,
+        pattern=r"^[0-9]+(-[0-9]+)?$",
+    )
 
-    def at_slices(self, running: int) -> "TrainerConfig":
+    def at_slices(self, running: int) -> TrainerConfig:
         """This config run on `running` of its slices (an elastic job that lost some, docs/elastic.md): the
         mesh's `data` degree is the slices that run, the global batch is kept, and the microbatches grow
         (`microbatches_at`) so that no device holds more rows at a time than on every slice. Pure; the
@@ -381,9 +462,13 @@ class TrainerConfig(Base):
         micro = microbatches_at(t.global_batch, t.microbatches, self.slices, running, per_slice * m.fsdp * m.expert)
         if micro is None:
             raise ValueError(f"slices: the global batch {t.global_batch} cannot be split over {running} slice(s)")
-        return self.model_copy(update={
-            "slices": running, "mesh": m.model_copy(update={"data": per_slice * running}),
-            "training": t.model_copy(update={"microbatches": micro})})
+        return self.model_copy(
+            update={
+                "slices": running,
+                "mesh": m.model_copy(update={"data": per_slice * running}),
+                "training": t.model_copy(update={"microbatches": micro}),
+            }
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,8 +478,7 @@ class TrainerConfig(Base):
 # Fits: compiled, and fits HBM with the headroom asked for. DoesNotFit, VmemOverflow, RejectedFlags: the
 # job must change. The rest: it could not be checked here (no libtpu, a generation this libtpu cannot
 # target, any other compile failure).
-PlanVerdict = Literal["Fits", "DoesNotFit", "VmemOverflow", "RejectedFlags", "NoLibtpu", "Unsupported",
-                      "CompileError"]
+PlanVerdict = Literal["Fits", "DoesNotFit", "VmemOverflow", "RejectedFlags", "NoLibtpu", "Unsupported", "CompileError"]
 JOB_MUST_CHANGE = ("DoesNotFit", "VmemOverflow", "RejectedFlags")
 TERMINATION_MESSAGE_BYTES = 4096
 
@@ -413,34 +497,67 @@ class StepResources(Base):
     at its trip count (tpu_workload.performance.hlo_costs), and the least time each resource allows at the
     generation's peaks (tpu_operator.api.roofline). See docs/plan.md for what is counted and what not."""
 
-    matmul_tflop: float = Field(alias="matmulTFLOP", ge=0, description=(
-        "Matmul TFLOP per device per step: XLA's dots and convolutions, and the Splash and grouped-matmul kernels "
-        "from their shapes (rematerialisation included)."))
+    matmul_tflop: float = Field(
+        alias="matmulTFLOP",
+        ge=0,
+        description=(
+            "Matmul TFLOP per device per step: XLA's dots and convolutions, and the Splash and grouped-matmul kernels "
+            "from their shapes (rematerialisation included)."
+        ),
+    )
     fp8_tflop: float = Field(default=0.0, alias="fp8TFLOP", ge=0, description="Of those, with fp8 operands.")
-    model_tflop: float | None = Field(default=None, alias="modelTFLOP", ge=0, description=(
-        "Model TFLOP per device per step, analytic (3 x forward, no rematerialisation): what MFU counts."))
+    model_tflop: float | None = Field(
+        default=None,
+        alias="modelTFLOP",
+        ge=0,
+        description=("Model TFLOP per device per step, analytic (3 x forward, no rematerialisation): what MFU counts."),
+    )
     kernel_calls: int = _desc("Mosaic kernel calls per step (Splash, grouped matmul).", default=0, ge=0)
-    ici_gib: dict[str, float] = Field(default_factory=dict, alias="iciGiB", description=(
-        "Collective GiB per device per step inside a slice, by kind (all-gather, reduce-scatter, all-reduce, "
-        "all-to-all, ragged-all-to-all, collective-permute): each collective's full buffer (an all-gather's "
-        "result, a reduce-scatter's operand)."))
-    dcn_gib: dict[str, float] = Field(default_factory=dict, alias="dcnGiB",
-                                      description="Collective GiB per device per step between slices, by kind.")
-    ici_sent_gib: float = Field(default=0.0, alias="iciSentGiB", ge=0,
-                                description="GiB one device sends over ICI per step (ring algorithms).")
-    dcn_sent_gib: float = Field(default=0.0, alias="dcnSentGiB", ge=0,
-                                description="GiB one device sends over DCN per step.")
-    hbm_traffic_gib: float | None = Field(default=None, alias="hbmTrafficGiB", ge=0, description=(
-        "HBM GiB read and written per device per step, estimated from the module (each fused op's operands and "
-        "result once)."))
+    ici_gib: dict[str, float] = Field(
+        default_factory=dict,
+        alias="iciGiB",
+        description=(
+            "Collective GiB per device per step inside a slice, by kind (all-gather, reduce-scatter, all-reduce, "
+            "all-to-all, ragged-all-to-all, collective-permute): each collective's full buffer (an all-gather's "
+            "result, a reduce-scatter's operand)."
+        ),
+    )
+    dcn_gib: dict[str, float] = Field(
+        default_factory=dict, alias="dcnGiB", description="Collective GiB per device per step between slices, by kind."
+    )
+    ici_sent_gib: float = Field(
+        default=0.0, alias="iciSentGiB", ge=0, description="GiB one device sends over ICI per step (ring algorithms)."
+    )
+    dcn_sent_gib: float = Field(
+        default=0.0, alias="dcnSentGiB", ge=0, description="GiB one device sends over DCN per step."
+    )
+    hbm_traffic_gib: float | None = Field(
+        default=None,
+        alias="hbmTrafficGiB",
+        ge=0,
+        description=(
+            "HBM GiB read and written per device per step, estimated from the module (each fused op's operands and "
+            "result once)."
+        ),
+    )
     unknown_loops: int = _desc("Loops whose trip count could not be told, counted once.", default=0, ge=0)
-    bound_seconds: dict[str, float] = Field(default_factory=dict, alias="boundSeconds", description=(
-        "The least step time each resource allows at the generation's peaks: compute, hbm, ici, dcn."))
-    step_time_bound_s: float | None = Field(default=None, alias="stepTimeBoundSeconds", ge=0, description=(
-        "Lower bound on the step time: the largest of boundSeconds (perfect overlap of the rest)."))
+    bound_seconds: dict[str, float] = Field(
+        default_factory=dict,
+        alias="boundSeconds",
+        description=("The least step time each resource allows at the generation's peaks: compute, hbm, ici, dcn."),
+    )
+    step_time_bound_s: float | None = Field(
+        default=None,
+        alias="stepTimeBoundSeconds",
+        ge=0,
+        description=("Lower bound on the step time: the largest of boundSeconds (perfect overlap of the rest)."),
+    )
     binding: str | None = _desc("The resource with the largest bound.", default=None)
-    mfu_ceiling: float | None = _desc("modelTFLOP over stepTimeBoundSeconds at the peak MFU is computed against: the "
-                                      "most MFU this step can reach.", default=None, ge=0)
+    mfu_ceiling: float | None = _desc(
+        "modelTFLOP over stepTimeBoundSeconds at the peak MFU is computed against: the most MFU this step can reach.",
+        default=None,
+        ge=0,
+    )
 
 
 class PlanResult(Base):
@@ -448,17 +565,22 @@ class PlanResult(Base):
 
     verdict: PlanVerdict = _desc("Fits, or what stopped it.")
     message: str = _desc("One or two sentences: the numbers, and what to change.")
-    hbm_per_device_gib: float | None = Field(default=None, alias="hbmPerDeviceGiB",
-                                             description="Per-device total: state + temporaries.")
-    state_gib: float | None = Field(default=None, alias="stateGiB",
-                                    description="Step arguments: parameters, optimizer state, the batch.")
-    temporaries_gib: float | None = Field(default=None, alias="temporariesGiB",
-                                          description="Activations and temporaries (and outputs not donated).")
+    hbm_per_device_gib: float | None = Field(
+        default=None, alias="hbmPerDeviceGiB", description="Per-device total: state + temporaries."
+    )
+    state_gib: float | None = Field(
+        default=None, alias="stateGiB", description="Step arguments: parameters, optimizer state, the batch."
+    )
+    temporaries_gib: float | None = Field(
+        default=None, alias="temporariesGiB", description="Activations and temporaries (and outputs not donated)."
+    )
     hbm_capacity_gib: float | None = Field(default=None, alias="hbmCapacityGiB", description="HBM of one device.")
-    host_per_device_gib: float | None = Field(default=None, alias="hostPerDeviceGiB",
-                                              description="Host memory per device: activations offloaded by remat.")
-    host_capacity_gib: float | None = Field(default=None, alias="hostCapacityGiB",
-                                            description="The host VM's memory per device.")
+    host_per_device_gib: float | None = Field(
+        default=None, alias="hostPerDeviceGiB", description="Host memory per device: activations offloaded by remat."
+    )
+    host_capacity_gib: float | None = Field(
+        default=None, alias="hostCapacityGiB", description="The host VM's memory per device."
+    )
     headroom: float = _desc("Fraction of HBM (and host memory) to keep free.", default=0.0, ge=0, lt=1)
     compile_seconds: float | None = _desc("Time in the TPU compiler.", default=None)
     libtpu_version: str | None = _desc("The libtpu that compiled.", default=None)
@@ -467,12 +589,18 @@ class PlanResult(Base):
     change: list[str] = _desc("Fields to change (paths under spec).", default_factory=list)
     largest: list[str] = _desc("The largest allocations XLA reports, largest first.", default_factory=list)
     rejected_flags: list[RejectedFlag] = _desc("LIBTPU_INIT_ARGS flags libtpu refused.", default_factory=list)
-    slices: int | None = _desc("The slice count this result is for (an elastic job's plan at every count: the "
-                               "worst of them).", default=None)
-    hbm_by_slices: dict[str, float] = Field(default_factory=dict, alias="hbmPerDeviceGiBBySlices",
-                                            description="An elastic job: HBM per device at each slice count compiled.")
-    resources: StepResources | None = _desc("Matmul FLOPs, collective bytes and HBM traffic of one step per device, "
-                                            "and the step-time bound they set.", default=None)
+    slices: int | None = _desc(
+        "The slice count this result is for (an elastic job's plan at every count: the worst of them).", default=None
+    )
+    hbm_by_slices: dict[str, float] = Field(
+        default_factory=dict,
+        alias="hbmPerDeviceGiBBySlices",
+        description="An elastic job: HBM per device at each slice count compiled.",
+    )
+    resources: StepResources | None = _desc(
+        "Matmul FLOPs, collective bytes and HBM traffic of one step per device, and the step-time bound they set.",
+        default=None,
+    )
 
     @property
     def fits(self) -> bool | None:
@@ -495,5 +623,6 @@ class PlanResult(Base):
                 return text
             result = result.model_copy(update={"largest": result.largest[:-1]})
         room = TERMINATION_MESSAGE_BYTES - (len(text.encode()) - len(result.message.encode())) - 8
-        return result.model_copy(update={"message": result.message[:max(room // 4, 0)] + "..."}).model_dump_json(
-            by_alias=True, exclude_defaults=True)
+        return result.model_copy(update={"message": result.message[: max(room // 4, 0)] + "..."}).model_dump_json(
+            by_alias=True, exclude_defaults=True
+        )

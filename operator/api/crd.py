@@ -59,8 +59,20 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
                 if "enum" in v or "const" in v:
                     out["pattern"] = "^(" + "|".join(v.get("enum", [v.get("const")])) + ")$"
     for key, value in node.items():
-        if key in {"anyOf", "$ref", "title", "$defs", "additionalProperties", "propertyNames", "properties",
-                   "patternProperties", "items", "exclusiveMinimum", "exclusiveMaximum", "const"}:
+        if key in {
+            "anyOf",
+            "$ref",
+            "title",
+            "$defs",
+            "additionalProperties",
+            "propertyNames",
+            "properties",
+            "patternProperties",
+            "items",
+            "exclusiveMinimum",
+            "exclusiveMaximum",
+            "const",
+        }:
             continue
         if key == "default" and (isinstance(value, (dict, list)) or value is None):
             continue
@@ -91,12 +103,16 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if more:
             raise ValueError(f"cannot express several key patterns {list(node['patternProperties'])} structurally")
         out["additionalProperties"] = _structural(value, defs)
-        out["x-kubernetes-validations"] = [{"rule": f"self.all(k, k.matches(r'{pattern}'))",
-                                            "message": f"every key must match {pattern}"}]
+        out["x-kubernetes-validations"] = [
+            {"rule": f"self.all(k, k.matches(r'{pattern}'))", "message": f"every key must match {pattern}"}
+        ]
         if "maxLength" in node.get("propertyNames", {}):
-            out["x-kubernetes-validations"].append({
-                "rule": f"self.all(k, size(k) <= {node['propertyNames']['maxLength']})",
-                "message": f"every key is at most {node['propertyNames']['maxLength']} characters"})
+            out["x-kubernetes-validations"].append(
+                {
+                    "rule": f"self.all(k, size(k) <= {node['propertyNames']['maxLength']})",
+                    "message": f"every key is at most {node['propertyNames']['maxLength']} characters",
+                }
+            )
     return out
 
 
@@ -118,13 +134,16 @@ def immutability_rules(spec_schema: dict[str, Any]) -> list[dict[str, Any]]:
         if field in aliases:
             continue
         new, old = f"self.spec.{field}", f"oldSelf.spec.{field}"
-        rules.append({
-            "rule": f"!has(oldSelf.status) || !has(oldSelf.status.jobSetName) || "
-                    f"(has({new}) == has({old}) && (!has({new}) || {new} == {old}))",
-            "fieldPath": f".spec.{field}", "reason": "FieldValueForbidden",
-            "message": f"spec.{field} cannot change once the job has its JobSet (only "
-                       f"{', '.join('spec.' + a for a in sorted(aliases))} can): delete the job and create it again",
-        })
+        rules.append(
+            {
+                "rule": f"!has(oldSelf.status) || !has(oldSelf.status.jobSetName) || "
+                f"(has({new}) == has({old}) && (!has({new}) || {new} == {old}))",
+                "fieldPath": f".spec.{field}",
+                "reason": "FieldValueForbidden",
+                "message": f"spec.{field} cannot change once the job has its JobSet (only "
+                f"{', '.join('spec.' + a for a in sorted(aliases))} can): delete the job and create it again",
+            }
+        )
     return rules
 
 
@@ -134,7 +153,8 @@ def definition() -> dict[str, Any]:
         spec_schema["properties"][models.TPUTrainingJobSpec.model_fields[field].alias or field].pop("default", None)
     status_schema = _schema(TPUTrainingJobStatus, mode="serialization")
     status_schema["properties"]["conditions"].update(
-        {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+        {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    )
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -142,26 +162,38 @@ def definition() -> dict[str, Any]:
         "spec": {
             "group": models.GROUP,
             "scope": "Namespaced",
-            "names": {"kind": models.KIND, "listKind": f"{models.KIND}List", "plural": models.PLURAL,
-                      "singular": models.SINGULAR, "shortNames": models.SHORT_NAMES, "categories": ["all"]},
-            "versions": [{
-                "name": models.VERSION, "served": True, "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "description": "A JAX training run on Cloud TPU slices, run as a JobSet.",
-                    "required": ["spec"],
-                    "x-kubernetes-validations": immutability_rules(spec_schema),
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "spec": spec_schema,
-                        "status": status_schema,
+            "names": {
+                "kind": models.KIND,
+                "listKind": f"{models.KIND}List",
+                "plural": models.PLURAL,
+                "singular": models.SINGULAR,
+                "shortNames": models.SHORT_NAMES,
+                "categories": ["all"],
+            },
+            "versions": [
+                {
+                    "name": models.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A JAX training run on Cloud TPU slices, run as a JobSet.",
+                            "required": ["spec"],
+                            "x-kubernetes-validations": immutability_rules(spec_schema),
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
                     },
-                }},
-            }],
+                }
+            ],
         },
     }
 

@@ -9,7 +9,6 @@ from . import catalogue, roofline
 from .contract import PlanResult, TrainerConfig
 from .models import TPUTrainingJob
 
-
 # What a SIGTERM must fit in before the kubelet kills the pod: the step in flight, then a blocking save
 # of this host's share of the checkpoint (f32 weights and two Adam moments) at a conservative write rate.
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -27,8 +26,10 @@ class Plan:
 
     def __post_init__(self) -> None:
         if self.running is not None and self.running not in self.job.spec.tpu.slice_counts:
-            raise ValueError(f"slices: {self.running} is not a slice count this job may run on "
-                             f"({list(self.job.spec.tpu.slice_counts)})")
+            raise ValueError(
+                f"slices: {self.running} is not a slice count this job may run on "
+                f"({list(self.job.spec.tpu.slice_counts)})"
+            )
 
     @property
     def gen(self) -> catalogue.Generation:
@@ -98,8 +99,9 @@ class Plan:
         """A plan's result with its step's time bounds on this job's generation (roofline.py)."""
         if result.resources is None:
             return result
-        return result.model_copy(update={"resources": roofline.bound(result.resources, self.gen,
-                                                                     self.job.spec.training.precision)})
+        return result.model_copy(
+            update={"resources": roofline.bound(result.resources, self.gen, self.job.spec.training.precision)}
+        )
 
     def running_config(self) -> TrainerConfig:
         """What the trainer runs: the ConfigMap's config at the slices that run (TrainerConfig.at_slices)."""
@@ -109,10 +111,21 @@ class Plan:
         """The ConfigMap's config: always the whole job (every slice), whatever runs now."""
         spec = self.job.spec
         return TrainerConfig(
-            name=self.job.metadata.name, namespace=self.job.metadata.namespace, generation=self.gen.name,
-            topology=spec.tpu.topology, slices=spec.tpu.slices, hosts_per_slice=self.slice.hosts,
-            devices_per_host=self.devices_per_host, peak_flops_per_device=self.peak_flops_per_device,
-            peak_bf16_flops_per_device=(self.gen.peak_flops("bf16") / self.gen.devices_per_chip
-                                        if spec.training.precision != "bf16" else None),
-            model=spec.model_dims, training=spec.training, mesh=spec.mesh, kernels=spec.kernels,
-            checkpoint=spec.checkpoint, metrics_port=spec.runtime.metrics_port)
+            name=self.job.metadata.name,
+            namespace=self.job.metadata.namespace,
+            generation=self.gen.name,
+            topology=spec.tpu.topology,
+            slices=spec.tpu.slices,
+            hosts_per_slice=self.slice.hosts,
+            devices_per_host=self.devices_per_host,
+            peak_flops_per_device=self.peak_flops_per_device,
+            peak_bf16_flops_per_device=(
+                self.gen.peak_flops("bf16") / self.gen.devices_per_chip if spec.training.precision != "bf16" else None
+            ),
+            model=spec.model_dims,
+            training=spec.training,
+            mesh=spec.mesh,
+            kernels=spec.kernels,
+            checkpoint=spec.checkpoint,
+            metrics_port=spec.runtime.metrics_port,
+        )

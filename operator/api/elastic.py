@@ -42,10 +42,15 @@ def after_failure(tpu: TPUSpec, running: int, lost_slice: int | None) -> Resize:
         return _whole(tpu, running, "")
     left = running - 1
     if left < tpu.elastic.min_slices:
-        return _whole(tpu, running, f"; {left} slice(s) would be left, fewer than elastic.minSlices "
-                                    f"{tpu.elastic.min_slices}")
-    return Resize(left, "SliceLost", f"slice {lost_slice} was lost: training goes on on {left} of "
-                                     f"{tpu.slices} slices from the latest checkpoint, with the same global batch")
+        return _whole(
+            tpu, running, f"; {left} slice(s) would be left, fewer than elastic.minSlices {tpu.elastic.min_slices}"
+        )
+    return Resize(
+        left,
+        "SliceLost",
+        f"slice {lost_slice} was lost: training goes on on {left} of "
+        f"{tpu.slices} slices from the latest checkpoint, with the same global batch",
+    )
 
 
 def _whole(tpu: TPUSpec, running: int, why: str) -> Resize:

@@ -41,21 +41,31 @@ from .spec import FailurePolicySpec
 from .timestamps import Timestamp
 
 Cause = Literal["failure", "preemption", "hang", "hardware"]
-CLASSES = {int(ExitCode.OK): "finished", int(ExitCode.UNEXPECTED): "unexpected error",
-           int(ExitCode.USER): "user or configuration error", int(ExitCode.RETRYABLE): "retryable infrastructure failure",
-           int(ExitCode.KILLED): "killed", int(ExitCode.STOPPED): "stopped by SIGTERM"}
+CLASSES = {
+    int(ExitCode.OK): "finished",
+    int(ExitCode.UNEXPECTED): "unexpected error",
+    int(ExitCode.USER): "user or configuration error",
+    int(ExitCode.RETRYABLE): "retryable infrastructure failure",
+    int(ExitCode.KILLED): "killed",
+    int(ExitCode.STOPPED): "stopped by SIGTERM",
+}
 
 
 class RestartCounts(Base):
     """Restarts of the whole job by cause; `total` is their sum."""
 
     failure: int = _desc("Restarts after a failed pod (an exit code in restartOnExitCodes).", default=0, ge=0)
-    preemption: int = _desc("Restarts after SIGTERM (preemption, maintenance, eviction); not charged "
-                            "against maxRestarts.", default=0, ge=0)
+    preemption: int = _desc(
+        "Restarts after SIGTERM (preemption, maintenance, eviction); not charged against maxRestarts.", default=0, ge=0
+    )
     hang: int = _desc("Restarts after no step completed within the hang timeout.", default=0, ge=0)
-    hardware: int = _desc("Restarts after a node of a running slice turned unhealthy (GKE's TPU partition-state "
-                          "label or the node's Ready condition); the step in flight was saved first; not "
-                          "charged against maxRestarts.", default=0, ge=0)
+    hardware: int = _desc(
+        "Restarts after a node of a running slice turned unhealthy (GKE's TPU partition-state "
+        "label or the node's Ready condition); the step in flight was saved first; not "
+        "charged against maxRestarts.",
+        default=0,
+        ge=0,
+    )
     total: int = _desc("All restarts.", default=0, ge=0)
 
     @property
@@ -63,7 +73,7 @@ class RestartCounts(Base):
         """The restarts `maxRestarts` is enforced against."""
         return self.failure + self.hang
 
-    def plus(self, cause: Cause) -> "RestartCounts":
+    def plus(self, cause: Cause) -> RestartCounts:
         return self.model_copy(update={cause: getattr(self, cause) + 1, "total": self.total + 1})
 
 
@@ -73,8 +83,9 @@ class LastRestart(Base):
     cause: Cause = _desc("failure, preemption, hang or hardware.")
     exit_code: int | None = _desc("Exit code of the pod that failed first, if one did.", default=None)
     message: str = _desc("What happened, with the trainer's last error line.", default="")
-    job_set_uid: str | None = _desc("uid of the JobSet that was replaced (a restart is counted once per JobSet).",
-                                    default=None)
+    job_set_uid: str | None = _desc(
+        "uid of the JobSet that was replaced (a restart is counted once per JobSet).", default=None
+    )
     time: Timestamp | None = _desc("When the restart was decided.", default=None)
 
 
@@ -108,15 +119,20 @@ class Failure:
     def describe(self) -> str:
         if self.cause == "hardware":  # no pod failed: the operator stops the job (controller/health.py)
             return self.error
-        code = f"exited with code {self.code} ({CLASSES.get(self.code, 'unclassified')})" \
-            if self.code is not None else "was lost (no exit code)"
+        code = (
+            f"exited with code {self.code} ({CLASSES.get(self.code, 'unclassified')})"
+            if self.code is not None
+            else "was lost (no exit code)"
+        )
         return f"{self.pod} {code}" + (f": {self.error}" if self.error else "")
 
 
 def root_cause(exits: list[PodExit]) -> Failure | None:
     """The pod that speaks for a failed attempt (rule in the module docstring); None if none failed."""
-    failed = sorted((e for e in exits if e.code != 0 or e.disrupted),
-                    key=lambda e: (e.finished_at is None, e.finished_at or 0, e.code != ExitCode.KILLED))
+    failed = sorted(
+        (e for e in exits if e.code != 0 or e.disrupted),
+        key=lambda e: (e.finished_at is None, e.finished_at or 0, e.code != ExitCode.KILLED),
+    )
     if not failed:
         return None
     user = [e for e in failed if e.code in NEVER_RESTARTED]
@@ -129,8 +145,9 @@ def root_cause(exits: list[PodExit]) -> Failure | None:
     else:
         cause = "failure"
     progress = next((e.record.progress for e in [first, *failed] if e.record and e.record.progress), None)
-    return Failure(cause=cause, code=first.code, pod=first.pod, error=first.error, progress=progress,
-                   slice_index=first.slice_index)
+    return Failure(
+        cause=cause, code=first.code, pod=first.pod, error=first.error, progress=progress, slice_index=first.slice_index
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,8 +162,9 @@ def backoff_s(policy: FailurePolicySpec, restarts: RestartCounts) -> float:
     return exponential(policy.backoff_seconds, policy.max_backoff_seconds, restarts.total)
 
 
-def verdict(policy: FailurePolicySpec, restarts: RestartCounts, failure: Failure | None,
-            hang: str | None = None) -> Verdict:
+def verdict(
+    policy: FailurePolicySpec, restarts: RestartCounts, failure: Failure | None, hang: str | None = None
+) -> Verdict:
     """Restart or fail, after `failure` (a failed attempt) or `hang` (why the job is hung)."""
     cause: Cause
     if hang is not None:
@@ -164,7 +182,11 @@ def verdict(policy: FailurePolicySpec, restarts: RestartCounts, failure: Failure
         if cause == "failure" and listed and failure.code not in listed:
             return Verdict(False, None, 0, f"{what}; not in restartOnExitCodes {sorted(listed)}")
     if cause != "preemption" and restarts.charged >= policy.max_restarts:
-        return Verdict(False, None, 0, f"{what}; restart budget spent ({restarts.charged} of maxRestarts "
-                                       f"{policy.max_restarts} used)")
+        return Verdict(
+            False,
+            None,
+            0,
+            f"{what}; restart budget spent ({restarts.charged} of maxRestarts {policy.max_restarts} used)",
+        )
     delay = backoff_s(policy, restarts)
     return Verdict(True, cause, delay, f"{what}; restart {restarts.total + 1} ({cause}) in {delay:g} s")

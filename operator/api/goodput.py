@@ -59,8 +59,19 @@ from typing import Any, Literal
 from .contract import Base, _desc
 from .lifecycle import Progress
 
-BUCKETS = ("queued", "startup", "checkpoint", "eval", "data", "lost", "restarting", "shrinking", "growing",
-           "hung", "other")
+BUCKETS = (
+    "queued",
+    "startup",
+    "checkpoint",
+    "eval",
+    "data",
+    "lost",
+    "restarting",
+    "shrinking",
+    "growing",
+    "hung",
+    "other",
+)
 # How an attempt ended. The first three are final; after the others the job runs again.
 Ending = Literal["succeeded", "failed", "user", "failure", "preemption", "hang", "hardware", "suspended"]
 ResizeKind = Literal["shrink", "grow"]  # the next attempt runs on fewer slices, or on every slice again
@@ -71,22 +82,24 @@ class Badput(Base):
     """Seconds of the job's wall time that did not train, by cause (docs/failures.md: Goodput)."""
 
     queued: float = _desc("Created → pods first running, and suspended time.", default=0.0, ge=0)
-    startup: float = _desc("Pods running → first step done, per attempt (start-up, restore, compile).",
-                           default=0.0, ge=0)
+    startup: float = _desc(
+        "Pods running → first step done, per attempt (start-up, restore, compile).", default=0.0, ge=0
+    )
     checkpoint: float = _desc("Blocking checkpoint saves.", default=0.0, ge=0)
     eval: float = _desc("Evaluation on held-out data (training.eval).", default=0.0, ge=0)
-    data: float = _desc("The training loop waiting for a step's batch (after each attempt's first step).",
-                        default=0.0, ge=0)
+    data: float = _desc(
+        "The training loop waiting for a step's batch (after each attempt's first step).", default=0.0, ge=0
+    )
     lost: float = _desc("Steps recomputed after a restart, and steps in flight at a failure.", default=0.0, ge=0)
     restarting: float = _desc("A failure seen → the next attempt's pods running.", default=0.0, ge=0)
-    shrinking: float = _desc("A slice lost → the next attempt's pods running on the slices left (elastic).",
-                             default=0.0, ge=0)
-    growing: float = _desc("A grow-back's stop → the attempt on every slice running (elastic).",
-                                default=0.0, ge=0)
+    shrinking: float = _desc(
+        "A slice lost → the next attempt's pods running on the slices left (elastic).", default=0.0, ge=0
+    )
+    growing: float = _desc("A grow-back's stop → the attempt on every slice running (elastic).", default=0.0, ge=0)
     hung: float = _desc("The last completed step → the restart of a hung attempt.", default=0.0, ge=0)
     other: float = _desc("Wall time no other bucket explains.", default=0.0, ge=0)
 
-    def add(self, **seconds: float) -> "Badput":
+    def add(self, **seconds: float) -> Badput:
         return self.model_copy(update={k: getattr(self, k) + max(0.0, v) for k, v in seconds.items()})
 
     def named(self) -> float:
@@ -122,12 +135,14 @@ class Ledger(Base):
     productive: float = _desc("Seconds of surviving steps of attempts already settled.", default=0.0, ge=0)
     badput: Badput = _desc("Badput of ended attempts and the gaps between them.", default_factory=Badput)
     attempt: Attempt | None = _desc("The attempt in progress.", default=None)
-    unsettled: Unsettled | None = _desc("The latest ended attempt, until the next one says where it resumed.",
-                                        default=None)
+    unsettled: Unsettled | None = _desc(
+        "The latest ended attempt, until the next one says where it resumed.", default=None
+    )
     ended_at: float | None = _desc("When the latest attempt ended.", default=None)
     ended_by: Ending | None = _desc("How it ended.", default=None)
-    resize: ResizeKind | None = _desc("The next attempt runs on another slice count: its gap is shrinking or "
-                                  "growing, not restarting.", default=None)
+    resize: ResizeKind | None = _desc(
+        "The next attempt runs on another slice count: its gap is shrinking or growing, not restarting.", default=None
+    )
     as_of: float | None = _desc("When the ledger last changed: the figures are as of then.", default=None)
 
 
@@ -171,8 +186,9 @@ def resized(ledger: Ledger, resize: ResizeKind | None) -> Ledger:
     return ledger if ledger.resize == resize else ledger.model_copy(update=dict(resize=resize))
 
 
-def end_attempt(ledger: Ledger, at: float, how: Ending, final: Progress | None = None,
-                resize: ResizeKind | None = None) -> Ledger:
+def end_attempt(
+    ledger: Ledger, at: float, how: Ending, final: Progress | None = None, resize: ResizeKind | None = None
+) -> Ledger:
     """The attempt ended at `at`: fold its start-up, checkpoint and data time and steps into the ledger. Its
     steps are settled now when the job is over, else when the next attempt reports. `resize`: the next
     attempt runs on fewer slices (shrink) or on every slice again (grow)."""
@@ -187,11 +203,19 @@ def end_attempt(ledger: Ledger, at: float, how: Ending, final: Progress | None =
     if p is None or p.first_step_at is None or p.start_step is None or p.step is None:
         badput = badput.add(**{"hung" if how == "hang" else "startup": at - a.running_since})
     else:
-        badput = badput.add(startup=p.first_step_at - a.running_since, checkpoint=p.checkpoint_seconds,
-                            eval=p.eval_seconds, data=p.data_wait_seconds)
+        badput = badput.add(
+            startup=p.first_step_at - a.running_since,
+            checkpoint=p.checkpoint_seconds,
+            eval=p.eval_seconds,
+            data=p.data_wait_seconds,
+        )
         per = p.step_seconds / p.steps_timed if p.steps_timed else 0.0
-        unsettled = Unsettled(first_step=p.start_step + 1, step=p.step, seconds_per_step=per,
-                              last_checkpoint_step=max(p.last_checkpoint_step or 0, p.start_step))
+        unsettled = Unsettled(
+            first_step=p.start_step + 1,
+            step=p.step,
+            seconds_per_step=per,
+            last_checkpoint_step=max(p.last_checkpoint_step or 0, p.start_step),
+        )
         tail = at - (p.last_step_at or at)
         if how == "hang":
             badput = badput.add(hung=tail)
@@ -200,8 +224,16 @@ def end_attempt(ledger: Ledger, at: float, how: Ending, final: Progress | None =
         if how in FINAL:
             kept, lost = unsettled.split(p.step if how == "succeeded" else unsettled.last_checkpoint_step)
             productive, badput, unsettled = productive + kept, badput.add(lost=lost), None
-    return Ledger(productive=productive, badput=badput, attempt=None, unsettled=unsettled, ended_at=at,
-                  ended_by=how, resize=resize, as_of=at)
+    return Ledger(
+        productive=productive,
+        badput=badput,
+        attempt=None,
+        unsettled=unsettled,
+        ended_at=at,
+        ended_by=how,
+        resize=resize,
+        as_of=at,
+    )
 
 
 def report(ledger: Ledger, created: float, as_of: float | None = None) -> tuple[float, float, Badput]:
@@ -216,8 +248,12 @@ def report(ledger: Ledger, created: float, as_of: float | None = None) -> tuple[
     if a is not None:
         p = a.progress
         if p is not None and p.first_step_at is not None:
-            badput = badput.add(startup=p.first_step_at - a.running_since, checkpoint=p.checkpoint_seconds,
-                                eval=p.eval_seconds, data=p.data_wait_seconds)
+            badput = badput.add(
+                startup=p.first_step_at - a.running_since,
+                checkpoint=p.checkpoint_seconds,
+                eval=p.eval_seconds,
+                data=p.data_wait_seconds,
+            )
             productive += p.step_seconds
         else:
             badput = badput.add(startup=now - a.running_since)

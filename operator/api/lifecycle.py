@@ -78,21 +78,28 @@ class Progress(Untrusted):
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, alias_generator=to_camel)
     started_at: float = Field(description="The process started.")
     start_step: int | None = Field(None, description="The step this attempt started from (restored), once set up.")
-    first_step_at: float | None = Field(None, description="This attempt's first step completed (start-up, "
-                                                          "restore and compilation came before it).")
+    first_step_at: float | None = Field(
+        None, description="This attempt's first step completed (start-up, restore and compilation came before it)."
+    )
     last_step_at: float | None = Field(None, description="The latest step completed.")
     step: int | None = Field(None, description="Completed steps.")
     last_checkpoint_step: int | None = Field(None, description="The latest complete checkpoint.")
-    step_seconds: float = Field(0.0, description="Time on this attempt's steps after its first (which counts "
-                                                 "as start-up), less blocking checkpoint and data-wait time.")
+    step_seconds: float = Field(
+        0.0,
+        description="Time on this attempt's steps after its first (which counts "
+        "as start-up), less blocking checkpoint and data-wait time.",
+    )
     steps_timed: int = Field(0, description="The steps `stepSeconds` covers.")
     median_step_seconds: float | None = Field(None, description="Median step time over the latest 100 steps.")
-    checkpoint_seconds: float = Field(0.0, description="Blocking checkpoint time: saves in the loop, the final "
-                                                       "wait, the SIGTERM save.")
+    checkpoint_seconds: float = Field(
+        0.0, description="Blocking checkpoint time: saves in the loop, the final wait, the SIGTERM save."
+    )
     eval_seconds: float = Field(0.0, description="Blocking evaluation time (training.eval).")
-    data_wait_seconds: float = Field(0.0, description="Time the training loop blocked waiting for a step's batch, "
-                                                      "after the first step (before it: start-up).")
-
+    data_wait_seconds: float = Field(
+        0.0,
+        description="Time the training loop blocked waiting for a step's batch, "
+        "after the first step (before it: start-up).",
+    )
 
 
 class TerminationRecord(BaseModel):
@@ -108,12 +115,12 @@ class TerminationRecord(BaseModel):
         text = self.model_dump_json(exclude_none=True)
         over = len(text.encode()) - MAX_MESSAGE_BYTES
         if over > 0:
-            error = self.error.encode()[:max(0, len(self.error.encode()) - over - 8)].decode(errors="ignore")
+            error = self.error.encode()[: max(0, len(self.error.encode()) - over - 8)].decode(errors="ignore")
             text = self.model_copy(update={"error": error + " ..."}).model_dump_json(exclude_none=True)
         return text
 
     @classmethod
-    def parse(cls, text: str | None, code: int | None = None) -> "TerminationRecord | None":
+    def parse(cls, text: str | None, code: int | None = None) -> TerminationRecord | None:
         """The record in a termination message; for a message that is a log tail (the process died
         before writing one), a record whose error is the tail's last line."""
         if not text or not text.strip():

@@ -13,24 +13,24 @@ from __future__ import annotations
 INT64_MAX = 2**63 - 1
 
 # spec.model
-MAX_LAYERS = 1024                 # Llama 3.1 405B has 126; PaLM 118
-MAX_MODEL_DIM = 131072            # 405B: 16384
-MAX_HEADS = 1024                  # 405B: 128 query heads
-MAX_HEAD_DIM = 1024               # 128-256 in practice
-MAX_MLP_DIM = 1048576             # 405B: 53248
-MAX_VOCAB = 4194304               # Gemma 3: 262144
-MAX_EXPERTS = 1024                # DeepSeek-V3: 256 routed
-MAX_EXPERTS_PER_TOKEN = 64        # DeepSeek-V3: 8
-MAX_ROPE_THETA = 1e10             # Llama 3: 5e5; long-context variants go to 1e8
+MAX_LAYERS = 1024  # Llama 3.1 405B has 126; PaLM 118
+MAX_MODEL_DIM = 131072  # 405B: 16384
+MAX_HEADS = 1024  # 405B: 128 query heads
+MAX_HEAD_DIM = 1024  # 128-256 in practice
+MAX_MLP_DIM = 1048576  # 405B: 53248
+MAX_VOCAB = 4194304  # Gemma 3: 262144
+MAX_EXPERTS = 1024  # DeepSeek-V3: 256 routed
+MAX_EXPERTS_PER_TOKEN = 64  # DeepSeek-V3: 8
+MAX_ROPE_THETA = 1e10  # Llama 3: 5e5; long-context variants go to 1e8
 
 # spec.training
-MAX_STEPS = 100_000_000           # 1e8 optimizer steps: years of training at one step a second
-MAX_GLOBAL_BATCH = 1048576        # sequences per step; Llama 3 405B: 2048 x 8192 tokens
-MAX_MICROBATCHES = 4096           # gradient accumulation beyond this is slower than fewer slices
-MAX_SEQUENCE_LENGTH = 2097152     # 2M tokens: past every published context length
-MAX_SEED = 2**32 - 1              # JAX's PRNG seeds are 32-bit in the trainer's data order
-MAX_LEARNING_RATE = 1.0           # Adam with a learning rate above 1 diverges at the first step
-MAX_LOSS_WEIGHT = 100.0           # z-loss, MoE aux loss: 1e-4..1e-2 in practice
+MAX_STEPS = 100_000_000  # 1e8 optimizer steps: years of training at one step a second
+MAX_GLOBAL_BATCH = 1048576  # sequences per step; Llama 3 405B: 2048 x 8192 tokens
+MAX_MICROBATCHES = 4096  # gradient accumulation beyond this is slower than fewer slices
+MAX_SEQUENCE_LENGTH = 2097152  # 2M tokens: past every published context length
+MAX_SEED = 2**32 - 1  # JAX's PRNG seeds are 32-bit in the trainer's data order
+MAX_LEARNING_RATE = 1.0  # Adam with a learning rate above 1 diverges at the first step
+MAX_LOSS_WEIGHT = 100.0  # z-loss, MoE aux loss: 1e-4..1e-2 in practice
 MAX_GRAD_CLIP = 1e6
 MAX_DATA_WORKERS = 256
 MAX_PREFETCH = 64
@@ -40,29 +40,29 @@ MAX_EVAL_BATCHES = 10000
 MAX_DEGREE = 32768
 
 # spec.kernels
-MAX_BLOCK = 131072                # Splash blocks and grouped-matmul tiles, in tokens or columns
+MAX_BLOCK = 131072  # Splash blocks and grouped-matmul tiles, in tokens or columns
 MAX_LOGIT_CONST = 1e6
 
 # spec.checkpoint
 MAX_CHECKPOINTS_KEPT = 1000
 
 # spec.tpu
-MAX_SLICES = 256                  # the largest published multislice runs use tens of slices
+MAX_SLICES = 256  # the largest published multislice runs use tens of slices
 
 # Durations (seconds): a job's timeouts stay below a week (flex-start's own limit).
 MAX_TIMEOUT_S = 7 * 24 * 3600
 
 # Strings and lists
-MAX_PATH = 1024                   # a gs:// URI or a mounted path
-MAX_ENV = 256                     # runtime.env entries
-MAX_ENV_VALUE = 32768             # one value (the whole spec is capped by MAX_SPEC_BYTES anyway)
-MAX_FLAGS = 256                   # libtpuInitArgs, xlaFlags
+MAX_PATH = 1024  # a gs:// URI or a mounted path
+MAX_ENV = 256  # runtime.env entries
+MAX_ENV_VALUE = 32768  # one value (the whole spec is capped by MAX_SPEC_BYTES anyway)
+MAX_FLAGS = 256  # libtpuInitArgs, xlaFlags
 MAX_FLAG = 1024
-MAX_ARGS = 256                    # command, args
+MAX_ARGS = 256  # command, args
 MAX_ARG = 4096
 MAX_TOLERATIONS = 64
-MAX_SELECTORS = 64                # nodeSelector entries
-MAX_RESOURCES = 32                # resources.requests / limits entries
+MAX_SELECTORS = 64  # nodeSelector entries
+MAX_RESOURCES = 32  # resources.requests / limits entries
 MAX_QUANTITY = 64
 MAX_IMAGE = 512
 MAX_EXIT_CODES = 64

@@ -12,11 +12,25 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from . import limits as L, rules
+from . import limits as L
+from . import rules
 from .contract import Base, CheckpointSpec, KernelsSpec, Mesh, ModelDims, TrainingSpec, _desc
 from .problems import Problem, joined, shown
-from .spec import (IMAGE, KUEUE_NAME, LABEL_VALUE, Arg, FailurePolicySpec, LabelKey, ModelSpec, ParallelismSpec,
-                   PlanSpec, ResourcesSpec, RuntimeSpec, Toleration, TPUSpec)
+from .spec import (
+    IMAGE,
+    KUEUE_NAME,
+    LABEL_VALUE,
+    Arg,
+    FailurePolicySpec,
+    LabelKey,
+    ModelSpec,
+    ParallelismSpec,
+    PlanSpec,
+    ResourcesSpec,
+    RuntimeSpec,
+    Toleration,
+    TPUSpec,
+)
 
 GROUP = "training.tpu-operator.dev"
 VERSION = "v1alpha1"
@@ -51,41 +65,65 @@ class TPUTrainingJobSpec(Base):
     failure_policy: FailurePolicySpec = _desc("Restarts.", default_factory=FailurePolicySpec)
     image: str | None = _desc(
         "Trainer image: [registry[:port]/]path[:tag][@digest]. Unset: the operator's --default-image (the chart's "
-        "operator.defaultImage); a job the operator cannot give an image is Invalid.", default=None, min_length=1,
-        max_length=L.MAX_IMAGE, pattern=IMAGE)
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = _desc("Image pull policy.",
-                                                                          default="IfNotPresent")
-    command: list[Arg] | None = _desc("Overrides the bundled trainer's command.", default=None, min_length=1,
-                                      max_length=L.MAX_ARGS)
-    args: list[Arg] = _desc("Extra arguments appended to the command.", default_factory=list,
-                            max_length=L.MAX_ARGS)
+        "operator.defaultImage); a job the operator cannot give an image is Invalid.",
+        default=None,
+        min_length=1,
+        max_length=L.MAX_IMAGE,
+        pattern=IMAGE,
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = _desc("Image pull policy.", default="IfNotPresent")
+    command: list[Arg] | None = _desc(
+        "Overrides the bundled trainer's command.", default=None, min_length=1, max_length=L.MAX_ARGS
+    )
+    args: list[Arg] = _desc("Extra arguments appended to the command.", default_factory=list, max_length=L.MAX_ARGS)
     resources: ResourcesSpec = _desc("Extra pod resources.", default_factory=ResourcesSpec)
-    service_account_name: str | None = _desc("Service account of the pods (e.g. for GCS access).",
-                                             default=None, max_length=253,
-                                             pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    service_account_name: str | None = _desc(
+        "Service account of the pods (e.g. for GCS access).",
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+    )
     priority_class_name: str | None = _desc(
         "Kubernetes PriorityClass of the pods (pod priority and preemption). Under Kueue it is also the "
-        "Workload's priority, unless workloadPriorityClassName is set.", default=None, max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+        "Workload's priority, unless workloadPriorityClassName is set.",
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+    )
     queue_name: str | None = _desc(
         "Kueue LocalQueue (in the job's namespace) to submit the job to: the JobSet is created suspended with "
-        "the label kueue.x-k8s.io/queue-name and runs when Kueue admits it.", default=None, max_length=63,
-        pattern=KUEUE_NAME)
+        "the label kueue.x-k8s.io/queue-name and runs when Kueue admits it.",
+        default=None,
+        max_length=63,
+        pattern=KUEUE_NAME,
+    )
     workload_priority_class_name: str | None = _desc(
         "Kueue WorkloadPriorityClass: the job's priority in its queue and for Kueue's preemption "
         "(label kueue.x-k8s.io/priority-class), independent of the pods' priorityClassName. Needs queueName.",
-        default=None, max_length=63, pattern=KUEUE_NAME)
+        default=None,
+        max_length=63,
+        pattern=KUEUE_NAME,
+    )
     node_selector: dict[LabelKey, Annotated[str, Field(pattern=LABEL_VALUE, max_length=63)]] = _desc(
-        "Extra node selectors (GKE TPU selectors are set by the operator).", default_factory=dict,
-        max_length=L.MAX_SELECTORS)
-    tolerations: list[Toleration] = _desc("Extra tolerations (the TPU taint is tolerated already).",
-                                          default_factory=list, max_length=L.MAX_TOLERATIONS)
-    suspend: bool = _desc("Suspend the job (its pods are deleted; resume continues from the checkpoint). With "
-                          "queueName, the operator deactivates the job's Kueue Workload.", default=False)
+        "Extra node selectors (GKE TPU selectors are set by the operator).",
+        default_factory=dict,
+        max_length=L.MAX_SELECTORS,
+    )
+    tolerations: list[Toleration] = _desc(
+        "Extra tolerations (the TPU taint is tolerated already).", default_factory=list, max_length=L.MAX_TOLERATIONS
+    )
+    suspend: bool = _desc(
+        "Suspend the job (its pods are deleted; resume continues from the checkpoint). With "
+        "queueName, the operator deactivates the job's Kueue Workload.",
+        default=False,
+    )
     termination_grace_period_seconds: int | None = _desc(
         "Seconds a pod has after SIGTERM to finish its step and write a checkpoint before it is killed. "
         "Default: derived from the checkpoint size per host (docs/jobs.md: What a rendered JobSet carries).",
-        default=None, ge=1, le=86400)
+        default=None,
+        ge=1,
+        le=86400,
+    )
 
     @field_validator("priority_class_name")
     @classmethod
@@ -93,12 +131,13 @@ class TPUTrainingJobSpec(Base):
         # Kubernetes' own classes rank above every workload: a training job with one would preempt other
         # tenants' pods and the cluster's components for its TPUs.
         if v is not None and v.startswith("system-"):
-            raise ValueError(f"{v} is reserved for the cluster's own components; use a PriorityClass of your "
-                             "cluster's workloads")
+            raise ValueError(
+                f"{v} is reserved for the cluster's own components; use a PriorityClass of your cluster's workloads"
+            )
         return v
 
     @model_validator(mode="after")
-    def _cross_field(self) -> "TPUTrainingJobSpec":
+    def _cross_field(self) -> TPUTrainingJobSpec:
         problems = rules.spec_problems(self.sections()) + self._pod_problems()
         if problems:
             raise ValueError(joined(problems))
@@ -116,22 +155,40 @@ class TPUTrainingJobSpec(Base):
             parts = path.split("/")
             shown_directory = shown(repr(directory))
             if ".." in parts or "." in parts:
-                problems.append(("checkpoint.directory", f"{shown_directory}: a volume's mount path has no . or .. "
-                                                         "parts"))
+                problems.append(
+                    ("checkpoint.directory", f"{shown_directory}: a volume's mount path has no . or .. parts")
+                )
             elif path == "/" or any(path == m or m.startswith(path + "/") for m in RESERVED_MOUNTS):
-                problems.append(("checkpoint.directory", f"{shown_directory} would hide a volume the operator "
-                                                         f"mounts ({', '.join(RESERVED_MOUNTS)}); choose another path"))
+                problems.append(
+                    (
+                        "checkpoint.directory",
+                        f"{shown_directory} would hide a volume the operator "
+                        f"mounts ({', '.join(RESERVED_MOUNTS)}); choose another path",
+                    )
+                )
         size = len(self.model_dump_json(by_alias=True, exclude_unset=True))
         if size > L.MAX_SPEC_BYTES:
-            problems.append(("", f"{size} bytes as JSON, more than {L.MAX_SPEC_BYTES}: the JobSet carries the "
-                                       f"spec in an annotation and Kubernetes allows {L.MAX_ANNOTATIONS_BYTES} bytes "
-                                       f"of annotations per object"))
+            problems.append(
+                (
+                    "",
+                    f"{size} bytes as JSON, more than {L.MAX_SPEC_BYTES}: the JobSet carries the "
+                    f"spec in an annotation and Kubernetes allows {L.MAX_ANNOTATIONS_BYTES} bytes "
+                    f"of annotations per object",
+                )
+            )
         return problems
 
     def sections(self) -> rules.Sections:
-        return rules.Sections(tpu=self.tpu, model=self.model_dims, training=self.training,
-                              parallelism=self.parallelism, kernels=self.kernels, runtime=self.runtime,
-                              capacity=self.tpu, queueing=self.queueing)
+        return rules.Sections(
+            tpu=self.tpu,
+            model=self.model_dims,
+            training=self.training,
+            parallelism=self.parallelism,
+            kernels=self.kernels,
+            runtime=self.runtime,
+            capacity=self.tpu,
+            queueing=self.queueing,
+        )
 
     @property
     def host_network(self) -> bool:
@@ -142,8 +199,9 @@ class TPUTrainingJobSpec(Base):
 
     @property
     def queueing(self) -> rules.Queueing:
-        return rules.Queueing(queue_name=self.queue_name,
-                              workload_priority_class_name=self.workload_priority_class_name)
+        return rules.Queueing(
+            queue_name=self.queue_name, workload_priority_class_name=self.workload_priority_class_name
+        )
 
     @property
     def model_dims(self) -> ModelDims:
@@ -172,8 +230,10 @@ class ObjectMeta(BaseModel):
     @classmethod
     def _dns1035(cls, v: str) -> str:
         if not DNS1035.fullmatch(v):  # fullmatch: `$` alone lets a trailing newline through
-            raise ValueError(f"{v!r} must be a DNS-1035 label (lower-case letters, digits and '-', starting with "
-                             "a letter): it names the JobSet, its Service and every pod hostname")
+            raise ValueError(
+                f"{v!r} must be a DNS-1035 label (lower-case letters, digits and '-', starting with "
+                "a letter): it names the JobSet, its Service and every pod hostname"
+            )
         return v
 
 
@@ -186,7 +246,7 @@ class TPUTrainingJob(BaseModel):
     status: dict[str, Any] | None = None  # written by the operator; ignored as input
 
     @model_validator(mode="after")
-    def _hostnames_fit(self) -> "TPUTrainingJob":
+    def _hostnames_fit(self) -> TPUTrainingJob:
         problem = rules.hostname_problem(self.metadata.name, self.spec.tpu)
         if problem:
             raise ValueError(joined([problem]))

@@ -11,8 +11,11 @@ Problem = tuple[str, str]  # (path under spec, reason): what a validator finds, 
 
 # "field.path: reason" as a validator writes it; the last part may be a domain-prefixed map key
 # (resources.limits.example.com/fpga).
-_PATH_PREFIX = re.compile(r"^(?P<path>[A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*(\.[a-z0-9][-a-z0-9.]*/[-A-Za-z0-9_.]+)?)"
-                          r": (?P<reason>.*)$", re.S)
+_PATH_PREFIX = re.compile(
+    r"^(?P<path>[A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*(\.[a-z0-9][-a-z0-9.]*/[-A-Za-z0-9_.]+)?)"
+    r": (?P<reason>.*)$",
+    re.S,
+)
 
 
 # What of a user's input an error message repeats: enough to recognise it, never a page of it.
@@ -30,8 +33,20 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
-_TAG_PREFIXES = ("constrained-", "function-", "literal[", "list[", "dict[", "union[", "tagged-union[", "nullable[",
-                 "json-or-python[", "lax-or-strict[", "is-instance[", "model[")
+_TAG_PREFIXES = (
+    "constrained-",
+    "function-",
+    "literal[",
+    "list[",
+    "dict[",
+    "union[",
+    "tagged-union[",
+    "nullable[",
+    "json-or-python[",
+    "lax-or-strict[",
+    "is-instance[",
+    "model[",
+)
 
 
 def _loc_part(part: object) -> str | None:

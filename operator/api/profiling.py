@@ -64,17 +64,19 @@ def parse_steps(text: object, total_steps: int | None = None) -> StepRange:
     if last - first + 1 > MAX_TRACE_STEPS:
         raise ValueError(f"{text!r}: {last - first + 1} steps; a trace may hold at most {MAX_TRACE_STEPS} steps")
     if total_steps is not None and last > total_steps:
-        raise ValueError(f"{text!r}: the job has {total_steps} steps; the last step to trace must be at most "
-                         f"{total_steps}")
+        raise ValueError(
+            f"{text!r}: the job has {total_steps} steps; the last step to trace must be at most {total_steps}"
+        )
     return StepRange(first, last)
 
 
 def parse_annotation(value: object, total_steps: int | None = None) -> StepRange:
     """The annotation's value, `steps:A-B`; ValueError saying what is wrong with it."""
     if not isinstance(value, str) or not value.strip().startswith(ANNOTATION_PREFIX):
-        raise ValueError(f"{repr(value)[:40]} does not start with {ANNOTATION_PREFIX!r}: write steps:FIRST-LAST, "
-                         f"e.g. steps:100-105")
-    return parse_steps(value.strip()[len(ANNOTATION_PREFIX):], total_steps)
+        raise ValueError(
+            f"{repr(value)[:40]} does not start with {ANNOTATION_PREFIX!r}: write steps:FIRST-LAST, e.g. steps:100-105"
+        )
+    return parse_steps(value.strip()[len(ANNOTATION_PREFIX) :], total_steps)
 
 
 class ProfileReport(Untrusted):

@@ -27,7 +27,8 @@ def bound(resources: StepResources, gen: Generation, precision: str) -> StepReso
     share = gen.devices_per_chip
     bf16_flops = (resources.matmul_tflop - resources.fp8_tflop) * 1e12
     seconds = {
-        "compute": bf16_flops / (gen.peak_bf16_flops / share) + resources.fp8_tflop * 1e12 / (gen.peak_fp8_flops / share),
+        "compute": bf16_flops / (gen.peak_bf16_flops / share)
+        + resources.fp8_tflop * 1e12 / (gen.peak_fp8_flops / share),
         "hbm": (resources.hbm_traffic_gib or 0.0) * GIB / (gen.hbm_bandwidth / share),
         "ici": resources.ici_sent_gib * GIB / (gen.ici_bandwidth / 2 / share),
         "dcn": resources.dcn_sent_gib * GIB / (gen.dcn_bandwidth / share),
@@ -37,8 +38,14 @@ def bound(resources: StepResources, gen: Generation, precision: str) -> StepReso
     ceiling = None
     if resources.model_tflop is not None and step > 0:
         ceiling = _figure(resources.model_tflop * 1e12 / step / (gen.peak_flops(precision) / share))
-    return resources.model_copy(update=dict(bound_seconds={r: _figure(s) for r, s in seconds.items()},
-                                            step_time_bound_s=_figure(step), binding=binding, mfu_ceiling=ceiling))
+    return resources.model_copy(
+        update=dict(
+            bound_seconds={r: _figure(s) for r, s in seconds.items()},
+            step_time_bound_s=_figure(step),
+            binding=binding,
+            mfu_ceiling=ceiling,
+        )
+    )
 
 
 def _figure(x: float) -> float:

@@ -13,6 +13,7 @@ Rules return (path under `spec`, reason) pairs; the path names the field to chan
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from . import catalogue
 from .contract import SLICE_AXES, KernelsSpec, Mesh, ModelDims, TrainingSpec, splits_at
 from .names import GROWBACK_REPLICATED_JOB, growback_name, longest_hostname
@@ -52,12 +53,16 @@ def resolve_mesh(par: ParallelismSpec, devices: int, slices: int) -> Mesh:
     auto = next((a for a in SLICE_AXES if getattr(par, a) == "auto"), None)
     if auto is None:
         if product != devices:
-            raise ValueError(f"parallelism: fsdp x context x expert x tensor = {product}, but one slice has "
-                             f"{devices} devices; make them equal or set one axis to auto")
+            raise ValueError(
+                f"parallelism: fsdp x context x expert x tensor = {product}, but one slice has "
+                f"{devices} devices; make them equal or set one axis to auto"
+            )
         return Mesh(data=slices, **fixed)
     if devices % product:
-        raise ValueError(f"parallelism: the fixed degrees multiply to {product}, which does not divide the "
-                         f"{devices} devices of one slice")
+        raise ValueError(
+            f"parallelism: the fixed degrees multiply to {product}, which does not divide the "
+            f"{devices} devices of one slice"
+        )
     return Mesh(data=slices, **fixed, **{auto: devices // product})
 
 
@@ -73,8 +78,10 @@ def _degrees(s: Sections) -> tuple[dict[str, int | None], list[Problem]]:
     else:
         problem = []
     known = {a: getattr(s.parallelism, a) for a in SLICE_AXES}
-    return {"data": s.tpu.slices if s.tpu else s.slices,
-            **{a: (None if v == "auto" else v) for a, v in known.items()}}, problem
+    return {
+        "data": s.tpu.slices if s.tpu else s.slices,
+        **{a: (None if v == "auto" else v) for a, v in known.items()},
+    }, problem
 
 
 def _split(message: str) -> Problem:
@@ -98,27 +105,49 @@ def spec_problems(s: Sections) -> list[Problem]:
     if t is not None and data is not None and fsdp is not None and expert is not None:
         shards = data * fsdp * expert
         if t.global_batch % shards:
-            problems.append(("training.globalBatch", f"{t.global_batch} is not a multiple of data x fsdp x expert "
-                                                     f"= {shards}, the axes the batch is sharded over"))
+            problems.append(
+                (
+                    "training.globalBatch",
+                    f"{t.global_batch} is not a multiple of data x fsdp x expert "
+                    f"= {shards}, the axes the batch is sharded over",
+                )
+            )
         elif t.global_batch % (shards * t.microbatches):
-            problems.append(("training.microbatches", f"{t.microbatches} microbatches of {t.global_batch} sequences "
-                                                      f"do not each split evenly over data x fsdp x expert = {shards}; "
-                                                      f"globalBatch must be a multiple of {shards * t.microbatches}"))
+            problems.append(
+                (
+                    "training.microbatches",
+                    f"{t.microbatches} microbatches of {t.global_batch} sequences "
+                    f"do not each split evenly over data x fsdp x expert = {shards}; "
+                    f"globalBatch must be a multiple of {shards * t.microbatches}",
+                )
+            )
     if dims is not None and t is not None and t.data.eos_id is not None and t.data.eos_id >= dims.vocab:
         problems.append(("training.data.eosId", f"{t.data.eos_id} is not a token of model.vocab ({dims.vocab})"))
-    if (t is not None and s.tpu is not None and s.tpu.elastic is not None
-            and data is not None and fsdp is not None and expert is not None):
+    if (
+        t is not None
+        and s.tpu is not None
+        and s.tpu.elastic is not None
+        and data is not None
+        and fsdp is not None
+        and expert is not None
+    ):
         problems += _elastic_problems(s.tpu, t, fsdp * expert)
     context = mesh["context"]
     # Load-balanced causal context parallelism splits each shard's sequence in two halves.
     if t is not None and context is not None and context > 1 and t.sequence_length % (2 * context):
-        problems.append(("training.sequenceLength", f"{t.sequence_length} is not a multiple of 2 x context = "
-                                                    f"{2 * context}"))
+        problems.append(
+            ("training.sequenceLength", f"{t.sequence_length} is not a multiple of 2 x context = {2 * context}")
+        )
     if t is not None and context is not None and s.kernels is not None and s.kernels.attention == "splash":
         per_shard = t.sequence_length // context
         if per_shard % 128:
-            problems.append(("kernels.attention", f"splash needs sequenceLength / context to be a multiple of 128, "
-                                                  f"got {per_shard}; use attention xla for short sequences"))
+            problems.append(
+                (
+                    "kernels.attention",
+                    f"splash needs sequenceLength / context to be a multiple of 128, "
+                    f"got {per_shard}; use attention xla for short sequences",
+                )
+            )
     if dims is not None and dims.is_moe and s.kernels is not None and s.kernels.moe_matmul == "gmm":
         problems += _gmm_problems(dims, t, mesh)
     if gen is not None and s.runtime is not None:
@@ -128,8 +157,12 @@ def spec_problems(s: Sections) -> list[Problem]:
     if s.capacity is not None:
         problems += _capacity_problems(s.capacity, s.queueing)
     if s.queueing is not None and s.queueing.workload_priority_class_name and not s.queueing.queue_name:
-        problems.append(("workloadPriorityClassName", "only Kueue reads it; set queueName too, or use "
-                                                      "priorityClassName for the pods' priority"))
+        problems.append(
+            (
+                "workloadPriorityClassName",
+                "only Kueue reads it; set queueName too, or use priorityClassName for the pods' priority",
+            )
+        )
     return problems
 
 
@@ -138,13 +171,21 @@ def _elastic_problems(tpu: TPUSpec, t: TrainingSpec, shards_per_slice: int) -> l
     each checked in O(1) (contract.splits_at): at most limits.MAX_SLICES checks per job."""
     if t.global_batch % (tpu.slices * shards_per_slice * t.microbatches):
         return []  # the whole job's own batch problem is reported above
-    bad = [k for k in tpu.slice_counts[:-1]
-           if not splits_at(t.global_batch, t.microbatches, tpu.slices, k, shards_per_slice)]
+    bad = [
+        k
+        for k in tpu.slice_counts[:-1]
+        if not splits_at(t.global_batch, t.microbatches, tpu.slices, k, shards_per_slice)
+    ]
     if not bad:
         return []
-    return [("tpu.elastic.minSlices", f"on {bad[0]} slice(s) the global batch {t.global_batch} does not split over "
-                                      f"{bad[0]} x fsdp x expert = {bad[0] * shards_per_slice} shards; raise minSlices "
-                                      f"above {bad[-1]} or make globalBatch a multiple of it")]
+    return [
+        (
+            "tpu.elastic.minSlices",
+            f"on {bad[0]} slice(s) the global batch {t.global_batch} does not split over "
+            f"{bad[0]} x fsdp x expert = {bad[0] * shards_per_slice} shards; raise minSlices "
+            f"above {bad[-1]} or make globalBatch a multiple of it",
+        )
+    ]
 
 
 GMM_MIN = 128  # the Mosaic grouped matmul takes no dimension below 128 (tokamax)
@@ -164,8 +205,13 @@ def _gmm_problems(dims: ModelDims, t: TrainingSpec | None, mesh: dict[str, int |
             short.append(f"routed rows per device ({tokens * dims.experts_per_token})")
     if not short:
         return []
-    return [("kernels.moeMatmul", f"gmm (the Mosaic grouped matmul) needs at least {GMM_MIN} in every dimension; "
-                                  f"{', '.join(short)} is less; use ragged_dot")]
+    return [
+        (
+            "kernels.moeMatmul",
+            f"gmm (the Mosaic grouped matmul) needs at least {GMM_MIN} in every dimension; "
+            f"{', '.join(short)} is less; use ragged_dot",
+        )
+    ]
 
 
 def _capacity_problems(tpu: TPUCapacity, queueing: Queueing | None) -> list[Problem]:
@@ -181,9 +227,14 @@ def _capacity_problems(tpu: TPUCapacity, queueing: Queueing | None) -> list[Prob
     # Our choice, not a GKE rejection: flex-start with queued provisioning is requested through a
     # ProvisioningRequest, which the operator leaves to Kueue's ProvisioningRequest admission check.
     if queueing is not None and tpu.capacity == "flexStart" and not queueing.queue_name:
-        problems.append(("queueName", "required with tpu.capacity flexStart: flex-start capacity is requested "
-                                      "through Kueue (a LocalQueue whose ClusterQueue has a ProvisioningRequest "
-                                      "admission check)"))
+        problems.append(
+            (
+                "queueName",
+                "required with tpu.capacity flexStart: flex-start capacity is requested "
+                "through Kueue (a LocalQueue whose ClusterQueue has a ProvisioningRequest "
+                "admission check)",
+            )
+        )
     return problems
 
 
@@ -212,13 +263,16 @@ def hostname_problem(name: str, tpu: TPUSpec) -> Problem | None:
     up to slices - minSlices slices it asks for; controller/growback.py)."""
     host = longest_hostname(name, tpu.slices, tpu.slice.hosts)
     if tpu.elastic is not None and tpu.elastic.grow_back and tpu.slices > tpu.elastic.min_slices:
-        probe = f"{growback_name(name)}-{GROWBACK_REPLICATED_JOB}-{tpu.slices - tpu.elastic.min_slices - 1}-" \
-                f"{tpu.slice.hosts - 1}"
+        probe = (
+            f"{growback_name(name)}-{GROWBACK_REPLICATED_JOB}-{tpu.slices - tpu.elastic.min_slices - 1}-"
+            f"{tpu.slice.hosts - 1}"
+        )
         host = max(host, probe, key=len)
     if len(host) + POD_NAME_SUFFIX <= 63:
         return None
     room = 63 - POD_NAME_SUFFIX - (len(host) - len(name))
-    return "metadata.name", (f"{name!r} is too long for this slice: pod hostname {host!r} has {len(host)} "
-                             f"characters, and JobSet's webhook wants it and a {POD_NAME_SUFFIX}-character "
-                             f"generated suffix within 63; use at most {room}")
-
+    return "metadata.name", (
+        f"{name!r} is too long for this slice: pod hostname {host!r} has {len(host)} "
+        f"characters, and JobSet's webhook wants it and a {POD_NAME_SUFFIX}-character "
+        f"generated suffix within 63; use at most {room}"
+    )

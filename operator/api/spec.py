@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from . import catalogue, limits as L
+from . import catalogue
+from . import limits as L
 from .contract import DNS1123_SUBDOMAIN, SLICE_AXES, Base, ModelDims, _desc
 from .lifecycle import DEFAULT_RESTART_ON_EXIT_CODES, NEVER_RESTARTED
 from .presets import PRESETS
@@ -31,11 +32,27 @@ from .problems import joined, shown
 # passes itself. Other TPU_ and JAX_ settings (TPU_STDERR_LOG_LEVEL, JAX_COMPILATION_CACHE_DIR...) stay
 # the user's.
 RESERVED_ENV_PREFIXES = ("TPUJOB_", "MEGASCALE_", "TPU_WORKER_")
-RESERVED_ENV = ("LIBTPU_INIT_ARGS", "XLA_FLAGS", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY", "TPU_TOPOLOGY_WRAP",
-                "TPU_HOST_BOUNDS", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS",
-                "TPU_PROCESS_BOUNDS", "TPU_PROCESS_ADDRESSES", "TPU_PROCESS_PORT", "TPU_SKIP_MDS_QUERY",
-                "TPU_RUNTIME_METRICS_PORTS", "JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_PORT", "JAX_PROCESS_ID",
-                "JAX_PROCESS_COUNT", "JAX_NUM_PROCESSES", "JAX_LOCAL_DEVICE_IDS")
+RESERVED_ENV = (
+    "LIBTPU_INIT_ARGS",
+    "XLA_FLAGS",
+    "TPU_ACCELERATOR_TYPE",
+    "TPU_TOPOLOGY",
+    "TPU_TOPOLOGY_WRAP",
+    "TPU_HOST_BOUNDS",
+    "TPU_CHIPS_PER_HOST_BOUNDS",
+    "TPU_CHIPS_PER_PROCESS_BOUNDS",
+    "TPU_PROCESS_BOUNDS",
+    "TPU_PROCESS_ADDRESSES",
+    "TPU_PROCESS_PORT",
+    "TPU_SKIP_MDS_QUERY",
+    "TPU_RUNTIME_METRICS_PORTS",
+    "JAX_COORDINATOR_ADDRESS",
+    "JAX_COORDINATOR_PORT",
+    "JAX_PROCESS_ID",
+    "JAX_PROCESS_COUNT",
+    "JAX_NUM_PROCESSES",
+    "JAX_LOCAL_DEVICE_IDS",
+)
 # The trainer's fault-injection switches (tpu_workload.loop.faults, docs/failures.md): a test job may set them and
 # they act on that job alone; the renderer never does.
 TEST_ENV_PREFIX = "TPUJOB_TEST_"
@@ -45,22 +62,28 @@ OWNED_FLAGS = {"--xla_tpu_scoped_vmem_limit_kib": "runtime.scopedVmemLimitKiB"}
 
 GENERATION_SPELLINGS = tuple(sorted(catalogue.ALIASES))
 # The pod fields an env var may read (Kubernetes' downward API for env).
-FIELD_PATH = (r"^(metadata\.(name|namespace|uid)|metadata\.(labels|annotations)\['[-A-Za-z0-9_./]+'\]|"
-              r"spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$")
+FIELD_PATH = (
+    r"^(metadata\.(name|namespace|uid)|metadata\.(labels|annotations)\['[-A-Za-z0-9_./]+'\]|"
+    r"spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$"
+)
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 LABEL_KEY_MAX = 253 + 1 + 63  # a DNS-subdomain prefix, '/', a name
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 # A container's resource name: the standard ones, or a domain-prefixed extended resource (google.com/tpu).
-RESOURCE_NAME = (r"^(cpu|memory|ephemeral-storage|hugepages-[-A-Za-z0-9_.]+|"
-                 r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+RESOURCE_NAME = (
+    r"^(cpu|memory|ephemeral-storage|hugepages-[-A-Za-z0-9_.]+|"
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$"
+)
 # An image reference as container runtimes parse one (github.com/distribution/reference, reference.go):
 # [domain[:port]/]path[:tag][@digest]; the kubelet refuses anything else (InvalidImageName) only once a pod
 # exists. Character classes are spelled out: \w means Unicode letters in some regex engines.
 _DOMAIN = r"[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*(:[0-9]+)?"
 _PATH_PART = r"[a-z0-9]+(([_.]|__|-+)[a-z0-9]+)*"
-IMAGE = (rf"^({_DOMAIN}/)?{_PATH_PART}(/{_PATH_PART})*(:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
-         r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$")
+IMAGE = (
+    rf"^({_DOMAIN}/)?{_PATH_PART}(/{_PATH_PART})*(:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
 # Kueue object names (LocalQueue, WorkloadPriorityClass) that go into JobSet label values: DNS-1123
 # subdomains of at most 63 characters (a label value's limit).
 KUEUE_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -98,16 +121,25 @@ class TPUCapacity(Base):
     capacity: Capacity = _desc(
         "How GKE provides the slices: onDemand; spot (Spot VMs, may be reclaimed); reservation (a specific "
         "Compute Engine reservation: reservationName); flexStart (Dynamic Workload Scheduler flex-start with "
-        "queued provisioning, requested through Kueue: needs queueName).", default="onDemand")
-    reservation_name: str | None = _desc("capacity reservation: the reservation to consume.", default=None,
-                                         max_length=63, pattern=GCE_NAME)
+        "queued provisioning, requested through Kueue: needs queueName).",
+        default="onDemand",
+    )
+    reservation_name: str | None = _desc(
+        "capacity reservation: the reservation to consume.", default=None, max_length=63, pattern=GCE_NAME
+    )
     reservation_project: str | None = _desc(
         "capacity reservation: the project that owns a shared reservation (default: the cluster's own).",
-        default=None, max_length=30, pattern=GCE_PROJECT)
+        default=None,
+        max_length=30,
+        pattern=GCE_PROJECT,
+    )
     max_run_duration: str | None = _desc(
         "capacity flexStart: how long the job needs its nodes, e.g. 24h or 1h30m (at most 7 days); passed to "
-        "the ProvisioningRequest as maxRunDurationSeconds.", default=None, max_length=32,
-        pattern=DURATION)
+        "the ProvisioningRequest as maxRunDurationSeconds.",
+        default=None,
+        max_length=32,
+        pattern=DURATION,
+    )
 
     @field_validator("max_run_duration")
     @classmethod
@@ -118,8 +150,9 @@ class TPUCapacity(Base):
         if not seconds:
             raise ValueError(f"{v!r} is not a positive duration such as 24h, 1h30m or 5400s")
         if seconds > MAX_RUN_DURATION_S:
-            raise ValueError(f"{v!r} is {seconds} s; flex-start provisions nodes for at most 7 days "
-                             f"({MAX_RUN_DURATION_S} s)")
+            raise ValueError(
+                f"{v!r} is {seconds} s; flex-start provisions nodes for at most 7 days ({MAX_RUN_DURATION_S} s)"
+            )
         return v
 
     @property
@@ -133,34 +166,46 @@ class ElasticSpec(Base):
     min_slices: int = _desc(
         "The fewest slices the job trains on: when a slice is lost and at least this many remain, the job is "
         "re-created on the slices left (the global batch kept, its microbatches raised) instead of waiting for "
-        "all of them.", ge=1, le=L.MAX_SLICES)
+        "all of them.",
+        ge=1,
+        le=L.MAX_SLICES,
+    )
     grow_back: bool = _desc(
         "After a shrink, go back to spec.tpu.slices at the next checkpoint once the larger job can be placed "
-        "(the smaller one keeps running until then).", default=False)
+        "(the smaller one keeps running until then).",
+        default=False,
+    )
 
 
 class TPUSpec(TPUCapacity):
     generation: Literal[GENERATION_SPELLINGS] = _desc(  # type: ignore[valid-type]
-        "TPU generation: v7x (Ironwood; GKE spelling tpu7x), v6e or v5p.", default="v7x")
-    topology: str = _desc("Slice topology AxBxC (AxB on v6e), e.g. 4x4x4 = 64 v7x chips.",
-                          max_length=32, pattern=r"^[1-9][0-9]*x[1-9][0-9]*(x[1-9][0-9]*)?$")
+        "TPU generation: v7x (Ironwood; GKE spelling tpu7x), v6e or v5p.", default="v7x"
+    )
+    topology: str = _desc(
+        "Slice topology AxBxC (AxB on v6e), e.g. 4x4x4 = 64 v7x chips.",
+        max_length=32,
+        pattern=r"^[1-9][0-9]*x[1-9][0-9]*(x[1-9][0-9]*)?$",
+    )
     slices: int = _desc("Number of identical slices (multi-slice over DCN).", default=1, ge=1, le=L.MAX_SLICES)
-    elastic: ElasticSpec | None = _desc("Train on fewer slices when some are lost (at least elastic.minSlices), "
-                                        "and optionally grow back. Unset: a lost slice restarts the whole job.",
-                                        default=None)
+    elastic: ElasticSpec | None = _desc(
+        "Train on fewer slices when some are lost (at least elastic.minSlices), "
+        "and optionally grow back. Unset: a lost slice restarts the whole job.",
+        default=None,
+    )
 
     @field_validator("generation", mode="before")
     @classmethod
     def _canonical_generation(cls, v: Any) -> Any:
         if isinstance(v, str):
             if v not in catalogue.ALIASES:  # exactly as listed: the CRD's enum refuses V7X and ' v7x'
-                raise ValueError(f"{shown(repr(v))} is not a supported TPU generation; use one of "
-                                 f"{', '.join(GENERATION_SPELLINGS)}")
+                raise ValueError(
+                    f"{shown(repr(v))} is not a supported TPU generation; use one of {', '.join(GENERATION_SPELLINGS)}"
+                )
             return catalogue.generation(v).name  # raises "'v9' is not a supported TPU generation; use ..."
         return v
 
     @model_validator(mode="after")
-    def _topology_fits_generation(self) -> "TPUSpec":
+    def _topology_fits_generation(self) -> TPUSpec:
         err = catalogue.generation(self.generation).topology_error(self.topology)
         if err:
             raise ValueError(f"topology: {err}")
@@ -184,7 +229,8 @@ class TPUSpec(TPUCapacity):
 
 class ModelSpec(Base):
     preset: Literal[tuple(PRESETS)] | None = _desc(  # type: ignore[valid-type]
-        "Named model shape; explicit fields next to it override the preset.", default=None)
+        "Named model shape; explicit fields next to it override the preset.", default=None
+    )
     layers: int | None = _desc("Decoder layers.", default=None, ge=1, le=L.MAX_LAYERS)
     model_dim: int | None = _desc("Embedding (model) dimension.", default=None, ge=1, le=L.MAX_MODEL_DIM)
     heads: int | None = _desc("Query heads.", default=None, ge=1, le=L.MAX_HEADS)
@@ -192,21 +238,29 @@ class ModelSpec(Base):
     head_dim: int | None = _desc("Dimension of one attention head.", default=None, ge=1, le=L.MAX_HEAD_DIM)
     mlp_dim: int | None = _desc("SwiGLU hidden dimension (per expert for MoE).", default=None, ge=1, le=L.MAX_MLP_DIM)
     vocab: int | None = _desc("Vocabulary size.", default=None, ge=2, le=L.MAX_VOCAB)
-    experts: int | None = _desc("MoE experts per layer; 0 or unset for a dense model.", default=None, ge=0,
-                                le=L.MAX_EXPERTS)
-    experts_per_token: int | None = _desc("Experts each token is routed to (top-k).", default=None, ge=1,
-                                          le=L.MAX_EXPERTS_PER_TOKEN)
-    rope_theta: float | None = _desc("RoPE base frequency; the preset's (Llama 3: 500000), else 10000.",
-                                     default=None, gt=0, le=L.MAX_ROPE_THETA)
+    experts: int | None = _desc(
+        "MoE experts per layer; 0 or unset for a dense model.", default=None, ge=0, le=L.MAX_EXPERTS
+    )
+    experts_per_token: int | None = _desc(
+        "Experts each token is routed to (top-k).", default=None, ge=1, le=L.MAX_EXPERTS_PER_TOKEN
+    )
+    rope_theta: float | None = _desc(
+        "RoPE base frequency; the preset's (Llama 3: 500000), else 10000.", default=None, gt=0, le=L.MAX_ROPE_THETA
+    )
     rope_scaling: Literal["none", "llama3"] | None = _desc(
         "RoPE frequency scaling for long contexts: llama3 is Llama 3.1's (factor 8, for contexts past 8192 "
-        "tokens); none by default.", default=None)
+        "tokens); none by default.",
+        default=None,
+    )
 
     @model_validator(mode="after")
-    def _complete(self) -> "ModelSpec":
+    def _complete(self) -> ModelSpec:
         dims = self.resolved()
-        missing = [to_camel(k) for k in ("layers", "model_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab")
-                   if dims.get(k) is None]
+        missing = [
+            to_camel(k)
+            for k in ("layers", "model_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab")
+            if dims.get(k) is None
+        ]
         if missing:
             raise ValueError(f"needs a preset or these dimensions: {', '.join(missing)}")
         if dims["heads"] % dims["kv_heads"]:
@@ -236,7 +290,7 @@ class ModelSpec(Base):
 # ---------------------------------------------------------------------------------------------
 # spec.parallelism
 
-Degree = Union[Annotated[int, Field(ge=1, le=L.MAX_DEGREE)], Literal["auto"]]
+Degree = Annotated[int, Field(ge=1, le=L.MAX_DEGREE)] | Literal["auto"]
 
 
 class ParallelismSpec(Base):
@@ -246,7 +300,7 @@ class ParallelismSpec(Base):
     tensor: Degree = _desc("Tensor parallelism over heads and MLP.", default=1)
 
     @model_validator(mode="after")
-    def _one_auto(self) -> "ParallelismSpec":
+    def _one_auto(self) -> ParallelismSpec:
         autos = [a for a in SLICE_AXES if getattr(self, a) == "auto"]
         if len(autos) > 1:
             raise ValueError(f"only one axis may be auto, got {', '.join(autos)}")
@@ -275,9 +329,13 @@ class NameRef(Base):
 class FieldSelector(Base):
     """A field of the pod (the downward API's env fields)."""
 
-    field_path: str = _desc("metadata.name, metadata.namespace, metadata.uid, metadata.labels['KEY'], "
-                            "metadata.annotations['KEY'], spec.nodeName, spec.serviceAccountName, status.hostIP, "
-                            "status.podIP (and the plural IPs).", max_length=LABEL_KEY_MAX + 24, pattern=FIELD_PATH)
+    field_path: str = _desc(
+        "metadata.name, metadata.namespace, metadata.uid, metadata.labels['KEY'], "
+        "metadata.annotations['KEY'], spec.nodeName, spec.serviceAccountName, status.hostIP, "
+        "status.podIP (and the plural IPs).",
+        max_length=LABEL_KEY_MAX + 24,
+        pattern=FIELD_PATH,
+    )
 
 
 class EnvVarSource(Base):
@@ -288,21 +346,28 @@ class EnvVarSource(Base):
     field_ref: FieldSelector | None = _desc("A field of the pod.", default=None)
 
     @model_validator(mode="after")
-    def _one(self) -> "EnvVarSource":
+    def _one(self) -> EnvVarSource:
         given = [to_camel(f) for f in type(self).model_fields if getattr(self, f) is not None]
         if len(given) != 1:
-            raise ValueError("exactly one of secretKeyRef, configMapKeyRef, fieldRef; got "
-                             f"{', '.join(given) or 'none'}")
+            raise ValueError(
+                f"exactly one of secretKeyRef, configMapKeyRef, fieldRef; got {', '.join(given) or 'none'}"
+            )
         return self
 
 
 class EnvVar(Base):
     name: str = _desc("Variable name.", min_length=1, max_length=256, pattern=ENV_NAME.pattern)
-    value: str = _desc("Value, passed verbatim: it is part of the job, its JobSet's annotation and its pods; "
-                       "for a secret, use valueFrom.", default="", max_length=L.MAX_ENV_VALUE)
+    value: str = _desc(
+        "Value, passed verbatim: it is part of the job, its JobSet's annotation and its pods; "
+        "for a secret, use valueFrom.",
+        default="",
+        max_length=L.MAX_ENV_VALUE,
+    )
     value_from: EnvVarSource | None = _desc(
         "The value by reference, as a container's env has it: the pods read it from the Secret, ConfigMap or "
-        "pod field; the job, its annotation, its ConfigMap and the pre-flight never hold it.", default=None)
+        "pod field; the job, its annotation, its ConfigMap and the pre-flight never hold it.",
+        default=None,
+    )
 
     @field_validator("name")
     @classmethod
@@ -312,7 +377,7 @@ class EnvVar(Base):
         return v
 
     @model_validator(mode="after")
-    def _value_or_reference(self) -> "EnvVar":
+    def _value_or_reference(self) -> EnvVar:
         if self.value and self.value_from is not None:  # the API server refuses both
             raise ValueError("valueFrom: not with a non-empty value")
         return self
@@ -330,7 +395,7 @@ class EnvFromSource(Base):
     config_map_ref: NameRef | None = _desc("A ConfigMap in the job's namespace.", default=None)
 
     @model_validator(mode="after")
-    def _one(self) -> "EnvFromSource":
+    def _one(self) -> EnvFromSource:
         if (self.secret_ref is None) == (self.config_map_ref is None):
             raise ValueError("exactly one of secretRef, configMapRef")
         if self.prefix and (self.prefix.startswith(RESERVED_ENV_PREFIXES) or self.prefix.startswith("TPU_")):
@@ -339,12 +404,11 @@ class EnvFromSource(Base):
 
 
 class SparseCoreOffloadSpec(Base):
-    all_gather: bool | None = _desc("Offload all-gather to SparseCore (default: on where available).",
-                                    default=None)
-    reduce_scatter: bool | None = _desc("Offload reduce-scatter to SparseCore (default: on where available).",
-                                        default=None)
-    all_reduce: bool | None = _desc("Offload all-reduce to SparseCore (default: on where available).",
-                                    default=None)
+    all_gather: bool | None = _desc("Offload all-gather to SparseCore (default: on where available).", default=None)
+    reduce_scatter: bool | None = _desc(
+        "Offload reduce-scatter to SparseCore (default: on where available).", default=None
+    )
+    all_reduce: bool | None = _desc("Offload all-reduce to SparseCore (default: on where available).", default=None)
 
 
 # A value is printable ASCII without spaces: flags are joined by spaces into one variable, and printed.
@@ -353,28 +417,41 @@ Flag = Annotated[str, Field(pattern=r"^--[A-Za-z0-9_.-]+(=[!-~]*)?$", max_length
 
 class RuntimeSpec(Base):
     sparse_core_offload: SparseCoreOffloadSpec = _desc(
-        "SparseCore collective offload per collective; v7x only.", default_factory=SparseCoreOffloadSpec)
+        "SparseCore collective offload per collective; v7x only.", default_factory=SparseCoreOffloadSpec
+    )
     scoped_vmem_limit_kib: int | None = Field(
-        default=None, ge=1, le=131072, alias="scopedVmemLimitKiB",
+        default=None,
+        ge=1,
+        le=131072,
+        alias="scopedVmemLimitKiB",
         description="--xla_tpu_scoped_vmem_limit_kib; at most the generation's VMEM per core "
-                    "(65536 on v7x). Default 61440 on v7x (published recipes).")
-    libtpu_init_args: list[Flag] = _desc("Extra LIBTPU_INIT_ARGS flags, each --name[=value].",
-                                         default_factory=list, max_length=L.MAX_FLAGS)
-    xla_flags: list[Flag] = _desc("Extra XLA_FLAGS flags, each --name[=value].", default_factory=list,
-                                  max_length=L.MAX_FLAGS)
-    env: list[EnvVar] = _desc("Extra environment variables for the trainer; secrets by valueFrom.secretKeyRef.",
-                              default_factory=list, max_length=L.MAX_ENV)
+        "(65536 on v7x). Default 61440 on v7x (published recipes).",
+    )
+    libtpu_init_args: list[Flag] = _desc(
+        "Extra LIBTPU_INIT_ARGS flags, each --name[=value].", default_factory=list, max_length=L.MAX_FLAGS
+    )
+    xla_flags: list[Flag] = _desc(
+        "Extra XLA_FLAGS flags, each --name[=value].", default_factory=list, max_length=L.MAX_FLAGS
+    )
+    env: list[EnvVar] = _desc(
+        "Extra environment variables for the trainer; secrets by valueFrom.secretKeyRef.",
+        default_factory=list,
+        max_length=L.MAX_ENV,
+    )
     env_from: list[EnvFromSource] = _desc(
         "Every key of these Secrets and ConfigMaps as the trainer's variables (a container's envFrom). The env "
-        "the operator, GKE and runtime.env set wins over a key of the same name.", default_factory=list,
-        max_length=16)
-    metrics_port: int = _desc("Port the coordinator serves /metrics and /status on.", default=9431,
-                              ge=1024, le=65535)
+        "the operator, GKE and runtime.env set wins over a key of the same name.",
+        default_factory=list,
+        max_length=16,
+    )
+    metrics_port: int = _desc("Port the coordinator serves /metrics and /status on.", default=9431, ge=1024, le=65535)
     host_network: bool | None = _desc(
         "Run the trainer pods on their nodes' network. Default: on for a multislice job (GKE's and XPK's "
         "multislice manifests use it for the DCN traffic between slices), off for one slice (pod networking: "
         "the pods keep Workload Identity and do not listen on the node's address). docs/operations.md, "
-        "Security.", default=None)
+        "Security.",
+        default=None,
+    )
 
     @field_validator("libtpu_init_args", "xla_flags")
     @classmethod
@@ -382,8 +459,10 @@ class RuntimeSpec(Base):
         for flag in v:
             field = OWNED_FLAGS.get(flag.split("=", 1)[0])
             if field:
-                raise ValueError(f"{flag.split('=', 1)[0]} is set from spec.{field}, which is checked against the "
-                                 f"chip; set that field instead")
+                raise ValueError(
+                    f"{flag.split('=', 1)[0]} is set from spec.{field}, which is checked against the "
+                    f"chip; set that field instead"
+                )
         return v
 
     def container_env_from(self) -> list[dict[str, Any]]:
@@ -412,22 +491,37 @@ class RuntimeSpec(Base):
 class FailurePolicySpec(Base):
     """How the operator restarts a job (docs/failures.md; api/failures.py has the rule)."""
 
-    max_restarts: int = _desc("Restarts after failures and hangs before the job fails, counted by the operator "
-                              "across JobSet re-creations (preemptions are counted but not charged).",
-                              default=3, ge=0, le=1000)
+    max_restarts: int = _desc(
+        "Restarts after failures and hangs before the job fails, counted by the operator "
+        "across JobSet re-creations (preemptions are counted but not charged).",
+        default=3,
+        ge=0,
+        le=1000,
+    )
     restart_on_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = _desc(
         "Trainer exit codes that restart the job; any other fails it at once. Default: the retryable "
         "classes 42 (infrastructure), 137 (killed), 143 (SIGTERM). Empty: every code but 3 restarts; "
         "3 (a user error) never does.",
-        default_factory=lambda: list(DEFAULT_RESTART_ON_EXIT_CODES), max_length=L.MAX_EXIT_CODES)
+        default_factory=lambda: list(DEFAULT_RESTART_ON_EXIT_CODES),
+        max_length=L.MAX_EXIT_CODES,
+    )
     hang_timeout_seconds: int | None = _desc(
         "A running job is Hung, and restarted, when no step completed for this long. Default: the larger of "
-        "600 and 20 x the median step time.", default=None, ge=1, le=L.MAX_TIMEOUT_S)
+        "600 and 20 x the median step time.",
+        default=None,
+        ge=1,
+        le=L.MAX_TIMEOUT_S,
+    )
     startup_timeout_seconds: int = _desc(
         "Start-up allowance: pods running -> first step done (restore and compilation included) before the "
-        "job is Hung.", default=1800, ge=1, le=L.MAX_TIMEOUT_S)
-    backoff_seconds: float = _desc("Delay before the first restart; doubled for each restart after it.",
-                                   default=10.0, ge=0, le=86400)
+        "job is Hung.",
+        default=1800,
+        ge=1,
+        le=L.MAX_TIMEOUT_S,
+    )
+    backoff_seconds: float = _desc(
+        "Delay before the first restart; doubled for each restart after it.", default=10.0, ge=0, le=86400
+    )
     max_backoff_seconds: float = _desc("Longest delay between restarts.", default=600.0, ge=0, le=86400)
 
     @field_validator("restart_on_exit_codes")
@@ -435,25 +529,30 @@ class FailurePolicySpec(Base):
     def _never_user_errors(cls, v: list[int]) -> list[int]:
         listed = sorted(set(v) & set(NEVER_RESTARTED))
         if listed:
-            raise ValueError(f"exit code {listed[0]} is a user or configuration error and is never retried; "
-                             "remove it")
+            raise ValueError(f"exit code {listed[0]} is a user or configuration error and is never retried; remove it")
         return v
 
 
 class Toleration(Base):
     """A pod toleration, checked as the API server checks one (ValidateTolerations)."""
 
-    key: str | None = _desc("Taint key (a label key); empty with operator Exists tolerates every taint.",
-                            default=None, max_length=LABEL_KEY_MAX, pattern=LABEL_KEY)
+    key: str | None = _desc(
+        "Taint key (a label key); empty with operator Exists tolerates every taint.",
+        default=None,
+        max_length=LABEL_KEY_MAX,
+        pattern=LABEL_KEY,
+    )
     operator: Literal["Exists", "Equal"] | None = _desc("Exists or Equal.", default=None)
-    value: str | None = _desc("Taint value (a label value); only with operator Equal.", default=None, max_length=63,
-                              pattern=LABEL_VALUE)
+    value: str | None = _desc(
+        "Taint value (a label value); only with operator Equal.", default=None, max_length=63, pattern=LABEL_VALUE
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = _desc("Taint effect.", default=None)
-    toleration_seconds: int | None = _desc("How long a NoExecute taint is tolerated; only with effect NoExecute.",
-                                           default=None, ge=0, le=L.MAX_TIMEOUT_S)
+    toleration_seconds: int | None = _desc(
+        "How long a NoExecute taint is tolerated; only with effect NoExecute.", default=None, ge=0, le=L.MAX_TIMEOUT_S
+    )
 
     @model_validator(mode="after")
-    def _as_the_api_server(self) -> "Toleration":
+    def _as_the_api_server(self) -> Toleration:
         if not self.key and self.operator != "Exists":
             raise ValueError("operator: must be Exists when key is empty (a toleration of every taint)")
         if self.operator == "Exists" and self.value:
@@ -463,8 +562,9 @@ class Toleration(Base):
         return self
 
 
-Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[numkMGTPE]|[KMGTPE]i)?$",
-                                max_length=L.MAX_QUANTITY)]
+Quantity = Annotated[
+    str, Field(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[numkMGTPE]|[KMGTPE]i)?$", max_length=L.MAX_QUANTITY)
+]
 ResourceName = Annotated[str, Field(pattern=RESOURCE_NAME, max_length=LABEL_KEY_MAX)]
 
 
@@ -482,13 +582,16 @@ Arg = Annotated[str, Field(max_length=L.MAX_ARG)]
 
 class ResourcesSpec(Base):
     requests: dict[ResourceName, Quantity] = _desc(
-        "Extra resource requests (google.com/tpu is set by the operator).", default_factory=dict,
-        max_length=L.MAX_RESOURCES)
-    limits: dict[ResourceName, Quantity] = _desc("Extra resource limits.", default_factory=dict,
-                                                 max_length=L.MAX_RESOURCES)
+        "Extra resource requests (google.com/tpu is set by the operator).",
+        default_factory=dict,
+        max_length=L.MAX_RESOURCES,
+    )
+    limits: dict[ResourceName, Quantity] = _desc(
+        "Extra resource limits.", default_factory=dict, max_length=L.MAX_RESOURCES
+    )
 
     @model_validator(mode="after")
-    def _as_the_api_server(self) -> "ResourcesSpec":
+    def _as_the_api_server(self) -> ResourcesSpec:
         """google.com/tpu is ours; and the API server's ValidateResourceRequirements: a request at most its
         limit; an extended resource (domain-prefixed, outside kubernetes.io) a whole number, with a limit,
         its request equal to it (extended resources are not overcommitted)."""
@@ -497,29 +600,42 @@ class ResourcesSpec(Base):
             if "google.com/tpu" in getattr(self, part):
                 problems.append((part, "google.com/tpu is derived from the topology; remove it"))
         for name in sorted(set(self.requests) | set(self.limits)):
-            request, limit = (quantity(q) if q is not None else None for q in (self.requests.get(name),
-                                                                               self.limits.get(name)))
+            request, limit = (
+                quantity(q) if q is not None else None for q in (self.requests.get(name), self.limits.get(name))
+            )
             extended = "/" in name and not name.split("/")[0].endswith("kubernetes.io") and name != "google.com/tpu"
             if extended and any(q is not None and q != int(q) for q in (request, limit)):
                 problems.append((f"limits.{name}", "an extended resource is a whole number"))
             elif extended and limit is None:
-                problems.append((f"limits.{name}", "required with its request: extended resources are not "
-                                                   "overcommitted"))
+                problems.append(
+                    (f"limits.{name}", "required with its request: extended resources are not overcommitted")
+                )
             elif extended and request is not None and request != limit:
-                problems.append((f"requests.{name}", f"must equal limits.{name} (extended resources are not "
-                                                     "overcommitted)"))
+                problems.append(
+                    (f"requests.{name}", f"must equal limits.{name} (extended resources are not overcommitted)")
+                )
             elif request is not None and limit is not None and request > limit:
-                problems.append((f"requests.{name}", f"{self.requests[name]} is more than limits.{name} "
-                                                     f"({self.limits[name]})"))
+                problems.append(
+                    (f"requests.{name}", f"{self.requests[name]} is more than limits.{name} ({self.limits[name]})")
+                )
         if problems:
             raise ValueError(joined(problems))
         return self
 
 
-_SUFFIX = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1),
-           "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
-           "P": Fraction(10**15), "E": Fraction(10**18),
-           **{f"{p}i": Fraction(2 ** (10 * (i + 1))) for i, p in enumerate("KMGTPE")}}
+_SUFFIX = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    **{f"{p}i": Fraction(2 ** (10 * (i + 1))) for i, p in enumerate("KMGTPE")},
+}
 
 
 def quantity(text: str) -> Fraction:
@@ -538,7 +654,9 @@ class PlanSpec(Base):
     preflight: Literal["compile", "skip"] = _desc(
         "compile: before creating the JobSet, compile the train step for the job's slice on a CPU node "
         "(`python -m tpu_workload.performance.plan` in a batch Job) and refuse a job that does not fit; skip: create the "
-        "JobSet at once.", default="compile")
-    hbm_headroom: float = _desc("Fraction of each device's HBM the compiled step must leave free.", default=0.10,
-                                ge=0, lt=1)
-
+        "JobSet at once.",
+        default="compile",
+    )
+    hbm_headroom: float = _desc(
+        "Fraction of each device's HBM the compiled step must leave free.", default=0.10, ge=0, lt=1
+    )

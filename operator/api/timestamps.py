@@ -57,5 +57,8 @@ def _read(value: Any) -> Any:
 
 
 # A status time field (unset: None): a datetime in the model, RFC 3339 text on the wire.
-Timestamp = Annotated[datetime.datetime | None, BeforeValidator(_read),
-                      PlainSerializer(format, return_type=str, when_used="json-unless-none")]
+Timestamp = Annotated[
+    datetime.datetime | None,
+    BeforeValidator(_read),
+    PlainSerializer(format, return_type=str, when_used="json-unless-none"),
+]

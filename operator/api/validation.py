@@ -50,7 +50,9 @@ def read_text(path: str) -> str:
     except OSError as exc:
         raise InvalidJob([f"{shown(path)}: cannot read: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
-        raise InvalidJob([f"{shown(path)}: not a text file: byte {exc.start} is not UTF-8; expected job YAML"]) from None
+        raise InvalidJob(
+            [f"{shown(path)}: not a text file: byte {exc.start} is not UTF-8; expected job YAML"]
+        ) from None
 
 
 def parse_job(doc: Any, *, needs_image: bool = False, default_image: str | None = None) -> TPUTrainingJob:
@@ -73,8 +75,10 @@ def image_problem(job: TPUTrainingJob, default_image: str | None) -> str | None:
     """Why the job's pods would have no image: it names none and there is no default to give it."""
     if job.spec.image or default_image:
         return None
-    return ("spec.image: not set, and the operator has no --default-image (the chart's operator.defaultImage): "
-            "name the trainer image you built and pushed (docs/operations.md, Images)")
+    return (
+        "spec.image: not set, and the operator has no --default-image (the chart's operator.defaultImage): "
+        "name the trainer image you built and pushed (docs/operations.md, Images)"
+    )
 
 
 def _unreached_rules(doc: dict[str, Any], exc: ValidationError) -> list[str]:
@@ -83,8 +87,11 @@ def _unreached_rules(doc: dict[str, Any], exc: ValidationError) -> list[str]:
     spec = doc.get("spec")
     if not isinstance(spec, dict) or not any(len(e["loc"]) > 1 and e["loc"][0] == "spec" for e in exc.errors()):
         return []  # no spec to read, or every spec field validated and the validators ran
-    parts = {name: _section(spec, name) for name in rules.Sections.__dataclass_fields__
-             if name not in ("slices", "capacity", "queueing")}
+    parts = {
+        name: _section(spec, name)
+        for name in rules.Sections.__dataclass_fields__
+        if name not in ("slices", "capacity", "queueing")
+    }
     sections = rules.Sections(**parts, slices=_slices(spec), capacity=_capacity(spec), queueing=_queueing(spec))
     found = [(f"spec.{path}", reason) for path, reason in rules.spec_problems(sections)]
     name = _valid(ObjectMeta, doc.get("metadata"))
@@ -167,8 +174,9 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) 
             continue  # a collection as a key: no job has one, and the models refuse it by type
         key = (key_node.tag, key_node.value)
         if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"key {shown(key_node.value)} is given twice",
-                                                    key_node.start_mark)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {shown(key_node.value)} is given twice", key_node.start_mark
+            )
         seen.add(key)
     mapping: dict[Any, Any] = loader.construct_mapping(node, deep=deep)
     return mapping
@@ -176,8 +184,9 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) 
 
 def _int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
     if sum(c.isdigit() for c in node.value) > MAX_INT_DIGITS:
-        raise yaml.constructor.ConstructorError(None, None, f"an integer of {len(node.value)} digits; Kubernetes "
-                                                "integers are 64-bit", node.start_mark)
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer of {len(node.value)} digits; Kubernetes integers are 64-bit", node.start_mark
+        )
     value: int = loader.construct_yaml_int(node)
     return value
 

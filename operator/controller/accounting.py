@@ -74,8 +74,9 @@ def _ledger(status: TPUTrainingJobStatus, sample: Sample | None, t: float, t0: f
     return ledger
 
 
-def observed(status: TPUTrainingJobStatus, sample: Sample | None, created: datetime.datetime | None,
-             now: datetime.datetime) -> TPUTrainingJobStatus:
+def observed(
+    status: TPUTrainingJobStatus, sample: Sample | None, created: datetime.datetime | None, now: datetime.datetime
+) -> TPUTrainingJobStatus:
     """The ledger with the trainer's latest report in (before the hang check reads it)."""
     t, t0 = seconds(now), seconds(created)
     if t0 is None:
@@ -84,8 +85,14 @@ def observed(status: TPUTrainingJobStatus, sample: Sample | None, created: datet
     return status if ledger == status.accounting else status.model_copy(update=dict(accounting=ledger))
 
 
-def settled(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus, sample: Sample | None, final: Progress | None,
-            created: datetime.datetime | None, now: datetime.datetime) -> TPUTrainingJobStatus:
+def settled(
+    old: TPUTrainingJobStatus,
+    new: TPUTrainingJobStatus,
+    sample: Sample | None,
+    final: Progress | None,
+    created: datetime.datetime | None,
+    now: datetime.datetime,
+) -> TPUTrainingJobStatus:
     """The ledger after this reconcile's transitions, and the figures when it changed."""
     t, t0 = seconds(now), seconds(created)
     if t0 is None:
@@ -97,5 +104,4 @@ def settled(old: TPUTrainingJobStatus, new: TPUTrainingJobStatus, sample: Sample
     if ledger == old.accounting or (old.accounting is None and ledger == ledger_lib.Ledger()):
         return new
     fraction, _, badput = ledger_lib.report(ledger, t0)
-    return new.model_copy(update=dict(accounting=ledger, goodput=round(fraction, 4),
-                                      badput=ledger_lib.rounded(badput)))
+    return new.model_copy(update=dict(accounting=ledger, goodput=round(fraction, 4), badput=ledger_lib.rounded(badput)))

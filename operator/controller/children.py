@@ -61,9 +61,11 @@ async def ensure_child(kube: Kube, resource: Resource, manifest: Obj, owner_uid:
             return await _replace(kube, resource, existing, manifest), True
         return existing, False
     owners = ", ".join(f"{r.get('kind')}/{r.get('name')}" for r in existing["metadata"].get("ownerReferences") or [])
-    raise NameConflict(f"{manifest['kind']} {name} already exists and is "
-                       f"{'owned by ' + owners if owners else 'not owned by any object'}, not by this job; "
-                       "delete or rename it")
+    raise NameConflict(
+        f"{manifest['kind']} {name} already exists and is "
+        f"{'owned by ' + owners if owners else 'not owned by any object'}, not by this job; "
+        "delete or rename it"
+    )
 
 
 async def _replace(kube: Kube, resource: Resource, existing: Obj, manifest: Obj) -> Obj:
@@ -72,8 +74,12 @@ async def _replace(kube: Kube, resource: Resource, existing: Obj, manifest: Obj)
     made again. A pod that mounted it has not started training on it: the JobSet is made after this."""
     meta = existing["metadata"]
     try:
-        await kube.delete(resource, meta.get("namespace", "default"), meta["name"], {
-            "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta.get("uid")}})
+        await kube.delete(
+            resource,
+            meta.get("namespace", "default"),
+            meta["name"],
+            {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta.get("uid")}},
+        )
     except ApiError as exc:
         if exc.status != 404:  # gone already: make it
             raise
@@ -83,7 +89,7 @@ async def _replace(kube: Kube, resource: Resource, existing: Obj, manifest: Obj)
 def config_map_of(jobset: Obj) -> str | None:
     """The ConfigMap the JobSet's pods mount as their config (its name carries the config's hash)."""
     for replicated in (jobset.get("spec") or {}).get("replicatedJobs") or []:
-        pod = ((((replicated.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {})
+        pod = (((replicated.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
         for volume in pod.get("volumes") or []:
             if volume.get("name") == "config" and volume.get("configMap"):
                 name: str | None = volume["configMap"].get("name")
@@ -93,8 +99,7 @@ def config_map_of(jobset: Obj) -> str | None:
 
 async def ensure_all(kube: Kube, owner_uid: str, *children: tuple[Resource, Obj]) -> list[tuple[Obj, bool]]:
     """`ensure_child` of each, side by side (a pod waits for its ConfigMap volume); the first error raised."""
-    results = await asyncio.gather(*(ensure_child(kube, r, m, owner_uid) for r, m in children),
-                                   return_exceptions=True)
+    results = await asyncio.gather(*(ensure_child(kube, r, m, owner_uid) for r, m in children), return_exceptions=True)
     ensured: list[tuple[Obj, bool]] = []
     for result in results:
         if isinstance(result, BaseException):
@@ -103,8 +108,14 @@ async def ensure_all(kube: Kube, owner_uid: str, *children: tuple[Resource, Obj]
     return ensured
 
 
-async def ensure_children(kube: Kube, job: TPUTrainingJob, default_image: str | None, config_map_exists: bool = False,
-                          gate: Any = None, running: int | None = None) -> tuple[Obj, bool]:
+async def ensure_children(
+    kube: Kube,
+    job: TPUTrainingJob,
+    default_image: str | None,
+    config_map_exists: bool = False,
+    gate: Any = None,
+    running: int | None = None,
+) -> tuple[Obj, bool]:
     """The control Secret and the ConfigMap (unless known to exist: the pre-flight made it), then the JobSet
     (through `gate`, e.g. the pre-flight's admission gate, when given): (the JobSet, whether it was created
     now). The JobSet comes last: an operator killed in between finds no JobSet and makes them again (a 409
@@ -134,9 +145,18 @@ def pods_of(jobset: Obj) -> list[Obj]:
             continue
         seen.append(template)
         meta = template.get("metadata") or {}
-        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {
-            **meta, "generateName": f"{jobset['metadata']['name']}-{replicated['name']}-",  # a dry run: never taken
-            "namespace": jobset["metadata"]["namespace"]}, "spec": template["spec"]})
+        pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    **meta,
+                    "generateName": f"{jobset['metadata']['name']}-{replicated['name']}-",  # a dry run: never taken
+                    "namespace": jobset["metadata"]["namespace"],
+                },
+                "spec": template["spec"],
+            }
+        )
     return pods
 
 
@@ -156,8 +176,9 @@ async def dry_run(kube: Kube, namespace: str, *children: tuple[Resource, Obj], s
     webhooks run); Inadmissible with the API's words if it refuses one, before anything is created. Any
     other ApiError (the network, RBAC, no JobSet CRD) is left to the real request, or raised when `strict`
     (`tpujob validate --server`: then nothing was checked)."""
-    results = await asyncio.gather(*(kube.create(r, namespace, m, dry_run=True) for r, m in children),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(kube.create(r, namespace, m, dry_run=True) for r, m in children), return_exceptions=True
+    )
     for (_, manifest), result in zip(children, results):
         if isinstance(result, ApiError) and inadmissible(result):
             meta = manifest["metadata"]
@@ -171,8 +192,11 @@ async def dry_run(kube: Kube, namespace: str, *children: tuple[Resource, Obj], s
 def changed_fields(before: Any, after: Any, path: str = "spec") -> list[str]:
     """Dotted paths where two specs differ (lists compare whole)."""
     if isinstance(before, dict) and isinstance(after, dict):
-        return [p for key in sorted(set(before) | set(after))
-                for p in changed_fields(before.get(key), after.get(key), f"{path}.{key}")]
+        return [
+            p
+            for key in sorted(set(before) | set(after))
+            for p in changed_fields(before.get(key), after.get(key), f"{path}.{key}")
+        ]
     return [] if before == after else [path]
 
 
@@ -185,8 +209,12 @@ def refused_changes(jobset: Obj, job: TPUTrainingJob) -> list[str]:
 async def delete_unstarted(kube: Kube, jobset: Obj) -> None:
     """Delete a JobSet that never ran (held by the pre-flight's gate): only this uid."""
     meta = jobset["metadata"]
-    await kube.delete(JOBSETS, meta.get("namespace", "default"), meta["name"], {
-        "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta["uid"]}})
+    await kube.delete(
+        JOBSETS,
+        meta.get("namespace", "default"),
+        meta["name"],
+        {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta["uid"]}},
+    )
 
 
 async def replace_jobset(kube: Kube, namespace: str, jobset: Obj, cause: str) -> None:
@@ -200,11 +228,23 @@ async def replace_jobset(kube: Kube, namespace: str, jobset: Obj, cause: str) ->
         return
     try:
         if cause not in ("preemption", "hardware"):  # hardware: stopped to save the step in flight (health.py)
-            await kube.delete_all(PODS, namespace, f"{names.LABEL_JOBSET}={meta['name']}",
-                                  {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
-        await kube.delete(JOBSETS, namespace, meta["name"], {
-            "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground",
-            "preconditions": {"uid": meta["uid"]}})
+            await kube.delete_all(
+                PODS,
+                namespace,
+                f"{names.LABEL_JOBSET}={meta['name']}",
+                {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+            )
+        await kube.delete(
+            JOBSETS,
+            namespace,
+            meta["name"],
+            {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "propagationPolicy": "Foreground",
+                "preconditions": {"uid": meta["uid"]},
+            },
+        )
     except ApiError as exc:
         if exc.status not in (404, 409):  # gone already, or another JobSet of that name: not ours to delete
             raise

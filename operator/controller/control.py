@@ -31,13 +31,22 @@ HEADER = "X-Tpujob-Control-Token"
 
 def secret(job: TPUTrainingJob) -> dict[str, Any]:
     """The Secret with a fresh token (made once per job: a 409 keeps the one that exists)."""
-    meta: dict[str, Any] = {"name": names.control_secret_name(job.metadata.name), "namespace": job.metadata.namespace,
-                            "labels": names.labels(job.metadata.name)}
+    meta: dict[str, Any] = {
+        "name": names.control_secret_name(job.metadata.name),
+        "namespace": job.metadata.namespace,
+        "labels": names.labels(job.metadata.name),
+    }
     owner = owner_reference(job)
     if owner is not None:
         meta["ownerReferences"] = [owner]
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "immutable": True,
-            "stringData": {CONTROL_TOKEN_KEY: secrets.token_urlsafe(32)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": {CONTROL_TOKEN_KEY: secrets.token_urlsafe(32)},
+    }
 
 
 class Tokens:

@@ -21,7 +21,6 @@ message and one Warning Event each time it changes, not on every resync.
 from __future__ import annotations
 
 import datetime
-
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,10 +32,23 @@ Finding = tuple[ConditionStatus, str, str]  # (condition status, reason, message
 Pod = dict[str, Any]
 # Waiting reasons of a container that will not start by itself (kubelet pkg/kubelet/images/types.go,
 # pkg/kubelet/container/sync_result.go), image problems first: they name what to fix.
-IMAGE_REASONS = ("InvalidImageName", "ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff", "RegistryUnavailable",
-                 "SignatureValidationFailed", "ImageInspectError")
-START_REASONS = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError", "PreStartHookError",
-                 "PostStartHookError", "CrashLoopBackOff")
+IMAGE_REASONS = (
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "RegistryUnavailable",
+    "SignatureValidationFailed",
+    "ImageInspectError",
+)
+START_REASONS = (
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "PreStartHookError",
+    "PostStartHookError",
+    "CrashLoopBackOff",
+)
 STARTING = "Starting"  # ContainersReady=False without a problem: the containers are on their way
 
 
@@ -57,8 +69,12 @@ def _name(pod: Pod) -> str:
 
 def _live(pods: Iterable[Pod]) -> list[Pod]:
     """The pods that count, by name: not being deleted, not done."""
-    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")
-            and (p.get("status") or {}).get("phase") != "Succeeded"]
+    live = [
+        p
+        for p in pods
+        if not (p.get("metadata") or {}).get("deletionTimestamp")
+        and (p.get("status") or {}).get("phase") != "Succeeded"
+    ]
     return sorted(live, key=_name)
 
 
@@ -93,14 +109,18 @@ def _container_problem(pod: Pod, status: dict[str, Any]) -> tuple[int, str, str]
         shown = text if image and image in text else f"{text} (image {image})".strip()
         return 0, reason, f"{where}: {reason}: {shown}"
     if reason in START_REASONS:
-        last = ((status.get("lastState") or {}).get("terminated") or {})
+        last = (status.get("lastState") or {}).get("terminated") or {}
         exit_code = f" (last exit code {last['exitCode']})" if "exitCode" in last else ""
         return 1, reason, f"{where}: {reason}{exit_code}" + (f": {text}" if text else "")
     ended = (status.get("state") or {}).get("terminated") or {}
     if ended.get("exitCode"):  # restartPolicy Never: a failed trainer stays terminated until JobSet restarts
         why = ended.get("reason") or "Error"
-        return 1, why, f"{where} exited with code {ended['exitCode']} ({why})" + (
-            f": {ended['message']}" if ended.get("message") else "")
+        return (
+            1,
+            why,
+            f"{where} exited with code {ended['exitCode']} ({why})"
+            + (f": {ended['message']}" if ended.get("message") else ""),
+        )
     return None
 
 
@@ -130,15 +150,22 @@ def trouble(status: TPUTrainingJobStatus) -> Condition | None:
     return None
 
 
-def follow(status: TPUTrainingJobStatus, js: JobSetView, pods: list[Pod] | None,
-           now: datetime.datetime, generation: int | None = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def follow(
+    status: TPUTrainingJobStatus,
+    js: JobSetView,
+    pods: list[Pod] | None,
+    now: datetime.datetime,
+    generation: int | None = None,
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The status after a look at the pods (None: not looked at this time), and an Event when the
     problem it shows is new."""
     if pods is not None:
         verdicts = {"Scheduled": scheduled(pods), "ContainersReady": containers(pods)}
     elif all_ready(js):
-        verdicts = {"Scheduled": ("True", "Scheduled", "every pod is on a node"),
-                    "ContainersReady": ("True", "Ready", "every pod is ready")}
+        verdicts = {
+            "Scheduled": ("True", "Scheduled", "every pod is on a node"),
+            "ContainersReady": ("True", "Ready", "every pod is ready"),
+        }
     else:
         return status, []
     conds = status.conditions

@@ -20,14 +20,25 @@ COMPONENT = "tpu-operator"
 def event_body(obj: Obj, notice: Notice, now: datetime.datetime) -> Obj:
     meta = obj["metadata"]
     return {
-        "apiVersion": "v1", "kind": "Event",
+        "apiVersion": "v1",
+        "kind": "Event",
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace", "default")},
-        "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta["name"],
-                           "namespace": meta.get("namespace", "default"), "uid": meta.get("uid"),
-                           "resourceVersion": meta.get("resourceVersion")},
-        "type": notice.type, "reason": notice.reason, "message": notice.message[:1024],
-        "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-        "firstTimestamp": timestamps.format(now), "lastTimestamp": timestamps.format(now), "count": 1,
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion"),
+            "kind": obj.get("kind"),
+            "name": meta["name"],
+            "namespace": meta.get("namespace", "default"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": notice.type,
+        "reason": notice.reason,
+        "message": notice.message[:1024],
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "firstTimestamp": timestamps.format(now),
+        "lastTimestamp": timestamps.format(now),
+        "count": 1,
     }
 
 

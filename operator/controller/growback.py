@@ -38,8 +38,15 @@ from .phases import JobSetView, Notice
 
 # What of a slice's pod spec decides where it can be placed; the rest (env, ports, host network, volumes)
 # belongs to the trainer, which the probe does not run.
-PLACEMENT = ("nodeSelector", "tolerations", "affinity", "priorityClassName", "schedulerName", "schedulingGates",
-             "topologySpreadConstraints")
+PLACEMENT = (
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "priorityClassName",
+    "schedulerName",
+    "schedulingGates",
+    "topologySpreadConstraints",
+)
 SLEEP = ["sleep", "infinity"]
 PROBE_JOB = "g"
 
@@ -57,8 +64,9 @@ def due(status: TPUTrainingJobStatus, tpu: TPUSpec | None, jobset_created: datet
         return False
     if jobset_created is not None and progress.started_at < jobset_created.timestamp():
         return False
-    checkpoint = progress.last_checkpoint_step if progress.last_checkpoint_step is not None \
-        else status.last_checkpoint_step
+    checkpoint = (
+        progress.last_checkpoint_step if progress.last_checkpoint_step is not None else status.last_checkpoint_step
+    )
     return elastic.grow_back_due(tpu, slices.running, progress.start_step, checkpoint)
 
 
@@ -75,16 +83,22 @@ def replacing(status: TPUTrainingJobStatus, jobset_uid: str | None) -> bool:
     return bool(jobset_uid) and status.slices is not None and status.slices.replaces == jobset_uid
 
 
-def decide(status: TPUTrainingJobStatus, tpu: TPUSpec, jobset_uid: str | None, now: datetime.datetime,
-           generation: int | None = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def decide(
+    status: TPUTrainingJobStatus,
+    tpu: TPUSpec,
+    jobset_uid: str | None,
+    now: datetime.datetime,
+    generation: int | None = None,
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The grow-back decision, written before the smaller JobSet is deleted."""
     assert status.slices is not None  # due(): decided only for a job on fewer slices than desired
     resize = elastic.grow_back(tpu, status.slices.running)
     assert resize.reason is not None  # a grow-back always says why (GrewBack)
     conds = set_condition(status.conditions, "Resized", "False", resize.reason, resize.message, now, generation)
     slices = SliceStatus(desired=tpu.slices, running=resize.slices, replaces=jobset_uid)
-    return status.model_copy(update=dict(conditions=conds, slices=slices, message=resize.message)), \
-        [Notice("Normal", "Resized", resize.message)]
+    return status.model_copy(update=dict(conditions=conds, slices=slices, message=resize.message)), [
+        Notice("Normal", "Resized", resize.message)
+    ]
 
 
 def probe(job: TPUTrainingJob, default_image: str | None, extra: int) -> Obj:
@@ -101,15 +115,30 @@ def probe(job: TPUTrainingJob, default_image: str | None, extra: int) -> Obj:
         container = pod["containers"][0]
         placed = {k: pod[k] for k in PLACEMENT if k in pod}
         replicated["template"]["spec"]["template"]["spec"] = {
-            **placed, "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": container["name"], "image": container["image"],
-                            "imagePullPolicy": container.get("imagePullPolicy", "IfNotPresent"),
-                            "command": SLEEP, "resources": container.get("resources", {})}]}
+            **placed,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": container["name"],
+                    "image": container["image"],
+                    "imagePullPolicy": container.get("imagePullPolicy", "IfNotPresent"),
+                    "command": SLEEP,
+                    "resources": container.get("resources", {}),
+                }
+            ],
+        }
     return jobset
 
 
-async def follow(kube: Kube, job: TPUTrainingJob, default_image: str | None, status: TPUTrainingJobStatus,
-                 jobset_created: datetime.datetime | None, seen: Obj | None) -> None:
+async def follow(
+    kube: Kube,
+    job: TPUTrainingJob,
+    default_image: str | None,
+    status: TPUTrainingJobStatus,
+    jobset_created: datetime.datetime | None,
+    seen: Obj | None,
+) -> None:
     """Make the probe exist exactly while a grow-back is due and not decided yet (after this reconcile's
     status write: a decided one has running == desired, so is no longer due)."""
     if due(status, job.spec.tpu, jobset_created):
@@ -121,9 +150,18 @@ async def follow(kube: Kube, job: TPUTrainingJob, default_image: str | None, sta
     if seen is not None and not (seen.get("metadata") or {}).get("deletionTimestamp"):
         meta = seen["metadata"]
         try:
-            await kube.delete(JOBSETS, meta.get("namespace", "default"), meta["name"], {
-                "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background",
-                "gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+            await kube.delete(
+                JOBSETS,
+                meta.get("namespace", "default"),
+                meta["name"],
+                {
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "propagationPolicy": "Background",
+                    "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": meta["uid"]},
+                },
+            )
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise

@@ -53,8 +53,11 @@ TPU_NODES = {health.ACCELERATOR_LABEL: kopf.PRESENT}  # GKE's TPU nodes only: no
 # The same filters as label selectors of the watches themselves (kopf >= 1.45: settings.watching.label_selectors).
 # A handler's `labels=` is kopf's own filter, applied after the event arrived: without these, every JobSet, batch
 # Job and Node of the cluster is listed, sent and decoded on the operator's one event loop only to be dropped.
-SERVER_SIDE = {JOBSET: names.LABEL_JOB, PREFLIGHT: f"{names.LABEL_JOB},{LABEL_ROLE}={ROLE}",
-               NODE: health.ACCELERATOR_LABEL}
+SERVER_SIDE = {
+    JOBSET: names.LABEL_JOB,
+    PREFLIGHT: f"{names.LABEL_JOB},{LABEL_ROLE}={ROLE}",
+    NODE: health.ACCELERATOR_LABEL,
+}
 
 
 def select_server_side(settings: kopf.OperatorSettings) -> None:
@@ -72,8 +75,9 @@ def _plain(body: kopf.Body) -> dict[str, Any]:
     return copy.deepcopy(dict(body))
 
 
-def register(registry: kopf.OperatorRegistry, manager: Manager,
-             login: Callable[[], Awaitable[kopf.ConnectionInfo]]) -> None:
+def register(
+    registry: kopf.OperatorRegistry, manager: Manager, login: Callable[[], Awaitable[kopf.ConnectionInfo]]
+) -> None:
     """Register the handlers on `registry`; `login` returns the kopf.ConnectionInfo to use."""
 
     @kopf.on.login(id="login", registry=registry)
@@ -126,8 +130,14 @@ def register(registry: kopf.OperatorRegistry, manager: Manager,
     # kopf passes its indices to every handler as keyword arguments named for them, which its ActivityFn
     # protocol cannot name (it knows settings, retry, ...): the handler is typed right, kopf's protocol is not.
     @kopf.on.startup(id="manager", registry=registry)  # type: ignore[arg-type]
-    async def start(jobs: kopf.Index[Key, Obj], jobsets: kopf.Index[Key, Obj], workloads: kopf.Index[Key, Obj],
-                    preflights: kopf.Index[Key, Obj], nodes: kopf.Index[str, str], **_: Any) -> None:
+    async def start(
+        jobs: kopf.Index[Key, Obj],
+        jobsets: kopf.Index[Key, Obj],
+        workloads: kopf.Index[Key, Obj],
+        preflights: kopf.Index[Key, Obj],
+        nodes: kopf.Index[str, str],
+        **_: Any,
+    ) -> None:
         manager.start(jobs, jobsets, workloads, preflights, nodes)
 
     @kopf.on.cleanup(id="manager", registry=registry)

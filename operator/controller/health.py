@@ -79,8 +79,11 @@ def placed(pods: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, int | None
 
 def lost(pods: Sequence[Mapping[str, Any]], unhealthy: Mapping[str, str]) -> HardwareLoss | None:
     """The first (by slice, then node name) of the job's nodes that is unhealthy; None when all are fine."""
-    hits = [HardwareLoss(node, unhealthy[node], pod, index)
-            for node, (pod, index) in placed(pods).items() if node in unhealthy]
+    hits = [
+        HardwareLoss(node, unhealthy[node], pod, index)
+        for node, (pod, index) in placed(pods).items()
+        if node in unhealthy
+    ]
     hits.sort(key=lambda h: (h.slice_index is None, h.slice_index or 0, h.node))
     return hits[0] if hits else None
 
@@ -92,5 +95,10 @@ def failure(loss: HardwareLoss | None) -> Failure | None:
     (workload/loop/preemption.py) saves the step in flight."""
     if loss is None:
         return None
-    return Failure(cause="hardware", code=None, pod=loss.pod, slice_index=loss.slice_index,
-                   error=f"{loss.describe()}: the job is stopped with SIGTERM, which saves the step in flight")
+    return Failure(
+        cause="hardware",
+        code=None,
+        pod=loss.pod,
+        slice_index=loss.slice_index,
+        error=f"{loss.describe()}: the job is stopped with SIGTERM, which saves the step in flight",
+    )

@@ -10,7 +10,6 @@ the rest are transient and retried by the work queue with backoff.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
@@ -74,12 +73,14 @@ class ApiError(Exception):
 class Kube(Protocol):
     async def get(self, resource: Resource, namespace: str, name: str) -> Obj: ...
     async def create(self, resource: Resource, namespace: str, body: Obj, dry_run: bool = False) -> Obj: ...
-    async def patch(self, resource: Resource, namespace: str, name: str, body: Obj,
-                    sub: str | None = None) -> Obj: ...  # JSON merge patch
+    async def patch(
+        self, resource: Resource, namespace: str, name: str, body: Obj, sub: str | None = None
+    ) -> Obj: ...  # JSON merge patch
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[Obj]: ...
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any: ...
-    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj,
-                         headers: dict[str, str] | None = None) -> Any: ...
+    async def proxy_post(
+        self, namespace: str, pod: str, port: int, path: str, body: Obj, headers: dict[str, str] | None = None
+    ) -> Any: ...
     async def delete(self, resource: Resource, namespace: str, name: str, body: Obj) -> Obj: ...  # DeleteOptions
     async def delete_all(self, resource: Resource, namespace: str, selector: str, body: Obj) -> Obj: ...
 
@@ -94,13 +95,19 @@ class AsyncKube:
     async def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Obj:
         try:
             found: Obj = await self.api.call_api(
-                path, method, header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=body, auth_settings=["BearerToken"], response_types_map={200: "object", 201: "object", 202: "object"},
-                _return_http_data_only=True, _request_timeout=self.timeout_s)
+                path,
+                method,
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+                response_types_map={200: "object", 201: "object", 202: "object"},
+                _return_http_data_only=True,
+                _request_timeout=self.timeout_s,
+            )
             return found
         except ApiException as exc:
             raise ApiError(exc.status or 0, _reason(exc), method) from None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ApiError(0, f"{type(exc).__name__}: {exc}", method) from None
 
     async def get(self, resource: Resource, namespace: str, name: str) -> Obj:
@@ -129,28 +136,35 @@ class AsyncKube:
         """GET through the API server's pod proxy; the decoded JSON body, read as untrusted (bounded.py)."""
         return await self._proxy("GET", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}")
 
-    async def proxy_post(self, namespace: str, pod: str, port: int, path: str, body: Obj,
-                         headers: dict[str, str] | None = None) -> Any:
+    async def proxy_post(
+        self, namespace: str, pod: str, port: int, path: str, body: Obj, headers: dict[str, str] | None = None
+    ) -> Any:
         """POST a JSON body through the API server's pod proxy (RBAC `create` on pods/proxy); `headers` go with
         it to the pod (the API server keeps its own `Authorization`)."""
-        return await self._proxy("POST", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}", body,
-                                 headers)
+        return await self._proxy(
+            "POST", f"{PODS.path(namespace, f'{pod}:{port}', 'proxy')}/{path.lstrip('/')}", body, headers
+        )
 
     async def _proxy(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
         """A request whose answer comes from a pod (the tenant's trainer, passed on by the API server): its
         body is streamed and read only up to bounded.LIMIT_BYTES, never preloaded whole as `_call` does."""
         try:
             response = await self.api.call_api(
-                path, method, header_params={"Content-Type": "application/json", "Accept": "application/json",
-                                             **(headers or {})},
-                body=body, auth_settings=["BearerToken"], _preload_content=False, _request_timeout=self.timeout_s)
+                path,
+                method,
+                header_params={"Content-Type": "application/json", "Accept": "application/json", **(headers or {})},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            )
             async with response:
                 if not 200 <= response.status <= 299:
                     raise ApiError(response.status, _message(await bounded.read_body(response)), method)
                 return await bounded.read_json(response)
         except bounded.Refused as exc:
             raise ApiError(0, str(exc), method) from None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise ApiError(0, f"{type(exc).__name__}: {exc}", method) from None
 
     async def close(self) -> None:
@@ -192,8 +206,9 @@ def api_client(credentials: k8s.Configuration) -> k8s.ApiClient:
     if any(os.environ.get(name) for name in PROXY_VARIABLES) or os.path.exists(os.path.expanduser("~/.netrc")):
         return api
     trusting = api.rest_client.pool_manager
-    api.rest_client.pool_manager = aiohttp.ClientSession(connector=trusting.connector, trust_env=False,
-                                                         read_bufsize=2**21)  # kubernetes_asyncio's: large watch events
+    api.rest_client.pool_manager = aiohttp.ClientSession(
+        connector=trusting.connector, trust_env=False, read_bufsize=2**21
+    )  # kubernetes_asyncio's: large watch events
     trusting.detach()  # the new session owns the connector now
     return api
 

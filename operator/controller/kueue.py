@@ -21,9 +21,8 @@ user's `spec.suspend` to the Workload's `spec.active` instead, Kueue's own switc
 
 from __future__ import annotations
 
-import datetime
-
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,9 +44,16 @@ DEACTIVATED = "Deactivated"
 
 def jobset_owner(workload: Mapping[str, Any]) -> str | None:
     """The name of the JobSet that controls this Workload, if one does."""
-    ref = next((r for r in (workload.get("metadata") or {}).get("ownerReferences") or []
-                if r.get("kind") == "JobSet" and str(r.get("apiVersion", "")).startswith("jobset.x-k8s.io/")
-                and r.get("controller")), None)
+    ref = next(
+        (
+            r
+            for r in (workload.get("metadata") or {}).get("ownerReferences") or []
+            if r.get("kind") == "JobSet"
+            and str(r.get("apiVersion", "")).startswith("jobset.x-k8s.io/")
+            and r.get("controller")
+        ),
+        None,
+    )
     return ref.get("name") if ref else None
 
 
@@ -56,15 +62,32 @@ def trim(workload: dict[str, Any]) -> dict[str, Any]:
     meta, spec, status = workload.get("metadata") or {}, workload.get("spec") or {}, workload.get("status") or {}
     return {
         "apiVersion": workload.get("apiVersion"),
-        "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp",
-                                          "deletionTimestamp", "ownerReferences") if k in meta}
-        | {"annotations": {k: v for k, v in (meta.get("annotations") or {}).items()
-                           if k == names.DEACTIVATED_FOR_SUSPEND}},
+        "metadata": {
+            k: meta[k]
+            for k in (
+                "name",
+                "namespace",
+                "uid",
+                "resourceVersion",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "ownerReferences",
+            )
+            if k in meta
+        }
+        | {
+            "annotations": {
+                k: v for k, v in (meta.get("annotations") or {}).items() if k == names.DEACTIVATED_FOR_SUSPEND
+            }
+        },
         "spec": {k: spec[k] for k in ("active", "queueName") if k in spec},
-        "status": {"conditions": status.get("conditions") or [],
-                   "admission": {"clusterQueue": (status.get("admission") or {}).get("clusterQueue")},
-                   "admissionChecks": [{k: c.get(k) for k in ("name", "state", "message")}
-                                       for c in status.get("admissionChecks") or []]},
+        "status": {
+            "conditions": status.get("conditions") or [],
+            "admission": {"clusterQueue": (status.get("admission") or {}).get("clusterQueue")},
+            "admissionChecks": [
+                {k: c.get(k) for k in ("name", "state", "message")} for c in status.get("admissionChecks") or []
+            ],
+        },
     }
 
 
@@ -81,14 +104,17 @@ class WorkloadView:
     checks: tuple[dict[str, Any], ...]
 
     @classmethod
-    def of(cls, workload: dict[str, Any]) -> "WorkloadView":
+    def of(cls, workload: dict[str, Any]) -> WorkloadView:
         meta, status = workload.get("metadata") or {}, workload.get("status") or {}
-        return cls(name=meta.get("name", ""), api_version=workload.get("apiVersion") or f"{GROUP}/v1beta2",
-                   conditions={c.get("type"): c for c in status.get("conditions") or []},
-                   active=(workload.get("spec") or {}).get("active") is not False,
-                   deactivated_for_suspend=names.DEACTIVATED_FOR_SUSPEND in (meta.get("annotations") or {}),
-                   cluster_queue=(status.get("admission") or {}).get("clusterQueue"),
-                   checks=tuple(status.get("admissionChecks") or ()))
+        return cls(
+            name=meta.get("name", ""),
+            api_version=workload.get("apiVersion") or f"{GROUP}/v1beta2",
+            conditions={c.get("type"): c for c in status.get("conditions") or []},
+            active=(workload.get("spec") or {}).get("active") is not False,
+            deactivated_for_suspend=names.DEACTIVATED_FOR_SUSPEND in (meta.get("annotations") or {}),
+            cluster_queue=(status.get("admission") or {}).get("clusterQueue"),
+            checks=tuple(status.get("admissionChecks") or ()),
+        )
 
     @property
     def version(self) -> str:
@@ -101,8 +127,11 @@ class WorkloadView:
 
 def pick(workloads: list[dict[str, Any]], jobset_uid: str | None) -> WorkloadView | None:
     """The Workload of the JobSet with this uid: owned by it, not being deleted, the newest."""
-    mine = [w for w in workloads
-            if any(r.get("uid") == jobset_uid for r in (w.get("metadata") or {}).get("ownerReferences") or [])]
+    mine = [
+        w
+        for w in workloads
+        if any(r.get("uid") == jobset_uid for r in (w.get("metadata") or {}).get("ownerReferences") or [])
+    ]
     mine.sort(key=lambda w: (not w["metadata"].get("deletionTimestamp"), w["metadata"].get("creationTimestamp", "")))
     return WorkloadView.of(mine[-1]) if mine else None
 
@@ -110,31 +139,56 @@ def pick(workloads: list[dict[str, Any]], jobset_uid: str | None) -> WorkloadVie
 def admission(wl: WorkloadView | None, queue: str, jobset: str) -> tuple[ConditionStatus, str, str]:
     """(status, reason, message) of the job's `Admitted` condition."""
     if wl is None:
-        return ("False", "NoWorkload", f"waiting for Kueue to create the Workload of JobSet {jobset} "
-                f"({KUEUE_QUEUE_LABEL}={queue}); if none comes, check that Kueue runs with its JobSet integration")
+        return (
+            "False",
+            "NoWorkload",
+            f"waiting for Kueue to create the Workload of JobSet {jobset} "
+            f"({KUEUE_QUEUE_LABEL}={queue}); if none comes, check that Kueue runs with its JobSet integration",
+        )
     quota = wl.conditions.get("QuotaReserved")
     evicted, admitted = wl.true("Evicted"), wl.true("Admitted")
     if evicted is not None:  # before Admitted: Kueue clears that only once the pods are gone
         now = (quota or {}).get("message") if not wl.true("QuotaReserved") else None
         message = f"evicted by Kueue ({evicted.get('reason')}): {evicted.get('message') or 'no message'}"
-        return "False", evicted.get("reason") or "Evicted", message + (
-            f"; now: {now}" if now and now != evicted.get("message") else "")
+        return (
+            "False",
+            evicted.get("reason") or "Evicted",
+            message + (f"; now: {now}" if now and now != evicted.get("message") else ""),
+        )
     if admitted is not None:
         where = f"ClusterQueue {wl.cluster_queue}" if wl.cluster_queue else f"LocalQueue {queue}"
         return "True", "Admitted", f"admitted by {where}"
     if wl.true("QuotaReserved"):  # quota held; admission checks (e.g. a ProvisioningRequest) still pending
-        checks = "; ".join(f"{c.get('name')}: {c.get('state')}" + (f" ({c['message']})" if c.get("message") else "")
-                           for c in wl.checks) or (wl.conditions.get("Admitted") or {}).get("message") or "pending"
-        return ("False", (wl.conditions.get("Admitted") or {}).get("reason") or "AdmissionChecks",
-                f"quota reserved in ClusterQueue {wl.cluster_queue or '?'}; waiting for admission checks: {checks}")
+        checks = (
+            "; ".join(
+                f"{c.get('name')}: {c.get('state')}" + (f" ({c['message']})" if c.get("message") else "")
+                for c in wl.checks
+            )
+            or (wl.conditions.get("Admitted") or {}).get("message")
+            or "pending"
+        )
+        return (
+            "False",
+            (wl.conditions.get("Admitted") or {}).get("reason") or "AdmissionChecks",
+            f"quota reserved in ClusterQueue {wl.cluster_queue or '?'}; waiting for admission checks: {checks}",
+        )
     if quota is not None:
-        return ("False", quota.get("reason") or "Pending",
-                quota.get("message") or f"waiting for quota in LocalQueue {queue}")
+        return (
+            "False",
+            quota.get("reason") or "Pending",
+            quota.get("message") or f"waiting for quota in LocalQueue {queue}",
+        )
     return "False", "Unattempted", f"Kueue has not tried to admit Workload {wl.name} (LocalQueue {queue}) yet"
 
 
-def follow(status: TPUTrainingJobStatus, wl: WorkloadView | None, queue: str, jobset: str,
-           now: datetime.datetime, generation: int | None = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def follow(
+    status: TPUTrainingJobStatus,
+    wl: WorkloadView | None,
+    queue: str,
+    jobset: str,
+    now: datetime.datetime,
+    generation: int | None = None,
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The job status after seeing its Workload (None: none yet), and the Events of what changed."""
     before = status.condition("Admitted")
     state, reason, message = admission(wl, queue, jobset)
@@ -150,8 +204,12 @@ def follow(status: TPUTrainingJobStatus, wl: WorkloadView | None, queue: str, jo
         notices.append(Notice("Warning", "Evicted", f"{message}; queued again in LocalQueue {queue}"))
     elif state == "True" and (before is None or before.status != "True"):
         notices.append(Notice("Normal", "Admitted", message))
-    elif state == "False" and evicted is None and reason not in ("NoWorkload", "Unattempted", DEACTIVATED) \
-            and (before is None or before.reason != reason):
+    elif (
+        state == "False"
+        and evicted is None
+        and reason not in ("NoWorkload", "Unattempted", DEACTIVATED)
+        and (before is None or before.reason != reason)
+    ):
         notices.append(Notice("Warning" if reason in MISCONFIGURED else "Normal", "Queued", message))
     return status.model_copy(update=update), notices
 

@@ -88,8 +88,7 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
     config = options.controller
     kube = AsyncKube(api_client(credentials))
     stats, events = Stats(), EventPoster(kube)
-    manager = Manager(kube, MetricsReader(kube, config.metrics_access, config.metrics_timeout_s), config, events,
-                      stats)
+    manager = Manager(kube, MetricsReader(kube, config.metrics_access, config.metrics_timeout_s), config, events, stats)
 
     async def login() -> kopf.ConnectionInfo:
         if credentials.refresh_api_key_hook is not None:  # exec plugins and in-cluster tokens expire
@@ -97,18 +96,31 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
             await credentials.refresh_api_key_hook(credentials)  # type: ignore[operator]
         token = (credentials.api_key.get("BearerToken") or "").removeprefix("Bearer ").strip()
         assert credentials.host is not None  # set by both loaders (and kubernetes_asyncio's default is localhost)
-        return kopf.ConnectionInfo(server=credentials.host, ca_path=credentials.ssl_ca_cert,
-                                   insecure=not credentials.verify_ssl, scheme="Bearer" if token else None,
-                                   token=token or None, certificate_path=credentials.cert_file,
-                                   private_key_path=credentials.key_file)
+        return kopf.ConnectionInfo(
+            server=credentials.host,
+            ca_path=credentials.ssl_ca_cert,
+            insecure=not credentials.verify_ssl,
+            scheme="Bearer" if token else None,
+            token=token or None,
+            certificate_path=credentials.cert_file,
+            private_key_path=credentials.key_file,
+        )
 
     registry = kopf.OperatorRegistry()
     handlers.register(registry, manager, login)
-    log.info("starting tpu-operator", extra={
-        "namespaces": list(options.namespaces) or "*", "standalone": options.standalone,
-        "metrics_access": config.metrics_access, "metrics_interval_s": config.metrics_interval_s,
-        "resync_interval_s": config.resync_interval_s,
-        "rbac": [f"{'/'.join(r['apiGroups'])}:{','.join(r['resources'])}:{','.join(r['verbs'])}" for r in RBAC_RULES]})
+    log.info(
+        "starting tpu-operator",
+        extra={
+            "namespaces": list(options.namespaces) or "*",
+            "standalone": options.standalone,
+            "metrics_access": config.metrics_access,
+            "metrics_interval_s": config.metrics_interval_s,
+            "resync_interval_s": config.resync_interval_s,
+            "rbac": [
+                f"{'/'.join(r['apiGroups'])}:{','.join(r['resources'])}:{','.join(r['verbs'])}" for r in RBAC_RULES
+            ],
+        },
+    )
     if options.metrics_port:
         prometheus_client.disable_created_metrics()
         prometheus_client.start_http_server(options.metrics_port, options.metrics_host, registry=stats.registry)
@@ -119,9 +131,14 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
     gc.collect()
     gc.freeze()
     try:
-        await kopf.operator(registry=registry, settings=_settings(options), standalone=options.standalone,
-                            clusterwide=not options.namespaces, namespaces=list(options.namespaces),
-                            liveness_endpoint=liveness)
+        await kopf.operator(
+            registry=registry,
+            settings=_settings(options),
+            standalone=options.standalone,
+            clusterwide=not options.namespaces,
+            namespaces=list(options.namespaces),
+            liveness_endpoint=liveness,
+        )
     finally:
         lag.cancel()
         await events.drain()

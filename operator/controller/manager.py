@@ -66,9 +66,20 @@ def _rv(obj: Obj | None) -> str | None:
 
 
 class Manager:
-    def __init__(self, kube: Kube, reader: MetricsReader, config: OperatorConfig, emit: Emit, stats: Stats, *,
-                 workers: int = 16, concurrent_reads: int = 32, now: timestamps.Clock = timestamps.utc_now,
-                 clock: Callable[[], float] = time.monotonic, tick_s: float = 0.2):
+    def __init__(
+        self,
+        kube: Kube,
+        reader: MetricsReader,
+        config: OperatorConfig,
+        emit: Emit,
+        stats: Stats,
+        *,
+        workers: int = 16,
+        concurrent_reads: int = 32,
+        now: timestamps.Clock = timestamps.utc_now,
+        clock: Callable[[], float] = time.monotonic,
+        tick_s: float = 0.2,
+    ):
         self.kube, self.reader, self.config, self.emit, self.stats = kube, reader, config, emit, stats
         self.workers, self.now, self.clock, self.tick_s = workers, now, clock, tick_s
         self.queue: WorkQueue[Key] = WorkQueue(clock=clock)
@@ -93,14 +104,22 @@ class Manager:
 
     # --- what sets reconciles going ---------------------------------------------------------------
 
-    def start(self, jobs: Index[Key, Obj], jobsets: Index[Key, Obj], workloads: Index[Key, Obj],
-              preflights: Index[Key, Obj] | None = None, nodes: Index[str, str] | None = None) -> None:
+    def start(
+        self,
+        jobs: Index[Key, Obj],
+        jobsets: Index[Key, Obj],
+        workloads: Index[Key, Obj],
+        preflights: Index[Key, Obj] | None = None,
+        nodes: Index[str, str] | None = None,
+    ) -> None:
         self.jobs, self.jobsets, self.workloads = jobs, jobsets, workloads
         self.preflights = preflights if preflights is not None else {}
         self.nodes = nodes if nodes is not None else {}
-        self.tasks = [asyncio.create_task(self.queue.run_timers(), name="queue-timers"),
-                      asyncio.create_task(self._ticker(), name="ticker"),
-                      *(asyncio.create_task(self._worker(), name=f"worker-{i}") for i in range(self.workers))]
+        self.tasks = [
+            asyncio.create_task(self.queue.run_timers(), name="queue-timers"),
+            asyncio.create_task(self._ticker(), name="ticker"),
+            *(asyncio.create_task(self._worker(), name=f"worker-{i}") for i in range(self.workers)),
+        ]
 
     async def stop(self) -> None:
         for task in (*self.tasks, *self.reading):
@@ -195,8 +214,12 @@ class Manager:
             return "api_error"
         self.queue.forget(key)
         job = self.job(key)
-        log.warning("reconcile of %s/%s refused (%s); not retried before the spec changes or %.0f s pass", *key, exc,
-                    self.config.refused_retry_s)
+        log.warning(
+            "reconcile of %s/%s refused (%s); not retried before the spec changes or %.0f s pass",
+            *key,
+            exc,
+            self.config.refused_retry_s,
+        )
         if job is None:
             return "refused"
         self.refused[key] = (job["metadata"].get("generation"), self.clock() + self.config.refused_retry_s)
@@ -234,10 +257,16 @@ class Manager:
                 if exc.status != 404:
                     raise
                 jobset = None
-        seen = Seen(jobset, self.samples.pop(key, None), self.workloads_of(key),
-                    list(self.preflights.get(key) or ()), look_at_pods=bool(reasons & LOOK_AT_PODS),
-                    probe=_first(self.jobsets.get((key[0], names.growback_name(key[1])))),
-                    unhealthy=self.unhealthy(), look_at_nodes=bool(reasons & LOOK_AT_NODES))
+        seen = Seen(
+            jobset,
+            self.samples.pop(key, None),
+            self.workloads_of(key),
+            list(self.preflights.get(key) or ()),
+            look_at_pods=bool(reasons & LOOK_AT_PODS),
+            probe=_first(self.jobsets.get((key[0], names.growback_name(key[1])))),
+            unhealthy=self.unhealthy(),
+            look_at_nodes=bool(reasons & LOOK_AT_NODES),
+        )
         outcome = await reconcile(self.means, job, seen)
         if outcome.job is not None:
             if outcome.job is not job:  # a status write: the version it was computed from is older now
@@ -270,7 +299,15 @@ class Manager:
             self.reader.forget(key[0], names.jobset_name(key[1]))  # not running: its pods will be new ones
 
     def _drop(self, key: Key, forget_stats: bool = True) -> None:
-        for table in (self.written, self.superseded, self.refused, self.made, self.samples, self.due_resync, self.due_metrics):
+        for table in (
+            self.written,
+            self.superseded,
+            self.refused,
+            self.made,
+            self.samples,
+            self.due_resync,
+            self.due_metrics,
+        ):
             table.pop(key, None)
         if forget_stats:
             self.stats.forget_job(key)

@@ -71,9 +71,13 @@ def pod0_selector(jobset_name: str) -> str:
 
 def pick_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest pod with an IP that is running (a restart leaves failed pods of older attempts)."""
-    live = [p for p in pods if (p.get("status") or {}).get("podIP")
-            and (p.get("status") or {}).get("phase") in ("Running", "Succeeded", None)
-            and not (p.get("metadata") or {}).get("deletionTimestamp")]
+    live = [
+        p
+        for p in pods
+        if (p.get("status") or {}).get("podIP")
+        and (p.get("status") or {}).get("phase") in ("Running", "Succeeded", None)
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
     return max(live, key=lambda p: p["metadata"].get("creationTimestamp") or "", default=None)
 
 
@@ -89,8 +93,9 @@ def to_sample(body: Any) -> Sample:
         if kind is float and not math.isfinite(value):
             continue
         values[field] = int(value) if kind is int else round(float(value), 6)
-    return Sample(**values, progress=Progress.lenient(body.get("progress")),
-                  profile=ProfileReport.lenient(body.get("profile")))
+    return Sample(
+        **values, progress=Progress.lenient(body.get("progress")), profile=ProfileReport.lenient(body.get("profile"))
+    )
 
 
 class MetricsReader:
@@ -141,10 +146,14 @@ class MetricsReader:
                 ended = (container.get("state") or {}).get("terminated") or {}
                 record = TerminationRecord.parse(ended.get("message"), ended.get("exitCode"))
                 if record is not None and record.progress is not None and record.progress.step is not None:
-                    return Sample(step=record.progress.step, last_checkpoint_step=record.progress.last_checkpoint_step,
-                                  progress=record.progress)
-        return Sample(error=f"pod 0 of JobSet {jobset_name} left no termination record with its progress "
-                            f"(selector {selector})")
+                    return Sample(
+                        step=record.progress.step,
+                        last_checkpoint_step=record.progress.last_checkpoint_step,
+                        progress=record.progress,
+                    )
+        return Sample(
+            error=f"pod 0 of JobSet {jobset_name} left no termination record with its progress (selector {selector})"
+        )
 
     async def _read(self, namespace: str, jobset_name: str, port: int) -> Sample:
         return to_sample(await self._ask(namespace, jobset_name, port, "status"))
@@ -171,18 +180,32 @@ class MetricsReader:
         except ValueError:
             raise Unreachable(f"/profile answered {str(answer)[:200]!r}, not a profile report") from None
 
-    async def _ask(self, namespace: str, jobset_name: str, port: int, path: str, body: dict[str, Any] | None = None,
-                   headers: dict[str, str] | None = None) -> Any:
+    async def _ask(
+        self,
+        namespace: str,
+        jobset_name: str,
+        port: int,
+        path: str,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         """GET (or, with a body, POST) `path` of process 0, by proxy or directly, within one deadline of
         `timeout_s` for the whole exchange: a trainer that trickles its answer is given up on like one that
         does not answer. Refusal: the trainer refused a POST (400, 401, 409)."""
         name, ip = await self._pod0(namespace, jobset_name)
-        where = f"pod proxy {namespace}/{name}:{port}/{path}" if self.access == "proxy" else f"http://{ip}:{port}/{path}"
+        where = (
+            f"pod proxy {namespace}/{name}:{port}/{path}" if self.access == "proxy" else f"http://{ip}:{port}/{path}"
+        )
         try:
             async with asyncio.timeout(self.timeout_s):
                 if self.access == "direct":
-                    return await self._exchange("GET" if body is None else "POST", f"http://{ip}:{port}/{path}",
-                                                (200,) if body is None else (200, 400, 409), body, headers)
+                    return await self._exchange(
+                        "GET" if body is None else "POST",
+                        f"http://{ip}:{port}/{path}",
+                        (200,) if body is None else (200, 400, 409),
+                        body,
+                        headers,
+                    )
                 if body is None:
                     return await self.kube.proxy_get(namespace, name, port, path)
                 return await self.kube.proxy_post(namespace, name, port, path, body, headers)
@@ -214,8 +237,14 @@ class MetricsReader:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         return self._session
 
-    async def _exchange(self, method: str, url: str, answers: tuple[int, ...], body: dict[str, Any] | None = None,
-                        headers: dict[str, str] | None = None) -> Any:
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        answers: tuple[int, ...],
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         """One request to the trainer, its answer read as untrusted: at most bounded.LIMIT_BYTES of it."""
         try:
             async with self._client().request(method, url, json=body, headers=headers) as response:

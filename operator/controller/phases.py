@@ -33,9 +33,8 @@ Conditions follow Kubernetes: `lastTransitionTime` changes only when a condition
 
 from __future__ import annotations
 
-import datetime
-
 import dataclasses
+import datetime
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -58,7 +57,7 @@ class JobSetView:
     jobs: int = 0  # Jobs the JobSet makes: the sum of spec.replicatedJobs[].replicas
 
     @classmethod
-    def of(cls, jobset: dict[str, Any]) -> "JobSetView":
+    def of(cls, jobset: dict[str, Any]) -> JobSetView:
         status = jobset.get("status") or {}
         replicated = status.get("replicatedJobsStatus") or []
 
@@ -68,7 +67,10 @@ class JobSetView:
         return cls(
             true_conditions={c["type"]: c for c in status.get("conditions") or [] if c.get("status") == "True"},
             terminal_state=status.get("terminalState"),
-            active=total("active"), ready=total("ready"), succeeded=total("succeeded"), failed=total("failed"),
+            active=total("active"),
+            ready=total("ready"),
+            succeeded=total("succeeded"),
+            failed=total("failed"),
             suspend=bool((jobset.get("spec") or {}).get("suspend")),
             jobs=sum(int(r.get("replicas") or 0) for r in (jobset.get("spec") or {}).get("replicatedJobs") or []),
         )
@@ -88,8 +90,13 @@ class Intent:
 Restart = Literal["replaced", "given-up"] | None
 
 
-def phase_of(previous_phase: str | None, js: JobSetView, intent: Intent = Intent(), restart: Restart = None,
-             trouble: bool = False) -> str:
+def phase_of(
+    previous_phase: str | None,
+    js: JobSetView,
+    intent: Intent = Intent(),
+    restart: Restart = None,
+    trouble: bool = False,
+) -> str:
     """The rule in the module docstring (`restart`: the restart policy's decision about this JobSet;
     `trouble`: the pods' diagnosis found a problem)."""
     suspended = "Suspended" in js.true_conditions or js.suspend
@@ -152,13 +159,26 @@ class Notice:
 Compute = Callable[[TPUTrainingJobStatus, "int | None"], "tuple[TPUTrainingJobStatus, list[Notice]]"]
 
 
-RUNNING = {"Running": "SlicesActive", "Pending": "NotStarted", "Queued": "NotStarted", "Suspended": "Suspended",
-           "Restarting": "Restarting", "Succeeded": "Completed", "Failed": "Failed"}  # phase -> Running's reason
+RUNNING = {
+    "Running": "SlicesActive",
+    "Pending": "NotStarted",
+    "Queued": "NotStarted",
+    "Suspended": "Suspended",
+    "Restarting": "Restarting",
+    "Succeeded": "Completed",
+    "Failed": "Failed",
+}  # phase -> Running's reason
 
 
-def follow(status: TPUTrainingJobStatus, jobset: JobSetView | dict[str, Any], now: datetime.datetime,
-           intent: Intent = Intent(), trouble: Condition | None = None, restart: Restart = None,
-           generation: int | None = None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def follow(
+    status: TPUTrainingJobStatus,
+    jobset: JobSetView | dict[str, Any],
+    now: datetime.datetime,
+    intent: Intent = Intent(),
+    trouble: Condition | None = None,
+    restart: Restart = None,
+    generation: int | None = None,
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The job status after seeing `jobset` (the reconcile's view of it; a JobSet object is wrapped here),
     and the Events its transitions deserve. `restart` is the decision about it, `trouble` the problem the
     last look at the pods found (diagnosis.trouble), if any. A restart decision's message, set before, is
@@ -169,17 +189,30 @@ def follow(status: TPUTrainingJobStatus, jobset: JobSetView | dict[str, Any], no
     keep = (phase in TERMINAL and before in TERMINAL) or restart is not None
     message = status.message if keep and status.message else _message(phase, js, status, trouble)
     started = phase in ("Running", "Restarting", *TERMINAL)
-    conds = set_condition(status.conditions, "Running", "True" if phase == "Running" else "False", RUNNING[phase],
-                          message, now, generation)
+    conds = set_condition(
+        status.conditions,
+        "Running",
+        "True" if phase == "Running" else "False",
+        RUNNING[phase],
+        message,
+        now,
+        generation,
+    )
     if phase == "Succeeded":
         conds = set_condition(conds, "Succeeded", "True", "JobSetCompleted", message, now, generation)
     if phase == "Failed":
-        conds = set_condition(conds, "Failed", "True", "RestartPolicy" if restart else "JobSetFailed", message, now,
-                              generation)
-    new = status.model_copy(update=dict(
-        phase=phase, message=message, conditions=conds,
-        start_time=status.start_time or (now if started else None),
-        completion_time=status.completion_time or (now if phase in TERMINAL else None)))
+        conds = set_condition(
+            conds, "Failed", "True", "RestartPolicy" if restart else "JobSetFailed", message, now, generation
+        )
+    new = status.model_copy(
+        update=dict(
+            phase=phase,
+            message=message,
+            conditions=conds,
+            start_time=status.start_time or (now if started else None),
+            completion_time=status.completion_time or (now if phase in TERMINAL else None),
+        )
+    )
 
     notices = []
     if phase != before:

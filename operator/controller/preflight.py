@@ -52,8 +52,15 @@ from ..api.models import TPUTrainingJob
 from ..api.status import PlanStatus, TPUTrainingJobStatus
 from ..rendering.manifests import render
 from ..rendering.plan_report import plan_problems
-from ..rendering.preflight import (DEADLINE_S, LABEL_GENERATION, LABEL_ROLE, ROLE, preflight_labels, preflight_name,
-                                   render_preflight)
+from ..rendering.preflight import (
+    DEADLINE_S,
+    LABEL_GENERATION,
+    LABEL_ROLE,
+    ROLE,
+    preflight_labels,
+    preflight_name,
+    render_preflight,
+)
 from . import children, diagnosis
 from .conditions import set_condition
 from .kube import BATCH_JOBS, CONFIGMAPS, JOBSETS, PODS, Kube, Obj
@@ -108,9 +115,14 @@ def lift_patch(jobset: Obj) -> Obj:
 def trim(job: Obj) -> Obj:
     """What the index keeps of a pre-flight Job."""
     meta = job.get("metadata") or {}
-    return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels", "creationTimestamp",
-                                              "deletionTimestamp", "ownerReferences") if k in meta},
-            "status": job.get("status") or {}}
+    return {
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp", "ownerReferences")
+            if k in meta
+        },
+        "status": job.get("status") or {},
+    }
 
 
 def job_key(job: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -123,8 +135,15 @@ def job_key(job: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 def of_generation(found: Sequence[Obj], generation: int) -> Obj | None:
-    return next((j for j in found if ((j.get("metadata") or {}).get("labels") or {}).get(LABEL_GENERATION)
-                 == str(generation) and not j["metadata"].get("deletionTimestamp")), None)
+    return next(
+        (
+            j
+            for j in found
+            if ((j.get("metadata") or {}).get("labels") or {}).get(LABEL_GENERATION) == str(generation)
+            and not j["metadata"].get("deletionTimestamp")
+        ),
+        None,
+    )
 
 
 # --- the decision (pure) ------------------------------------------------------------------------------
@@ -196,15 +215,22 @@ def decide(found: Obj | None, pods: Sequence[Obj] | None, age_s: float, timing: 
         if pods is None:
             return Decision("list_pods")
         if not pods:
-            return Decision("unknown", "PreflightNotStarted", f"no pod of pre-flight Job {name} after "
-                            f"{age_s:.0f} s (is a Job controller running?)")
+            return Decision(
+                "unknown",
+                "PreflightNotStarted",
+                f"no pod of pre-flight Job {name} after {age_s:.0f} s (is a Job controller running?)",
+            )
         for verdict in (diagnosis.containers(pods), diagnosis.scheduled(pods)):
             if verdict[0] == "False" and verdict[1] not in (diagnosis.STARTING, "Pending"):
-                return Decision("unknown", "PreflightNotStarted",
-                                f"the pre-flight pod did not start in {age_s:.0f} s: {verdict[2]}")
+                return Decision(
+                    "unknown", "PreflightNotStarted", f"the pre-flight pod did not start in {age_s:.0f} s: {verdict[2]}"
+                )
         if not any((p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed") for p in pods):
-            return Decision("unknown", "PreflightNotStarted",
-                            f"the pre-flight pod did not start in {age_s:.0f} s: {diagnosis.scheduled(pods)[2]}")
+            return Decision(
+                "unknown",
+                "PreflightNotStarted",
+                f"the pre-flight pod did not start in {age_s:.0f} s: {diagnosis.scheduled(pods)[2]}",
+            )
         return Decision("wait", requeue_after_s=end - age_s)  # it runs; the Job's status lags
     return Decision("wait", requeue_after_s=(timing.start_s if state == "pending" else end) - age_s)
 
@@ -214,24 +240,42 @@ def decide(found: Obj | None, pods: Sequence[Obj] | None, age_s: float, timing: 
 
 def plan_status(result: PlanResult | None, capacity: float, now: datetime.datetime) -> PlanStatus:
     r = result or PlanResult(verdict="CompileError", message="")
-    return PlanStatus(hbm_per_device_gib=r.hbm_per_device_gib, hbm_capacity_gib=r.hbm_capacity_gib or capacity,
-                      host_per_device_gib=r.host_per_device_gib or None, fits=r.fits, compile_seconds=r.compile_seconds,
-                      libtpu_version=r.libtpu_version, slices=r.slices, hbm_by_slices=r.hbm_by_slices or None,
-                      resources=r.resources, checked_at=now)
+    return PlanStatus(
+        hbm_per_device_gib=r.hbm_per_device_gib,
+        hbm_capacity_gib=r.hbm_capacity_gib or capacity,
+        host_per_device_gib=r.host_per_device_gib or None,
+        fits=r.fits,
+        compile_seconds=r.compile_seconds,
+        libtpu_version=r.libtpu_version,
+        slices=r.slices,
+        hbm_by_slices=r.hbm_by_slices or None,
+        resources=r.resources,
+        checked_at=now,
+    )
 
 
-def compiling(status: TPUTrainingJobStatus, name: str, where: str, generation: int | None,
-              now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def compiling(
+    status: TPUTrainingJobStatus, name: str, where: str, generation: int | None, now: datetime.datetime
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     message = f"compiling the train step for {where} on a CPU node (pre-flight Job {name})"
     conds = set_condition(status.conditions, "Planned", "Unknown", COMPILING, message, now, generation)
-    conds = set_condition(conds, "Ready", "False", "Planning", "the JobSet is created once the pre-flight says the "
-                          "step fits", now, generation)
-    return status.model_copy(update=dict(phase="Pending", message=message, conditions=conds, plan=None,
-                                         observed_generation=generation)), []
+    conds = set_condition(
+        conds,
+        "Ready",
+        "False",
+        "Planning",
+        "the JobSet is created once the pre-flight says the step fits",
+        now,
+        generation,
+    )
+    return status.model_copy(
+        update=dict(phase="Pending", message=message, conditions=conds, plan=None, observed_generation=generation)
+    ), []
 
 
-def planned(status: TPUTrainingJobStatus, decision: Decision, capacity: float, generation: int | None,
-            now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def planned(
+    status: TPUTrainingJobStatus, decision: Decision, capacity: float, generation: int | None, now: datetime.datetime
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """Fits (True) or could not be checked (Unknown): the JobSet is created next, in the same write."""
     before = status.condition("Planned")
     if decision.kind == "fits":
@@ -246,16 +290,29 @@ def planned(status: TPUTrainingJobStatus, decision: Decision, capacity: float, g
     return new, [notice] if fresh else []
 
 
-def does_not_fit(status: TPUTrainingJobStatus, decision: Decision, found: list[str], capacity: float,
-                 generation: int | None, now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def does_not_fit(
+    status: TPUTrainingJobStatus,
+    decision: Decision,
+    found: list[str],
+    capacity: float,
+    generation: int | None,
+    now: datetime.datetime,
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The compiler says the job cannot run as written: Invalid, naming what to change; no JobSet."""
     message = "; ".join(found)
     reason = "DoesNotFit"  # every verdict that makes a job Invalid: HBM, VMEM, or flags libtpu refuses
     before = status.condition("Planned")
     conds = set_condition(status.conditions, "Planned", "False", decision.reason, message, now, generation)
     conds = set_condition(conds, "Ready", "False", reason, message, now, generation)
-    new = status.model_copy(update=dict(phase="Invalid", message=message, conditions=conds, observed_generation=generation,
-                                        plan=plan_status(decision.result, capacity, now)))
+    new = status.model_copy(
+        update=dict(
+            phase="Invalid",
+            message=message,
+            conditions=conds,
+            observed_generation=generation,
+            plan=plan_status(decision.result, capacity, now),
+        )
+    )
     fresh = before is None or before.status != "False" or before.observed_generation != generation
     return new, [Notice("Warning", reason, message)] if fresh else []
 
@@ -275,8 +332,15 @@ class Gate:
     config_map_exists: bool = False
 
 
-async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Obj], timing: Timing,
-               default_image: str | None, now: datetime.datetime) -> Gate:
+async def gate(
+    kube: Kube,
+    job: TPUTrainingJob,
+    job_obj: Obj,
+    found: Sequence[Obj],
+    timing: Timing,
+    default_image: str | None,
+    now: datetime.datetime,
+) -> Gate:
     """The pre-flight's part of a reconcile of a job that wants one and has no JobSet, or a gated one (see
     the module docstring); `found` are the job's pre-flight Jobs as the watch saw them."""
     status = TPUTrainingJobStatus.model_validate(job_obj.get("status") or {})
@@ -291,12 +355,14 @@ async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Ob
         return Gate(True, config_map_exists=current is not None)
     is_compiling = mark is not None and mark.observed_generation == generation and mark.reason == COMPILING
     since = timestamps.parse_or_none((current or {}).get("metadata", {}).get("creationTimestamp")) or (
-        mark.last_transition_time if is_compiling and mark is not None else None)
+        mark.last_transition_time if is_compiling and mark is not None else None
+    )
     age = (now - since).total_seconds() if since is not None else 0.0
     decision = decide(current, None, age, timing, is_compiling)
     if decision.kind == "list_pods":
-        selector = ",".join(f"{k}={v}" for k, v in preflight_labels(name, generation).items()
-                            if k != names.LABEL_MANAGED_BY)
+        selector = ",".join(
+            f"{k}={v}" for k, v in preflight_labels(name, generation).items() if k != names.LABEL_MANAGED_BY
+        )
         decision = decide(current, await kube.list(PODS, namespace, selector), age, timing, is_compiling)
     pf_name = preflight_name(name, generation)
     if decision.result is not None:  # the step's time bounds need the generation's peaks (api/roofline.py)
@@ -313,13 +379,21 @@ async def gate(kube: Kube, job: TPUTrainingJob, job_obj: Obj, found: Sequence[Ob
     return Gate(True, lambda s, g: planned(s, decision, capacity, g, now), config_map_exists=True)
 
 
-async def _create(kube: Kube, job: TPUTrainingJob, generation: int, timing: Timing,
-                  default_image: str | None) -> None:
+async def _create(kube: Kube, job: TPUTrainingJob, generation: int, timing: Timing, default_image: str | None) -> None:
     """The ConfigMap and the pre-flight Job, side by side (a pod waits for its ConfigMap volume), once the
     API server has admitted, in a dry run, the ConfigMap and the JobSet with its pods: a job it would refuse
     later is Invalid before a CPU node compiles anything (children.Inadmissible)."""
     config_map, jobset = await asyncio.to_thread(render, job, default_image)  # off the event loop
-    await children.dry_run(kube, job.metadata.namespace, (CONFIGMAPS, config_map), (JOBSETS, jobset),
-                           *((PODS, p) for p in children.pods_of(jobset)))
-    await children.ensure_all(kube, job.metadata.uid or "", (CONFIGMAPS, config_map),
-                              (BATCH_JOBS, render_preflight(job, generation, default_image, timing.deadline_s)))
+    await children.dry_run(
+        kube,
+        job.metadata.namespace,
+        (CONFIGMAPS, config_map),
+        (JOBSETS, jobset),
+        *((PODS, p) for p in children.pods_of(jobset)),
+    )
+    await children.ensure_all(
+        kube,
+        job.metadata.uid or "",
+        (CONFIGMAPS, config_map),
+        (BATCH_JOBS, render_preflight(job, generation, default_image, timing.deadline_s)),
+    )

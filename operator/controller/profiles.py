@@ -46,8 +46,9 @@ def _steps(request: str) -> str | None:
         return None
 
 
-def to_send(request: str | None, status: TPUTrainingJobStatus, trainer: ProfileReport | None,
-            trainer_read: bool) -> bool:
+def to_send(
+    request: str | None, status: TPUTrainingJobStatus, trainer: ProfileReport | None, trainer_read: bool
+) -> bool:
     """The annotation's request must go to the trainer now (the job is Running: the caller checks)."""
     if request is None:
         return False
@@ -67,8 +68,9 @@ def check(request: str, total_steps: int) -> str | None:
     return None
 
 
-def follow(status: TPUTrainingJobStatus, answer: Answer | None,
-           trainer: ProfileReport | None) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def follow(
+    status: TPUTrainingJobStatus, answer: Answer | None, trainer: ProfileReport | None
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """status.profile after sending a request (`answer`) or reading the trainer's `/status` (`trainer`)."""
     before = status.profile
     if answer is not None and answer.error is None:
@@ -87,8 +89,9 @@ def follow(status: TPUTrainingJobStatus, answer: Answer | None,
 
 
 def _from_report(request: str, report: ProfileReport) -> ProfileStatus:
-    return ProfileStatus(request=request, steps=report.steps, state=report.state, path=report.path,
-                         message=report.message or None)
+    return ProfileStatus(
+        request=request, steps=report.steps, state=report.state, path=report.path, message=report.message or None
+    )
 
 
 def _notices(before: ProfileStatus | None, new: ProfileStatus) -> list[Notice]:
@@ -101,8 +104,9 @@ def _notices(before: ProfileStatus | None, new: ProfileStatus) -> list[Notice]:
     return []
 
 
-async def send(reader: MetricsReader, namespace: str, jobset_name: str, port: int, request: str,
-               total_steps: int, running: bool) -> Answer | None:
+async def send(
+    reader: MetricsReader, namespace: str, jobset_name: str, port: int, request: str, total_steps: int, running: bool
+) -> Answer | None:
     """Send the annotation's request to process 0 (a bad value is refused here, at any phase); None while the
     job is not Running (a later reconcile sends it)."""
     invalid = check(request, total_steps)

@@ -32,8 +32,12 @@ K = TypeVar("K", bound=Hashable)  # a key of the queue: the manager's is (namesp
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, base_delay_s: float = BASE_DELAY_S, max_delay_s: float = MAX_DELAY_S,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        base_delay_s: float = BASE_DELAY_S,
+        max_delay_s: float = MAX_DELAY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.base_delay_s, self.max_delay_s, self.clock = base_delay_s, max_delay_s, clock
         self._ready: asyncio.Queue[K] = asyncio.Queue()
         self._reasons: dict[K, set[str]] = {}  # queued keys and why
@@ -108,7 +112,7 @@ class WorkQueue(Generic[K]):
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def __len__(self) -> int:

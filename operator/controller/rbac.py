@@ -12,8 +12,11 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": ["training.tpu-operator.dev"], "resources": ["tputrainingjobs/status"], "verbs": ["patch"]},
     # get: adoption after a 409 and the resync; patch: spec.suspend; delete: a restart replaces a failed or
     # hung JobSet (api/failures.py).
-    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
-     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {
+        "apiGroups": ["jobset.x-k8s.io"],
+        "resources": ["jobsets"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
     # delete: a ConfigMap of ours whose contents are not its name's is replaced (children.py); immutable,
     # it cannot be updated
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "delete"]},
@@ -47,8 +50,11 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # Cluster-scoped, so granted by the ClusterRole even with rbac.namespaced.
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
     # kopf peering, only without --standalone (kopf's KopfPeering CRDs installed).
-    {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings", "clusterkopfpeerings"],
-     "verbs": ["get", "list", "watch", "patch"]},
+    {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["kopfpeerings", "clusterkopfpeerings"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
 )
 
 

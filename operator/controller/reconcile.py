@@ -43,8 +43,21 @@ from ..api.names import LABEL_JOBSET
 from ..api.status import TPUTrainingJobStatus
 from ..api.timestamps import Clock
 from ..api.validation import InvalidJob, parse_job
-from . import (children, diagnosis, growback, health, kueue, phases, preflight, profiles, restarts,
-               status as status_lib, steps)
+from . import (
+    children,
+    diagnosis,
+    growback,
+    health,
+    kueue,
+    phases,
+    preflight,
+    profiles,
+    restarts,
+    steps,
+)
+from . import (
+    status as status_lib,
+)
 from .children import Inadmissible, NameConflict, owner_of
 from .kube import JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 from .metrics_reader import MetricsReader
@@ -150,8 +163,11 @@ async def write_status(kube: Kube, job_obj: Obj, compute: Compute, emit: Emit) -
             if exc.status != 409:
                 raise
             if attempt == 2:
-                log.info("the status write of %s/%s conflicted twice; leaving it to the next event or resync",
-                         namespace, name)
+                log.info(
+                    "the status write of %s/%s conflicted twice; leaving it to the next event or resync",
+                    namespace,
+                    name,
+                )
                 return None
             try:
                 job_obj = await kube.get(JOBS, namespace, name)
@@ -168,8 +184,13 @@ async def write_status(kube: Kube, job_obj: Obj, compute: Compute, emit: Emit) -
     return None
 
 
-async def write_change(kube: Kube, job_obj: Obj, change: Callable[..., tuple[TPUTrainingJobStatus, list[Notice]]],
-                       now: datetime.datetime, emit: Emit) -> Obj | None:
+async def write_change(
+    kube: Kube,
+    job_obj: Obj,
+    change: Callable[..., tuple[TPUTrainingJobStatus, list[Notice]]],
+    now: datetime.datetime,
+    emit: Emit,
+) -> Obj | None:
     """`write_status` of a change that needs only the generation and the time (invalid, conflict, refused)."""
     return await write_status(kube, job_obj, lambda s, g: change(s, g, now), emit)
 
@@ -177,8 +198,9 @@ async def write_change(kube: Kube, job_obj: Obj, change: Callable[..., tuple[TPU
 async def show_refusal(kube: Kube, job_obj: Obj, exc: ApiError, now: datetime.datetime, emit: Emit) -> Obj | None:
     """Show a request the API refused for good on the job (Reconciled=False, the API's words, one Event)."""
     message = f"the API refused a request ({exc.verb or 'HTTP'} {exc.status}): {exc.message}"
-    return await write_change(kube, job_obj, lambda s, g, t: status_lib.refused(s, exc.reason, message, g, t), now,
-                              emit)
+    return await write_change(
+        kube, job_obj, lambda s, g, t: status_lib.refused(s, exc.reason, message, g, t), now, emit
+    )
 
 
 # --- converge: the children --------------------------------------------------------------------------
@@ -201,8 +223,15 @@ async def apply_suspend(kube: Kube, job: TPUTrainingJob, jobset: Obj, workload: 
     return jobset
 
 
-async def run_preflight(means: Means, job: TPUTrainingJob, job_obj: Obj, jobset: Obj | None, gated: bool,
-               preflights: Sequence[Obj], now: datetime.datetime) -> preflight.Gate | ReconcileResult:
+async def run_preflight(
+    means: Means,
+    job: TPUTrainingJob,
+    job_obj: Obj,
+    jobset: Obj | None,
+    gated: bool,
+    preflights: Sequence[Obj],
+    now: datetime.datetime,
+) -> preflight.Gate | ReconcileResult:
     """The pre-flight's part (preflight.py): its gate when it lets the JobSet be made, else what it did."""
     kube, config = means.kube, means.config
     planned = await preflight.gate(kube, job, job_obj, preflights, config.preflight, config.default_image, now)
@@ -217,8 +246,9 @@ async def run_preflight(means: Means, job: TPUTrainingJob, job_obj: Obj, jobset:
     return ReconcileResult(planned.result if done else "gone", done, planned.requeue_after_s)
 
 
-async def converge(means: Means, job: TPUTrainingJob, job_obj: Obj, seen: Seen,
-                   now: datetime.datetime) -> Converged | ReconcileResult:
+async def converge(
+    means: Means, job: TPUTrainingJob, job_obj: Obj, seen: Seen, now: datetime.datetime
+) -> Converged | ReconcileResult:
     """Make the ConfigMap and the JobSet exist (`seen.jobset`: as last seen, None when none is known),
     through the pre-flight and a restart's backoff; or the ReconcileResult of a reconcile that stops here."""
     kube, jobset, meta = means.kube, seen.jobset, job_obj["metadata"]
@@ -241,31 +271,43 @@ async def converge(means: Means, job: TPUTrainingJob, job_obj: Obj, seen: Seen,
                 return gate
             planned = gate
         if gated and jobset is not None:  # it fits, or could not be checked: Kueue may admit it now
-            lifted = await kube.patch(JOBSETS, job.metadata.namespace, jobset["metadata"]["name"],
-                                      preflight.lift_patch(jobset))
+            lifted = await kube.patch(
+                JOBSETS, job.metadata.namespace, jobset["metadata"]["name"], preflight.lift_patch(jobset)
+            )
             return Converged(lifted, False, False, planned.compute if planned else None)
         slices = status_of(job_obj).slices  # an elastic job re-created on the slices left (restarts.decide)
-        made, created = await children.ensure_children(kube, job, means.config.default_image,
-                                                       planned is not None and planned.config_map_exists,
-                                                       running=slices.running if slices and slices.running else None)
+        made, created = await children.ensure_children(
+            kube,
+            job,
+            means.config.default_image,
+            planned is not None and planned.config_map_exists,
+            running=slices.running if slices and slices.running else None,
+        )
         return Converged(made, created, True, planned.compute if planned else None)
     except NameConflict as exc:
         message = str(exc)
-        done = await write_change(kube, job_obj, lambda s, g, t: status_lib.conflicted(s, message, g, t), now,
-                                  means.emit)
+        done = await write_change(
+            kube, job_obj, lambda s, g, t: status_lib.conflicted(s, message, g, t), now, means.emit
+        )
         return ReconcileResult("conflict", done, means.config.conflict_retry_s)
     except Inadmissible as exc:  # the API's own words, before anything of the job was created
         problems = [str(exc)]
-        done = await write_change(kube, job_obj, lambda s, g, t: status_lib.invalid(s, problems, g, t), now,
-                                  means.emit)
+        done = await write_change(kube, job_obj, lambda s, g, t: status_lib.invalid(s, problems, g, t), now, means.emit)
         return ReconcileResult("invalid" if done else "gone", done)
 
 
 # --- observe -----------------------------------------------------------------------------------------
 
 
-async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converged, seen: Seen,
-                  workload: kueue.WorkloadView | None, now: datetime.datetime) -> steps.Observed:
+async def observe(
+    means: Means,
+    job: TPUTrainingJob,
+    job_obj: Obj,
+    made: Converged,
+    seen: Seen,
+    workload: kueue.WorkloadView | None,
+    now: datetime.datetime,
+) -> steps.Observed:
     """What the status is computed from: the JobSet (wrapped once), and the reads it may call for: the final
     sample of a completed JobSet, the pods of a failed one not counted yet, the pods of one not ready."""
     kube, reader, sample, jobset, namespace = means.kube, means.reader, seen.sample, made.jobset, job.metadata.namespace
@@ -277,46 +319,77 @@ async def observe(means: Means, job: TPUTrainingJob, job_obj: Obj, made: Converg
         sample = await reader.final(namespace, name)
     failure = pods = None
     if jobset_failed(view) and not restarts.replaced(status_of(job_obj), uid):  # one LIST, only when it fails
-        failure = restarts.failure_of(await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}"),
-                                      view.condition_message("Failed"))
+        failure = restarts.failure_of(
+            await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}"), view.condition_message("Failed")
+        )
     if seen.look_at_pods and diagnosis.needs_pods(view):  # one list per JobSet event or resync, never per pod
         pods = await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
     hardware = None  # only while some TPU node is unhealthy: then a Running job's pods say which nodes it is on
-    if seen.unhealthy and seen.look_at_nodes and failure is None and status_of(job_obj).phase == "Running" \
-            and not restarts.replaced(status_of(job_obj), uid):
+    if (
+        seen.unhealthy
+        and seen.look_at_nodes
+        and failure is None
+        and status_of(job_obj).phase == "Running"
+        and not restarts.replaced(status_of(job_obj), uid)
+    ):
         pods = pods if pods is not None else await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
         hardware = health.lost(pods, seen.unhealthy)
     profile, old = None, status_of(job_obj)
     request = profiles.requested(job_obj["metadata"].get("annotations"))
     read = sample is not None and sample.error is None
-    if reader is not None and profiles.to_send(request, old, sample.profile if sample is not None and read else None,
-                                               read):
+    if reader is not None and profiles.to_send(
+        request, old, sample.profile if sample is not None and read else None, read
+    ):
         assert request is not None  # to_send: never without one
-        profile = await profiles.send(reader, namespace, name, job.spec.runtime.metrics_port, request,
-                                      job.spec.training.steps, old.phase == "Running")
+        profile = await profiles.send(
+            reader,
+            namespace,
+            name,
+            job.spec.runtime.metrics_port,
+            request,
+            job.spec.training.steps,
+            old.phase == "Running",
+        )
     return steps.Observed(
-        now=now, generation=job_obj["metadata"].get("generation"), jobset_name=name,
+        now=now,
+        generation=job_obj["metadata"].get("generation"),
+        jobset_name=name,
         # Named only in the Created Event of a JobSet rendered here, which always mounts its config.
-        config_map=children.config_map_of(jobset) or "(none)", jobset_uid=uid, view=view,
+        config_map=children.config_map_of(jobset) or "(none)",
+        jobset_uid=uid,
+        view=view,
         intent=phases.Intent(suspend=job.spec.suspend, queued=job.spec.queue_name is not None),
-        policy=job.spec.failure_policy, total_steps=job.spec.training.steps,
-        created_at=timestamps.parse_or_none(job_obj["metadata"].get("creationTimestamp")), created=made.created,
-        refused=() if made.created else tuple(children.refused_changes(jobset, job)), queue=job.spec.queue_name,
-        workload=workload, pods=pods, sample=sample, failure=failure, planned=made.planned, profile=profile,
-        tpu=job.spec.tpu, jobset_created=timestamps.parse_or_none(jobset["metadata"].get("creationTimestamp")),
-        probe_ready=growback.probe_placed(seen.probe), hardware=hardware)
+        policy=job.spec.failure_policy,
+        total_steps=job.spec.training.steps,
+        created_at=timestamps.parse_or_none(job_obj["metadata"].get("creationTimestamp")),
+        created=made.created,
+        refused=() if made.created else tuple(children.refused_changes(jobset, job)),
+        queue=job.spec.queue_name,
+        workload=workload,
+        pods=pods,
+        sample=sample,
+        failure=failure,
+        planned=made.planned,
+        profile=profile,
+        tpu=job.spec.tpu,
+        jobset_created=timestamps.parse_or_none(jobset["metadata"].get("creationTimestamp")),
+        probe_ready=growback.probe_placed(seen.probe),
+        hardware=hardware,
+    )
 
 
 # --- act ---------------------------------------------------------------------------------------------
 
 
-async def act(means: Means, job: TPUTrainingJob, job_obj: Obj, observed: steps.Observed, made: Converged,
-              probe: Obj | None = None) -> ReconcileResult:
+async def act(
+    means: Means, job: TPUTrainingJob, job_obj: Obj, observed: steps.Observed, made: Converged, probe: Obj | None = None
+) -> ReconcileResult:
     """Write the status computed from `observed`; then delete the JobSet if a restart or a grow-back replaces
     it, and make the grow-back probe (`probe`: as seen) exist exactly while the status wants it."""
     kube = means.kube
-    done = await write_status(kube, job_obj, lambda s, g: steps.compute(s, dataclasses.replace(observed, generation=g)),
-                              means.emit)
+    done = await write_status(
+        kube, job_obj, lambda s, g: steps.compute(s, dataclasses.replace(observed, generation=g)), means.emit
+    )
     written = status_of(done or {})
     if done is not None and restarts.replaced(written, observed.jobset_uid):
         # A grow-back stops the smaller JobSet as a preemption does: its trainers save the step in flight.
@@ -328,8 +401,11 @@ async def act(means: Means, job: TPUTrainingJob, job_obj: Obj, observed: steps.O
         await children.replace_jobset(kube, job_obj["metadata"].get("namespace", "default"), made.jobset, cause)
     if done is not None and (probe is not None or written.slices is not None):
         await growback.follow(kube, job, means.config.default_image, written, observed.jobset_created, probe)
-    return ReconcileResult("created" if made.created else "adopted" if made.ensured else "followed", done,
-                   jobset=made.jobset if made.ensured else None)
+    return ReconcileResult(
+        "created" if made.created else "adopted" if made.ensured else "followed",
+        done,
+        jobset=made.jobset if made.ensured else None,
+    )
 
 
 # --- the reconcile -----------------------------------------------------------------------------------
@@ -347,12 +423,16 @@ async def reconcile(means: Means, job_obj: Obj, seen: Seen = Seen()) -> Reconcil
         # Off the event loop: a spec at the CRD's bounds takes milliseconds to validate, and every tenant's
         # reconciles and metrics reads share the loop (the thread gives the GIL back every few ms).
         job = await asyncio.to_thread(
-            parse_job, {k: job_obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in job_obj},
-            needs_image=True, default_image=means.config.default_image)
+            parse_job,
+            {k: job_obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in job_obj},
+            needs_image=True,
+            default_image=means.config.default_image,
+        )
     except InvalidJob as exc:
         problems = exc.problems
-        done = await write_change(means.kube, job_obj, lambda s, g, at: status_lib.invalid(s, problems, g, at), t,
-                                  means.emit)
+        done = await write_change(
+            means.kube, job_obj, lambda s, g, at: status_lib.invalid(s, problems, g, at), t, means.emit
+        )
         return ReconcileResult("invalid" if done else "gone", done)
     made = await converge(means, job, job_obj, seen, t)
     if isinstance(made, ReconcileResult):

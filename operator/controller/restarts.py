@@ -23,7 +23,7 @@ import datetime
 from typing import Any
 
 from ..api import elastic, names
-from ..api.failures import Failure, PodExit, RestartCounts, LastRestart, Verdict, root_cause, verdict
+from ..api.failures import Failure, LastRestart, PodExit, RestartCounts, Verdict, root_cause, verdict
 from ..api.lifecycle import TerminationRecord
 from ..api.spec import FailurePolicySpec, TPUSpec
 from ..api.status import ConditionStatus, SliceStatus, TPUTrainingJobStatus
@@ -41,25 +41,35 @@ def pod_exits(pods: list[dict[str, Any]]) -> list[PodExit]:
     for pod in pods:
         status = pod.get("status") or {}
         container: dict[str, Any] = next(
-            (c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER), {})
-        terminated = (container.get("state") or {}).get("terminated") or \
-            (container.get("lastState") or {}).get("terminated")
-        disrupted = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-                        for c in status.get("conditions") or [])
+            (c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER), {}
+        )
+        terminated = (container.get("state") or {}).get("terminated") or (container.get("lastState") or {}).get(
+            "terminated"
+        )
+        disrupted = any(
+            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
         if terminated is None and not disrupted and status.get("phase") != "Failed":
             continue
         code = terminated.get("exitCode") if terminated else None
-        exits.append(PodExit(pod=pod["metadata"]["name"], code=code, disrupted=disrupted,
-                             slice_index=names.slice_index(pod),
-                             record=TerminationRecord.parse((terminated or {}).get("message"), code),
-                             finished_at=(terminated or {}).get("finishedAt")))
+        exits.append(
+            PodExit(
+                pod=pod["metadata"]["name"],
+                code=code,
+                disrupted=disrupted,
+                slice_index=names.slice_index(pod),
+                record=TerminationRecord.parse((terminated or {}).get("message"), code),
+                finished_at=(terminated or {}).get("finishedAt"),
+            )
+        )
     return exits
 
 
 def failure_of(pods: list[dict[str, Any]], jobset_message: str) -> Failure:
     """Why the JobSet failed: its root-cause pod, or (its pods gone) the JobSet's own message."""
-    return root_cause(pod_exits(pods)) or Failure(cause="failure", code=None, pod="a pod",
-                                                  error=jobset_message or "the JobSet failed")
+    return root_cause(pod_exits(pods)) or Failure(
+        cause="failure", code=None, pod="a pod", error=jobset_message or "the JobSet failed"
+    )
 
 
 def answered(sample: Sample | None) -> bool:
@@ -73,7 +83,9 @@ def hang_timeout_s(policy: FailurePolicySpec, median_step_s: float | None) -> fl
     return max(float(MIN_HANG_TIMEOUT_S), HANG_STEP_FACTOR * (median_step_s or 0.0))
 
 
-def hang(status: TPUTrainingJobStatus, policy: FailurePolicySpec, total_steps: int, now: datetime.datetime) -> str | None:
+def hang(
+    status: TPUTrainingJobStatus, policy: FailurePolicySpec, total_steps: int, now: datetime.datetime
+) -> str | None:
     attempt = status.accounting.attempt if status.accounting else None
     p = attempt.progress if attempt else None
     if status.phase != "Running" or p is None or (p.step or 0) >= total_steps:
@@ -90,9 +102,16 @@ def hang(status: TPUTrainingJobStatus, policy: FailurePolicySpec, total_steps: i
     return f"hung: {what} for {idle:.0f} s (limit {limit:.0f} s)"
 
 
-def decide(status: TPUTrainingJobStatus, jobset_uid: str | None, failure: Failure | None, hung: str | None,
-           policy: FailurePolicySpec, now: datetime.datetime,
-           generation: int | None = None, tpu: TPUSpec | None = None) -> tuple[TPUTrainingJobStatus, Verdict, list[Notice]]:
+def decide(
+    status: TPUTrainingJobStatus,
+    jobset_uid: str | None,
+    failure: Failure | None,
+    hung: str | None,
+    policy: FailurePolicySpec,
+    now: datetime.datetime,
+    generation: int | None = None,
+    tpu: TPUSpec | None = None,
+) -> tuple[TPUTrainingJobStatus, Verdict, list[Notice]]:
     """The status after a failed (`failure`) or hung (`hung`) attempt of the JobSet `jobset_uid`; for an elastic
     job (`tpu`), also the slices the next JobSet runs on (api/elastic.py), in status.slices."""
     counts = status.restarts or RestartCounts()
@@ -116,9 +135,20 @@ def decide(status: TPUTrainingJobStatus, jobset_uid: str | None, failure: Failur
             resized: ConditionStatus = "True" if resize.slices < tpu.slices else "False"
             conds = set_condition(conds, "Resized", resized, resize.reason, resize.message, now, generation)
             notices.append(Notice("Warning" if resized == "True" else "Normal", "Resized", resize.message))
-    return status.model_copy(update=dict(
-        conditions=conds, restarts=counts.plus(v.cause), last_restart=last, slices=slices,
-        next_restart_time=now + datetime.timedelta(seconds=v.delay_s), message=v.message)), v, notices
+    return (
+        status.model_copy(
+            update=dict(
+                conditions=conds,
+                restarts=counts.plus(v.cause),
+                last_restart=last,
+                slices=slices,
+                next_restart_time=now + datetime.timedelta(seconds=v.delay_s),
+                message=v.message,
+            )
+        ),
+        v,
+        notices,
+    )
 
 
 def replaced(status: TPUTrainingJobStatus, uid: str | None) -> bool:
@@ -126,8 +156,9 @@ def replaced(status: TPUTrainingJobStatus, uid: str | None) -> bool:
     replaces: to be deleted, never followed."""
     if not uid:
         return False
-    return (status.last_restart is not None and status.last_restart.job_set_uid == uid) or \
-        (status.slices is not None and status.slices.replaces == uid)
+    return (status.last_restart is not None and status.last_restart.job_set_uid == uid) or (
+        status.slices is not None and status.slices.replaces == uid
+    )
 
 
 def wait_s(status: TPUTrainingJobStatus, now: datetime.datetime) -> float:
@@ -137,12 +168,19 @@ def wait_s(status: TPUTrainingJobStatus, now: datetime.datetime) -> float:
     return max(0.0, (status.next_restart_time - now).total_seconds())
 
 
-def recovered(status: TPUTrainingJobStatus, now: datetime.datetime, generation: int | None = None) -> TPUTrainingJobStatus:
+def recovered(
+    status: TPUTrainingJobStatus, now: datetime.datetime, generation: int | None = None
+) -> TPUTrainingJobStatus:
     """Hung=False once a later attempt completes a step."""
     hung = status.condition("Hung")
     attempt = status.accounting.attempt if status.accounting else None
-    if hung is None or hung.status != "True" or attempt is None or attempt.progress is None \
-            or attempt.progress.last_step_at is None:
+    if (
+        hung is None
+        or hung.status != "True"
+        or attempt is None
+        or attempt.progress is None
+        or attempt.progress.last_step_at is None
+    ):
         return status
     conds = set_condition(status.conditions, "Hung", "False", "Progressing", "steps complete again", now, generation)
     return status.model_copy(update=dict(conditions=conds))

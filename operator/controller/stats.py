@@ -18,25 +18,57 @@ FAILED = ("error", "api_error")
 class Stats:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.reconciles = Counter("tpu_operator_reconciles", "Reconciles by what set them going (handler) and result.",
-                                  ["handler", "result"], registry=self.registry)
-        self.errors = Counter("tpu_operator_reconcile_errors", "Reconciles that failed and will be retried.",
-                              ["handler"], registry=self.registry)
-        self.duration = Histogram("tpu_operator_reconcile_duration_seconds", "Time spent in one reconcile.",
-                                  ["handler"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.loop_lag = Histogram("tpu_operator_event_loop_lag_seconds", "How much later than asked the event loop "
-                                  "woke a timer due every 0.1 s: what every job waited behind the work in front of it "
-                                  "(loop_lag.py).", buckets=LAG_BUCKETS, registry=self.registry)
+        self.reconciles = Counter(
+            "tpu_operator_reconciles",
+            "Reconciles by what set them going (handler) and result.",
+            ["handler", "result"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "tpu_operator_reconcile_errors",
+            "Reconciles that failed and will be retried.",
+            ["handler"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "tpu_operator_reconcile_duration_seconds",
+            "Time spent in one reconcile.",
+            ["handler"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.loop_lag = Histogram(
+            "tpu_operator_event_loop_lag_seconds",
+            "How much later than asked the event loop "
+            "woke a timer due every 0.1 s: what every job waited behind the work in front of it "
+            "(loop_lag.py).",
+            buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
         self.metrics_reads_skipped = Counter(
-            "tpu_operator_metrics_reads_skipped", "Trainer reads not started because the job's previous read was "
-            "still pending (a slow or hostile trainer).", registry=self.registry)
+            "tpu_operator_metrics_reads_skipped",
+            "Trainer reads not started because the job's previous read was still pending (a slow or hostile trainer).",
+            registry=self.registry,
+        )
 
-        self.goodput = Gauge("tpu_operator_job_goodput", "Seconds on steps that survive / seconds since the job was "
-                             "created (0..1).", ["namespace", "job"], registry=self.registry)
-        self.badput = Gauge("tpu_operator_job_badput_seconds", "Wall time of a job that did not train, by bucket.",
-                            ["namespace", "job", "bucket"], registry=self.registry)
-        self.restarts = Gauge("tpu_operator_job_restarts", "Restarts of a job by cause.", ["namespace", "job", "cause"],
-                              registry=self.registry)
+        self.goodput = Gauge(
+            "tpu_operator_job_goodput",
+            "Seconds on steps that survive / seconds since the job was created (0..1).",
+            ["namespace", "job"],
+            registry=self.registry,
+        )
+        self.badput = Gauge(
+            "tpu_operator_job_badput_seconds",
+            "Wall time of a job that did not train, by bucket.",
+            ["namespace", "job", "bucket"],
+            registry=self.registry,
+        )
+        self.restarts = Gauge(
+            "tpu_operator_job_restarts",
+            "Restarts of a job by cause.",
+            ["namespace", "job", "cause"],
+            registry=self.registry,
+        )
 
     def job(self, key: tuple[str, str], status: TPUTrainingJobStatus) -> None:
         """Publish a job's figures from its status (nothing until it has some)."""
@@ -48,8 +80,11 @@ class Stats:
             self.restarts.labels(*key, cause).set(getattr(status.restarts, cause))
 
     def forget_job(self, key: tuple[str, str]) -> None:
-        for gauge, extra in ((self.goodput, ((),)), (self.badput, [(b,) for b in BADPUT_BUCKETS]),
-                             (self.restarts, [(c,) for c in ("failure", "preemption", "hang", "hardware")])):
+        for gauge, extra in (
+            (self.goodput, ((),)),
+            (self.badput, [(b,) for b in BADPUT_BUCKETS]),
+            (self.restarts, [(c,) for c in ("failure", "preemption", "hang", "hardware")]),
+        ):
             for labels in extra:
                 try:
                     gauge.remove(*key, *labels)

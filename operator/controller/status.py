@@ -13,7 +13,6 @@ function returns a new `TPUTrainingJobStatus` plus the Events its transitions de
 from __future__ import annotations
 
 import datetime
-
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +24,9 @@ from .conditions import set_condition
 from .phases import Notice
 
 
-def invalid(status: TPUTrainingJobStatus, problems: list[str], generation: int | None,
-            now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def invalid(
+    status: TPUTrainingJobStatus, problems: list[str], generation: int | None, now: datetime.datetime
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     message = "invalid spec: " + "; ".join(problems)
     if status.job_set_name:
         before = status.condition("SpecChange")
@@ -36,13 +36,15 @@ def invalid(status: TPUTrainingJobStatus, problems: list[str], generation: int |
         return status.model_copy(update=dict(conditions=conds, observed_generation=generation)), notices
     fresh = status.phase != "Invalid" or status.message != message
     conds = set_condition(status.conditions, "Ready", "False", "InvalidSpec", message, now, generation)
-    new = status.model_copy(update=dict(phase="Invalid", message=message, conditions=conds,
-                                        observed_generation=generation))
+    new = status.model_copy(
+        update=dict(phase="Invalid", message=message, conditions=conds, observed_generation=generation)
+    )
     return new, [Notice("Warning", "Invalid", message)] if fresh else []
 
 
-def conflicted(status: TPUTrainingJobStatus, message: str, generation: int | None,
-               now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def conflicted(
+    status: TPUTrainingJobStatus, message: str, generation: int | None, now: datetime.datetime
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     before = status.condition("Ready")
     conds = set_condition(status.conditions, "Ready", "False", "NameConflict", message, now, generation)
     new = status.model_copy(update=dict(conditions=conds, phase=status.phase or "Pending", message=message))
@@ -50,29 +52,48 @@ def conflicted(status: TPUTrainingJobStatus, message: str, generation: int | Non
     return new, [Notice("Warning", "NameConflict", message)] if fresh else []
 
 
-def reconciled(status: TPUTrainingJobStatus, jobset_name: str, config_map_name: str, created: bool,
-               refused: list[str], generation: int | None, now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
-    notices = [Notice("Normal", "Created", f"created ConfigMap {config_map_name} and JobSet {jobset_name}")] \
-        if created else []
+def reconciled(
+    status: TPUTrainingJobStatus,
+    jobset_name: str,
+    config_map_name: str,
+    created: bool,
+    refused: list[str],
+    generation: int | None,
+    now: datetime.datetime,
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+    notices = (
+        [Notice("Normal", "Created", f"created ConfigMap {config_map_name} and JobSet {jobset_name}")]
+        if created
+        else []
+    )
     conds = status.conditions
     before = status.condition("SpecChange")
     if refused:
-        message = (f"changed on a job whose JobSet exists: {', '.join(refused)}; the JobSet is kept as it is. "
-                   "Only spec.suspend can change; delete and re-create the job to apply other changes")
+        message = (
+            f"changed on a job whose JobSet exists: {', '.join(refused)}; the JobSet is kept as it is. "
+            "Only spec.suspend can change; delete and re-create the job to apply other changes"
+        )
         conds = set_condition(conds, "SpecChange", "False", "Immutable", message, now, generation)
         if before is None or before.message != message:
             notices.append(Notice("Warning", "SpecChangeRefused", message))
     else:
         conds = set_condition(conds, "SpecChange", "True", "Applied", "the JobSet matches the spec", now, generation)
-    new = status.model_copy(update=dict(conditions=conds, job_set_name=jobset_name, observed_generation=generation,
-                                        phase=None if status.phase == "Invalid" else status.phase,
-                                        restarts=status.restarts or RestartCounts(),
-                                        next_restart_time=None if created else status.next_restart_time))
+    new = status.model_copy(
+        update=dict(
+            conditions=conds,
+            job_set_name=jobset_name,
+            observed_generation=generation,
+            phase=None if status.phase == "Invalid" else status.phase,
+            restarts=status.restarts or RestartCounts(),
+            next_restart_time=None if created else status.next_restart_time,
+        )
+    )
     return new, notices
 
 
-def refused(status: TPUTrainingJobStatus, reason: str, message: str, generation: int | None,
-            now: datetime.datetime) -> tuple[TPUTrainingJobStatus, list[Notice]]:
+def refused(
+    status: TPUTrainingJobStatus, reason: str, message: str, generation: int | None, now: datetime.datetime
+) -> tuple[TPUTrainingJobStatus, list[Notice]]:
     """The API refused a request of this job's reconcile for good (403, 422...): said once, with its words."""
     before = status.condition("Reconciled")
     conds = set_condition(status.conditions, "Reconciled", "False", reason, message, now, generation)
@@ -86,8 +107,15 @@ def accepted(status: TPUTrainingJobStatus, generation: int | None, now: datetime
     before = status.condition("Reconciled")
     if before is None or before.status == "True":
         return status
-    conds = set_condition(status.conditions, "Reconciled", "True", "Reconciled", "the API accepts the operator's "
-                          "requests for this job", now, generation)
+    conds = set_condition(
+        status.conditions,
+        "Reconciled",
+        "True",
+        "Reconciled",
+        "the API accepts the operator's requests for this job",
+        now,
+        generation,
+    )
     return status.model_copy(update=dict(conditions=conds))
 
 
@@ -112,8 +140,9 @@ class Sample:
         return {k: v for k, v in self.__dict__.items() if k not in ("error", "progress", "profile") and v is not None}
 
 
-def with_sample(status: TPUTrainingJobStatus, sample: Sample, now: datetime.datetime,
-                generation: int | None = None) -> TPUTrainingJobStatus:
+def with_sample(
+    status: TPUTrainingJobStatus, sample: Sample, now: datetime.datetime, generation: int | None = None
+) -> TPUTrainingJobStatus:
     """Fresh values and Metrics=True, or the old (stale) values and Metrics=False reason Unreachable.
     A read that brings nothing new changes nothing, `metricsTime` included: it says when the values
     were read, so that the status is written only when something in it changed."""

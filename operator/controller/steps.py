@@ -32,7 +32,8 @@ from typing import TypedDict, Unpack
 from ..api.failures import Failure
 from ..api.spec import FailurePolicySpec, TPUSpec
 from ..api.status import ConditionStatus, SliceStatus, TPUTrainingJobStatus
-from . import accounting, diagnosis, growback, health, kueue, phases, profiles, restarts, status as status_lib
+from . import accounting, diagnosis, growback, health, kueue, phases, profiles, restarts
+from . import status as status_lib
 from .conditions import set_condition
 from .phases import Compute, JobSetView, Notice
 
@@ -79,8 +80,9 @@ class Draft:
     notices: tuple[Notice, ...] = ()
     restart: phases.Restart = None
 
-    def then(self, status: TPUTrainingJobStatus, notices: list[Notice] | tuple[Notice, ...] = (),
-             **more: Unpack[_More]) -> "Draft":
+    def then(
+        self, status: TPUTrainingJobStatus, notices: list[Notice] | tuple[Notice, ...] = (), **more: Unpack[_More]
+    ) -> Draft:
         return dataclasses.replace(self, status=status, notices=self.notices + tuple(notices), **more)
 
 
@@ -95,8 +97,9 @@ def preflight_decided(d: Draft, o: Observed) -> Draft:
 
 
 def children_reconciled(d: Draft, o: Observed) -> Draft:
-    return d.then(*status_lib.reconciled(d.status, o.jobset_name, o.config_map, o.created, list(o.refused),
-                                         o.generation, o.now))
+    return d.then(
+        *status_lib.reconciled(d.status, o.jobset_name, o.config_map, o.created, list(o.refused), o.generation, o.now)
+    )
 
 
 def sliced(d: Draft, o: Observed) -> Draft:
@@ -124,12 +127,14 @@ def restart(d: Draft, o: Observed) -> Draft:
     if restarts.replaced(d.status, o.jobset_uid):
         return dataclasses.replace(d, restart="replaced")
     failure = o.failure or health.failure(o.hardware)  # an unhealthy node: stopped before any pod failed
-    hung = restarts.hang(d.status, o.policy, o.total_steps, o.now) \
-        if failure is None and restarts.answered(o.sample) else None
+    hung = (
+        restarts.hang(d.status, o.policy, o.total_steps, o.now)
+        if failure is None and restarts.answered(o.sample)
+        else None
+    )
     if failure is None and hung is None:
         return d
-    new, verdict, notices = restarts.decide(d.status, o.jobset_uid, failure, hung, o.policy, o.now, o.generation,
-                                            o.tpu)
+    new, verdict, notices = restarts.decide(d.status, o.jobset_uid, failure, hung, o.policy, o.now, o.generation, o.tpu)
     return d.then(new, notices, restart="replaced" if verdict.restart else "given-up")
 
 
@@ -142,8 +147,9 @@ def grown(d: Draft, o: Observed) -> Draft:
 
 
 def phase(d: Draft, o: Observed) -> Draft:
-    return d.then(*phases.follow(d.status, o.view, o.now, o.intent, diagnosis.trouble(d.status), d.restart,
-                                 o.generation))
+    return d.then(
+        *phases.follow(d.status, o.view, o.now, o.intent, diagnosis.trouble(d.status), d.restart, o.generation)
+    )
 
 
 def metrics(d: Draft, o: Observed) -> Draft:
@@ -166,8 +172,12 @@ def hang_cleared(d: Draft, o: Observed) -> Draft:
 
 # phase -> (Ready, reason); Invalid is decided before any JobSet (status.invalid, preflight.py)
 READY: dict[str, tuple[ConditionStatus, str]] = {
-    "Running": ("True", "Progressing"), "Succeeded": ("True", "Completed"), "Pending": ("False", "PodsPending"),
-    "Queued": ("False", "Queued"), "Suspended": ("False", "Suspended"), "Restarting": ("False", "Restarting"),
+    "Running": ("True", "Progressing"),
+    "Succeeded": ("True", "Completed"),
+    "Pending": ("False", "PodsPending"),
+    "Queued": ("False", "Queued"),
+    "Suspended": ("False", "Suspended"),
+    "Restarting": ("False", "Restarting"),
     "Failed": ("False", "Failed"),
 }
 
@@ -187,8 +197,23 @@ def refusal_cleared(d: Draft, o: Observed) -> Draft:
     return d.then(status_lib.accepted(d.status, o.generation, o.now))
 
 
-STEPS: tuple[Step, ...] = (preflight_decided, children_reconciled, sliced, queued, diagnosed, ledger_observed, restart,
-                           grown, phase, metrics, profiled, ledger_settled, hang_cleared, readiness, refusal_cleared)
+STEPS: tuple[Step, ...] = (
+    preflight_decided,
+    children_reconciled,
+    sliced,
+    queued,
+    diagnosed,
+    ledger_observed,
+    restart,
+    grown,
+    phase,
+    metrics,
+    profiled,
+    ledger_settled,
+    hang_cleared,
+    readiness,
+    refusal_cleared,
+)
 
 
 def compute(old: TPUTrainingJobStatus, observed: Observed) -> tuple[TPUTrainingJobStatus, list[Notice]]:

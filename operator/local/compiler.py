@@ -18,8 +18,10 @@ from ..api.derived import Plan
 from ..api.models import TPUTrainingJob
 from ..rendering.preflight import plan_args, plan_env
 
-NO_WORKLOAD = ("the JAX workload is not installed here: pip install 'tpu-operator[workload,plan]' "
-               "(bash scripts/setup.sh does) to compile the train step")
+NO_WORKLOAD = (
+    "the JAX workload is not installed here: pip install 'tpu-operator[workload,plan]' "
+    "(bash scripts/setup.sh does) to compile the train step"
+)
 
 
 def available() -> bool:
@@ -38,15 +40,24 @@ def run_plan(job: TPUTrainingJob, timeout_s: float = 1800, running: int | None =
         config.write_text(Plan(job, running).running_config().model_dump_json(by_alias=True))
         env = {**os.environ, **plan_env(job)}
         try:
-            proc = subprocess.run([sys.executable, "-m", "tpu_workload.performance.plan", *plan_args(job, str(config))],
-                                  env=env, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(
+                [sys.executable, "-m", "tpu_workload.performance.plan", *plan_args(job, str(config))],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
         except subprocess.TimeoutExpired:
-            return PlanResult(verdict="CompileError", headroom=headroom,
-                              message=f"the plan did not finish in {timeout_s:.0f} s")
+            return PlanResult(
+                verdict="CompileError", headroom=headroom, message=f"the plan did not finish in {timeout_s:.0f} s"
+            )
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     try:
         return Plan(job, running).bounded(PlanResult.model_validate_json(last))
     except ValidationError:
         tail = " | ".join(line for line in proc.stderr.strip().splitlines()[-5:])
-        return PlanResult(verdict="CompileError", headroom=headroom,
-                          message=f"the plan exited {proc.returncode} without a result: {tail[-800:]}")
+        return PlanResult(
+            verdict="CompileError",
+            headroom=headroom,
+            message=f"the plan exited {proc.returncode} without a result: {tail[-800:]}",
+        )

@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..api.names import LABEL_COMPLETION_INDEX, LABEL_JOB_INDEX
 
@@ -51,8 +52,9 @@ def free_port() -> int:
             return port
 
 
-def _materialise_volumes(pod_spec: dict[str, Any], config_maps: Mapping[str, Mapping[str, str]],
-                         volume_dir: Path) -> dict[str, Path]:
+def _materialise_volumes(
+    pod_spec: dict[str, Any], config_maps: Mapping[str, Mapping[str, str]], volume_dir: Path
+) -> dict[str, Path]:
     """Each volume becomes a directory; ConfigMap volumes get their files, and Secret volumes too where
     `config_maps` has them by name (files by key, decoded); a Secret not given stays an empty directory (the
     trainer then refuses control requests: its credential is missing). Returns mountPath → dir."""
@@ -78,7 +80,7 @@ def _materialise_volumes(pod_spec: dict[str, Any], config_maps: Mapping[str, Map
 def _rewrite_paths(value: str, mounts: Mapping[str, Path]) -> str:
     for mount_path, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
         if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
-            return str(local) + value[len(mount_path.rstrip("/")):]
+            return str(local) + value[len(mount_path.rstrip("/")) :]
     return value
 
 
@@ -95,9 +97,16 @@ def _field_value(path: str, pod_meta: Mapping[str, Any]) -> str:
     return str(pod_meta[m.group(1)].get(m.group(2), ""))
 
 
-def local_pods(jobset: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, str]], workdir: Path, *,
-               cpu_devices: int, coordinator_port: int, metrics_port: int,
-               base_env: Mapping[str, str] | None = None) -> list[LocalPod]:
+def local_pods(
+    jobset: Mapping[str, Any],
+    config_maps: Mapping[str, Mapping[str, str]],
+    workdir: Path,
+    *,
+    cpu_devices: int,
+    coordinator_port: int,
+    metrics_port: int,
+    base_env: Mapping[str, str] | None = None,
+) -> list[LocalPod]:
     """The pods of `jobset` as processes to start, in process-id order."""
     name = jobset["metadata"]["name"]
     namespace = jobset["metadata"].get("namespace", "default")
@@ -113,23 +122,28 @@ def local_pods(jobset: Mapping[str, Any], config_maps: Mapping[str, Mapping[str,
         for slice_index in range(rjob.get("replicas", 1)):
             for host_index in range(job_spec.get("completions", 1)):
                 hostname = f"{name}-{rjob['name']}-{slice_index}-{host_index}"
-                meta = {"name": hostname, "namespace": namespace,
-                        "annotations": {LABEL_JOB_INDEX: str(slice_index), LABEL_COMPLETION_INDEX: str(host_index)},
-                        "labels": {LABEL_JOB_INDEX: str(slice_index), LABEL_COMPLETION_INDEX: str(host_index)}}
+                meta = {
+                    "name": hostname,
+                    "namespace": namespace,
+                    "annotations": {LABEL_JOB_INDEX: str(slice_index), LABEL_COMPLETION_INDEX: str(host_index)},
+                    "labels": {LABEL_JOB_INDEX: str(slice_index), LABEL_COMPLETION_INDEX: str(host_index)},
+                }
                 env = dict(base_env or {})
                 for var in container.get("env", []):
                     if "valueFrom" in var:
                         env[var["name"]] = _field_value(var["valueFrom"]["fieldRef"]["fieldPath"], meta)
                     else:
                         env[var["name"]] = _rewrite_paths(hosts.sub(LOOPBACK, var.get("value", "")), mounts)
-                env.update({
-                    "TPUJOB_COORDINATOR_ADDRESS": f"{LOOPBACK}:{coordinator_port}",
-                    "TPUJOB_METRICS_PORT": str(metrics_port),
-                    # The host's TPU chips become virtual CPU devices of this process.
-                    "TPUJOB_PLATFORM": "cpu",
-                    "JAX_PLATFORMS": "cpu",
-                    "TPUJOB_CPU_DEVICES": str(cpu_devices),
-                })
+                env.update(
+                    {
+                        "TPUJOB_COORDINATOR_ADDRESS": f"{LOOPBACK}:{coordinator_port}",
+                        "TPUJOB_METRICS_PORT": str(metrics_port),
+                        # The host's TPU chips become virtual CPU devices of this process.
+                        "TPUJOB_PLATFORM": "cpu",
+                        "JAX_PLATFORMS": "cpu",
+                        "TPUJOB_CPU_DEVICES": str(cpu_devices),
+                    }
+                )
                 env.pop("XLA_FLAGS", None)  # TPU compiler flags abort the CPU backend
                 termination = (workdir / "termination" / hostname).resolve()
                 env["TPUJOB_TERMINATION_LOG"] = str(termination)
@@ -140,9 +154,13 @@ def local_pods(jobset: Mapping[str, Any], config_maps: Mapping[str, Mapping[str,
     return pods
 
 
-def job_process(pod_spec: dict[str, Any], config_maps: Mapping[str, Mapping[str, str]], workdir: Path,
-                base_env: Mapping[str, str] | None = None,
-                pod_meta: Mapping[str, Any] | None = None) -> tuple[list[str], dict[str, str], Path]:
+def job_process(
+    pod_spec: dict[str, Any],
+    config_maps: Mapping[str, Mapping[str, str]],
+    workdir: Path,
+    base_env: Mapping[str, str] | None = None,
+    pod_meta: Mapping[str, Any] | None = None,
+) -> tuple[list[str], dict[str, str], Path]:
     """The single container of a pod as a process to start: (argv, env, the local file that stands for its
     terminationMessagePath). Volumes and the termination message path become files under `workdir`, and
     paths in the command and env are rewritten to them, as for a JobSet's pods. With the pod's metadata
@@ -161,4 +179,3 @@ def job_process(pod_spec: dict[str, Any], config_maps: Mapping[str, Mapping[str,
     if argv and re.fullmatch(r"python(3(\.\d+)?)?", argv[0]):
         argv[0] = sys.executable
     return argv, env, message
-

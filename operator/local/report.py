@@ -19,33 +19,53 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in records]
-    panels = [("loss", "loss", 1.0), ("step time (s)", "step_time_s", 1.0),
-              ("waiting for data (ms per step)", "data_wait_s", 1e3), ("MFU (%)", "mfu", 100.0)]
+    panels = [
+        ("loss", "loss", 1.0),
+        ("step time (s)", "step_time_s", 1.0),
+        ("waiting for data (ms per step)", "data_wait_s", 1e3),
+        ("MFU (%)", "mfu", 100.0),
+    ]
     status = _status(run_dir)
     columns = len(panels) + (1 if status.get("badput") else 0)
     fig, axes = plt.subplots(1, columns, figsize=(4.3 * columns, 3.6), constrained_layout=True)
     if status.get("badput"):
         _wall_time(axes[-1], status)
     for ax, (title, key, scale) in zip(axes, panels):
-        ax.plot(steps, [(r.get(key) or 0.0) * scale for r in records], marker=".", linewidth=1.2,
-                label="train" if key == "loss" else None)
+        ax.plot(
+            steps,
+            [(r.get(key) or 0.0) * scale for r in records],
+            marker=".",
+            linewidth=1.2,
+            label="train" if key == "loss" else None,
+        )
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     evaluated = [r for r in records if r.get("eval_loss") is not None]
     if evaluated:  # the held-out loss on the loss panel (training.eval)
-        axes[0].plot([r["step"] for r in evaluated], [r["eval_loss"] for r in evaluated], marker="o",
-                     linewidth=1.2, color="tab:orange", label="eval")
+        axes[0].plot(
+            [r["step"] for r in evaluated],
+            [r["eval_loss"] for r in evaluated],
+            marker="o",
+            linewidth=1.2,
+            color="tab:orange",
+            label="eval",
+        )
         axes[0].legend()
     for first, last, n, desired in _fewer_slices(run_dir, records):
-        for i, ax in enumerate(axes[:len(panels)]):
-            ax.axvspan(first - 0.5, last + 0.5, color="tab:orange", alpha=0.15,
-                       label=f"on {n} of {desired} slices" if i == 1 else None)
+        for i, ax in enumerate(axes[: len(panels)]):
+            ax.axvspan(
+                first - 0.5,
+                last + 0.5,
+                color="tab:orange",
+                alpha=0.15,
+                label=f"on {n} of {desired} slices" if i == 1 else None,
+            )
         axes[1].legend()
     # A restart shows as a step that does not exceed the one before it.
     for prev, cur in zip(records, records[1:]):
         if cur["step"] <= prev["step"]:
-            for ax in axes[:len(panels)]:
+            for ax in axes[: len(panels)]:
                 ax.axvline(cur["step"], color="tab:red", alpha=0.4, linestyle="--")
     fig.suptitle(f"{run_dir.name}: {len(records)} reports, last step {steps[-1]}")
     out = out or run_dir / "report.png"
@@ -67,8 +87,7 @@ def _fewer_slices(run_dir: Path, records: list[dict]) -> list[tuple[int, int, in
         if desired is None or n >= desired:
             continue
         until = history[i + 1][0] if i + 1 < len(history) else float("inf")
-        steps = [r["step"] for r in records
-                 if started <= ((r.get("progress") or {}).get("started_at") or -1) < until]
+        steps = [r["step"] for r in records if started <= ((r.get("progress") or {}).get("started_at") or -1) < until]
         if steps:
             spans.append((min(steps), max(steps), n, desired))
     return spans

@@ -30,9 +30,10 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..api import elastic
 from ..api.failures import Failure, PodExit, RestartCounts, Verdict, root_cause
@@ -84,8 +85,16 @@ class _Running:
             log.flush()
             self.logs.append((path, log.tell()))
             # A session of its own: signals to the group reach the trainer and any children it forks.
-            proc = subprocess.Popen(pod.argv, env=pod.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1)
+            proc = subprocess.Popen(
+                pod.argv,
+                env=pod.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+                bufsize=1,
+            )
             self.procs.append(proc)
             reader = threading.Thread(target=self._pump, args=(pod, proc, log), daemon=True)
             reader.start()
@@ -157,8 +166,15 @@ class _Running:
             text = pod.termination_log.read_text() if pod.termination_log and pod.termination_log.exists() else ""
             if not text and code != 0:
                 text = self._log_tail(i)
-            found.append(PodExit(pod=pod.hostname, code=code, record=TerminationRecord.parse(text, code),
-                                 finished_at=self.finished.get(i), slice_index=pod.slice_index))
+            found.append(
+                PodExit(
+                    pod=pod.hostname,
+                    code=code,
+                    record=TerminationRecord.parse(text, code),
+                    finished_at=self.finished.get(i),
+                    slice_index=pod.slice_index,
+                )
+            )
         return found
 
     def _log_tail(self, i: int) -> str:
@@ -176,9 +192,16 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def supervise(make_pods: Callable[[int, int | None], Sequence[LocalPod]], log_dir: Path, *, decide: Decide | None,
-              grace_s: float, on_event: EventHandler = lambda kind, **_: None, poll_seconds: float = 0.1,
-              tpu: TPUSpec | None = None) -> Outcome:
+def supervise(
+    make_pods: Callable[[int, int | None], Sequence[LocalPod]],
+    log_dir: Path,
+    *,
+    decide: Decide | None,
+    grace_s: float,
+    on_event: EventHandler = lambda kind, **_: None,
+    poll_seconds: float = 0.1,
+    tpu: TPUSpec | None = None,
+) -> Outcome:
     """Run attempts until success, a failure `decide` does not restart, or Ctrl-C. `make_pods(attempt,
     slices)`; `tpu`, for an elastic job, decides the slices of each attempt (None: every attempt is whole)."""
     restarts, history, attempt = RestartCounts(), [], 0
@@ -188,11 +211,18 @@ def supervise(make_pods: Callable[[int, int | None], Sequence[LocalPod]], log_di
         grew = False
         try:  # a Ctrl-C at any moment once a process may exist stops every one started
             running.start(make_pods(attempt, slices))
-            on_event("started", attempt=attempt, pods=running.pods, pids=[p.pid for p in running.procs],
-                     at=time.time(), slices=slices)
+            on_event(
+                "started",
+                attempt=attempt,
+                pods=running.pods,
+                pids=[p.pid for p in running.procs],
+                at=time.time(),
+                slices=slices,
+            )
             while (state := running.poll()) is None:
-                if tpu is not None and elastic.grow_back_due(tpu, slices, running.resumed_from(),
-                                                             running.last_checkpoint()):
+                if tpu is not None and elastic.grow_back_due(
+                    tpu, slices, running.resumed_from(), running.last_checkpoint()
+                ):
                     grew = True
                     break
                 time.sleep(poll_seconds)
@@ -200,24 +230,41 @@ def supervise(make_pods: Callable[[int, int | None], Sequence[LocalPod]], log_di
             running.stop(grace_s)
             history += running.metrics
             on_event("interrupted", at=time.time())
-            return Outcome("Interrupted", restarts, "interrupted by the user; every process was stopped",
-                           _last(history), None, history)
+            return Outcome(
+                "Interrupted",
+                restarts,
+                "interrupted by the user; every process was stopped",
+                _last(history),
+                None,
+                history,
+            )
         if grew:  # stopped as a preemption is, so the step in flight is saved; not a restart
             stopped_at = time.time()
             running.stop(grace_s)
             history += running.metrics
             resize = elastic.grow_back(tpu, slices)
             cause = root_cause(running.exits())
-            on_event("resized", at=stopped_at, resize=resize, progress=cause.progress if cause else None,
-                     message=resize.message)
+            on_event(
+                "resized",
+                at=stopped_at,
+                resize=resize,
+                progress=cause.progress if cause else None,
+                message=resize.message,
+            )
             slices, attempt = resize.slices, attempt + 1
             continue
         if state is True:
             running.join()
             history += running.metrics
             on_event("succeeded", at=time.time(), exits=running.exits())
-            return Outcome("Succeeded", restarts, f"all {len(running.pods)} processes completed",
-                           _last(history), running.summary, history)
+            return Outcome(
+                "Succeeded",
+                restarts,
+                f"all {len(running.pods)} processes completed",
+                _last(history),
+                running.summary,
+                history,
+            )
         failed_at = time.time()
         running.stop(grace_s if state[1] == ExitCode.STOPPED else min(grace_s, FAILED_ATTEMPT_GRACE_S))
         history += running.metrics
@@ -229,8 +276,7 @@ def supervise(make_pods: Callable[[int, int | None], Sequence[LocalPod]], log_di
             on_event("failed", at=time.time(), message=verdict.message)
             return Outcome("Failed", restarts, verdict.message, _last(history), None, history, failure)
         restarts, attempt = restarts.plus(verdict.cause), attempt + 1
-        on_event("restarting", restarts=restarts, cause=verdict.cause, delay_s=verdict.delay_s,
-                 message=verdict.message)
+        on_event("restarting", restarts=restarts, cause=verdict.cause, delay_s=verdict.delay_s, message=verdict.message)
         if tpu is not None:
             resize = elastic.after_failure(tpu, slices, failure.slice_index)
             if resize.reason is not None:
@@ -240,8 +286,15 @@ def supervise(make_pods: Callable[[int, int | None], Sequence[LocalPod]], log_di
             time.sleep(verdict.delay_s)
         except KeyboardInterrupt:
             on_event("interrupted", at=time.time())
-            return Outcome("Interrupted", restarts, "interrupted by the user during a restart's backoff",
-                           _last(history), None, history, failure)
+            return Outcome(
+                "Interrupted",
+                restarts,
+                "interrupted by the user during a restart's backoff",
+                _last(history),
+                None,
+                history,
+                failure,
+            )
 
 
 def _last(history: list[dict[str, Any]]) -> dict[str, Any] | None:

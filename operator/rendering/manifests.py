@@ -37,15 +37,19 @@ def yaml_value(value: Any) -> str:
     """JSON with every non-ASCII character escaped the YAML way (\\u / \\U), so PyYAML reads it back
     exactly; plain JSON escapes astral characters as surrogate pairs, which YAML rejects."""
     text = json.dumps(value, ensure_ascii=False)
-    return "".join(c if ord(c) < 0x7F else (f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}")
-                   for c in text)
+    return "".join(
+        c if ord(c) < 0x7F else (f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}") for c in text
+    )
 
 
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(lambda name: resources.files("tpu_operator.templates").joinpath(name).read_text()),
-        undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
     env.filters["v"] = yaml_value
     return env
 
@@ -53,8 +57,14 @@ def _environment() -> jinja2.Environment:
 def owner_reference(job: TPUTrainingJob) -> dict[str, Any] | None:
     if not job.metadata.uid:
         return None
-    return {"apiVersion": job.apiVersion, "kind": job.kind, "name": job.metadata.name, "uid": job.metadata.uid,
-            "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": job.apiVersion,
+        "kind": job.kind,
+        "name": job.metadata.name,
+        "uid": job.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _env(plan: Plan) -> list[dict[str, Any]]:
@@ -101,8 +111,10 @@ def _env(plan: Plan) -> list[dict[str, Any]]:
 def _resources(plan: Plan) -> dict[str, Any]:
     spec = plan.job.spec
     chips = plan.slice.chips_per_host
-    return {"requests": {**spec.resources.requests, TPU_RESOURCE: chips},
-            "limits": {**spec.resources.limits, TPU_RESOURCE: chips}}
+    return {
+        "requests": {**spec.resources.requests, TPU_RESOURCE: chips},
+        "limits": {**spec.resources.limits, TPU_RESOURCE: chips},
+    }
 
 
 def trainer_config_json(plan: Plan) -> str:
@@ -118,8 +130,14 @@ def _volumes(plan: Plan, config_map: str) -> tuple[list[dict[str, Any]], list[di
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         # optional: a pod without it (a job made before the Secret existed) trains on, refusing control requests;
         # one container: readable by whatever user the trainer runs as
-        {"name": "control", "secret": {"secretName": names.control_secret_name(plan.job.metadata.name),
-                                       "defaultMode": 0o444, "optional": True}},
+        {
+            "name": "control",
+            "secret": {
+                "secretName": names.control_secret_name(plan.job.metadata.name),
+                "defaultMode": 0o444,
+                "optional": True,
+            },
+        },
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True},
@@ -153,12 +171,13 @@ def context(job: TPUTrainingJob, default_image: str | None = None, running: int 
         "job": job,
         "plan": plan,
         "owner": owner_reference(job),
-        "names": {"jobset": names.jobset_name(name), "config_map": config_map,
-                  "replicated_job": names.REPLICATED_JOB},
+        "names": {"jobset": names.jobset_name(name), "config_map": config_map, "replicated_job": names.REPLICATED_JOB},
         "labels": {**names.labels(name)},
         "jobset_labels": {**names.labels(name), **placement.jobset_labels(spec)},
-        "annotations": {names.APPLIED_SPEC: json.dumps(applied_spec(job), sort_keys=True, separators=(",", ":")),
-                        **placement.jobset_annotations(spec)},
+        "annotations": {
+            names.APPLIED_SPEC: json.dumps(applied_spec(job), sort_keys=True, separators=(",", ":")),
+            **placement.jobset_annotations(spec),
+        },
         # A queued JobSet starts suspended: Kueue unsuspends it when it admits the job (its webhook would
         # suspend it too; rendering it closes the race where the webhook is not installed yet).
         "suspend": spec.suspend or spec.queue_name is not None,
@@ -173,9 +192,11 @@ def context(job: TPUTrainingJob, default_image: str | None = None, running: int 
             "cloud.google.com/gke-tpu-accelerator": plan.gen.gke_accelerator,
             "cloud.google.com/gke-tpu-topology": spec.tpu.topology,
         },
-        "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-                        *placement.tolerations(spec.tpu),
-                        *(t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations)],
+        "tolerations": [
+            {"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+            *placement.tolerations(spec.tpu),
+            *(t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations),
+        ],
         "env": _env(plan),
         "resources": _resources(plan),
         "volumes": volumes,

@@ -13,8 +13,11 @@ def plan_problems(result: PlanResult, job: TPUTrainingJob) -> list[str]:
     """'field: reason' lines for a plan whose verdict is that the job must change: a refused flag
     names the field it came from (spec.runtime.libtpuInitArgs[i], ...)."""
     if result.verdict == "RejectedFlags":
-        return [f"{field_of(job.spec.runtime, r.flag)}: libtpu {result.libtpu_version or ''} refuses {r.flag}: "
-                f"{r.message}".replace("  ", " ") for r in result.rejected_flags]
+        return [
+            f"{field_of(job.spec.runtime, r.flag)}: libtpu {result.libtpu_version or ''} refuses {r.flag}: "
+            f"{r.message}".replace("  ", " ")
+            for r in result.rejected_flags
+        ]
     if not result.change:
         return [f"spec: {result.message}"]
     return [f"spec.{result.change[0]}: {result.message}; change " + ", ".join(f"spec.{c}" for c in result.change)]
@@ -23,28 +26,40 @@ def plan_problems(result: PlanResult, job: TPUTrainingJob) -> list[str]:
 def lines(result: PlanResult, job: TPUTrainingJob) -> list[str]:
     """The per-device breakdown (or why there is none), as `tpujob plan` prints it."""
     plan = Plan(job)
-    where = (f"{plan.gen.name} {job.spec.tpu.topology} x {plan.slices} slice(s), "
-             f"{result.devices or plan.total_devices} {result.device_kind or 'TPU'} devices")
+    where = (
+        f"{plan.gen.name} {job.spec.tpu.topology} x {plan.slices} slice(s), "
+        f"{result.devices or plan.total_devices} {result.device_kind or 'TPU'} devices"
+    )
     out = [f"job:         {job.metadata.namespace}/{job.metadata.name} on {where}"]
     if result.compile_seconds is not None:
         out.append(f"compiler:    libtpu {result.libtpu_version}, {result.compile_seconds:.1f} s")
     if result.hbm_per_device_gib is not None:
-        out += [f"per device:  {result.state_gib:.2f} GiB parameters + optimizer state (+ batch), "
-                f"{result.temporaries_gib:.2f} GiB activations/temporaries = {result.hbm_per_device_gib:.2f} GiB"]
+        out += [
+            f"per device:  {result.state_gib:.2f} GiB parameters + optimizer state (+ batch), "
+            f"{result.temporaries_gib:.2f} GiB activations/temporaries = {result.hbm_per_device_gib:.2f} GiB"
+        ]
     capacity = result.hbm_capacity_gib or plan.hbm_gib_per_device
     usable = capacity * (1 - result.headroom)
     if result.hbm_per_device_gib is not None:
         spare = usable - result.hbm_per_device_gib
-        out.append(f"HBM:         {capacity:g} GiB per device, {usable:.1f} GiB with {result.headroom:.0%} headroom: "
-                   + (f"fits, {spare:.1f} GiB to spare" if spare >= 0 else f"{-spare:.1f} GiB short"))
+        out.append(
+            f"HBM:         {capacity:g} GiB per device, {usable:.1f} GiB with {result.headroom:.0%} headroom: "
+            + (f"fits, {spare:.1f} GiB to spare" if spare >= 0 else f"{-spare:.1f} GiB short")
+        )
     if result.host_per_device_gib:
         host = result.host_capacity_gib or plan.host_gib_per_device
-        out.append(f"host:        {result.host_per_device_gib:.2f} GiB of offloaded activations per device, of "
-                   f"{host:.1f} GiB host memory per device")
+        out.append(
+            f"host:        {result.host_per_device_gib:.2f} GiB of offloaded activations per device, of "
+            f"{host:.1f} GiB host memory per device"
+        )
     if result.resources is not None:
         out += resource_lines(result.resources)
-    verdict = {"Fits": "fits", "DoesNotFit": "DOES NOT FIT", "VmemOverflow": "DOES NOT COMPILE (VMEM)",
-               "RejectedFlags": "REFUSED FLAGS"}.get(result.verdict, "NOT CHECKED")
+    verdict = {
+        "Fits": "fits",
+        "DoesNotFit": "DOES NOT FIT",
+        "VmemOverflow": "DOES NOT COMPILE (VMEM)",
+        "RejectedFlags": "REFUSED FLAGS",
+    }.get(result.verdict, "NOT CHECKED")
     out.append(f"verdict:     {verdict}")
     if result.verdict != "Fits":
         out += [f"  {p}" for p in (plan_problems(result, job) if result.fits is False else [result.message])]
@@ -66,12 +81,15 @@ def _seconds(s: float) -> str:
 
 def resource_lines(r: StepResources) -> list[str]:
     """What one step costs a device and the least time that allows, as `tpujob plan` prints it."""
-    out = [f"matmuls:     {r.matmul_tflop:,.5g} TFLOP per device per step"
-           + (f" ({r.fp8_tflop:,.5g} in fp8)" if r.fp8_tflop else "")
-           + (f"; the model's {r.model_tflop:,.5g} (MFU counts these)" if r.model_tflop is not None else "")
-           + (f"; {r.kernel_calls} kernel calls" if r.kernel_calls else ""),
-           f"collectives: ICI {_kinds(r.ici_gib)}" + (f"; DCN {_kinds(r.dcn_gib)}" if r.dcn_gib else "")
-           + " per device per step"]
+    out = [
+        f"matmuls:     {r.matmul_tflop:,.5g} TFLOP per device per step"
+        + (f" ({r.fp8_tflop:,.5g} in fp8)" if r.fp8_tflop else "")
+        + (f"; the model's {r.model_tflop:,.5g} (MFU counts these)" if r.model_tflop is not None else "")
+        + (f"; {r.kernel_calls} kernel calls" if r.kernel_calls else ""),
+        f"collectives: ICI {_kinds(r.ici_gib)}"
+        + (f"; DCN {_kinds(r.dcn_gib)}" if r.dcn_gib else "")
+        + " per device per step",
+    ]
     if r.hbm_traffic_gib is not None:
         out.append(f"HBM traffic: {r.hbm_traffic_gib:,.5g} GiB per device per step (estimated from the module)")
     if r.step_time_bound_s is not None:

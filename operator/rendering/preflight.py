@@ -31,8 +31,16 @@ POD_RESOURCES = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory":
 def plan_args(job: TPUTrainingJob, config_path: str) -> list[str]:
     """The plan's arguments for `job`, whose TrainerConfig is at `config_path`."""
     plan = Plan(job)
-    return ["--config", config_path, "--hbm-capacity-gib", f"{plan.hbm_gib_per_device:g}",
-            "--host-capacity-gib", f"{plan.host_gib_per_device:.1f}", "--headroom", f"{job.spec.plan.hbm_headroom:g}"]
+    return [
+        "--config",
+        config_path,
+        "--hbm-capacity-gib",
+        f"{plan.hbm_gib_per_device:g}",
+        "--host-capacity-gib",
+        f"{plan.host_gib_per_device:.1f}",
+        "--headroom",
+        f"{job.spec.plan.hbm_headroom:g}",
+    ]
 
 
 def slice_counts_args(job: TPUTrainingJob) -> list[str]:
@@ -61,18 +69,34 @@ def preflight_labels(job: str, generation: int) -> dict[str, str]:
     return {**names.labels(job), LABEL_ROLE: ROLE, LABEL_GENERATION: str(generation)}
 
 
-def render_preflight(job: TPUTrainingJob, generation: int, default_image: str | None = None,
-                     deadline_s: int = DEADLINE_S) -> dict[str, Any]:
+def render_preflight(
+    job: TPUTrainingJob, generation: int, default_image: str | None = None, deadline_s: int = DEADLINE_S
+) -> dict[str, Any]:
     """The batch/v1 Job that plans `job` (its ConfigMap must exist: the pod mounts it)."""
     spec, name = job.spec, job.metadata.name
     image = default_image if default_image and "image" not in spec.model_fields_set else spec.image
-    command = [*PLAN_MODULE, *plan_args(job, f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"), *slice_counts_args(job),
-               "--termination-log", TERMINATION_LOG]
+    command = [
+        *PLAN_MODULE,
+        *plan_args(job, f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"),
+        *slice_counts_args(job),
+        "--termination-log",
+        TERMINATION_LOG,
+    ]
     env = [{"name": k, "value": v} for k, v in plan_env(job).items() if v]
     # Values only: a compile needs no secret, and the pre-flight never holds one (valueFrom, envFrom left out).
     env += [{"name": e.name, "value": e.value} for e in spec.runtime.env if e.value_from is None]
-    ctx = {"job": job, "name": preflight_name(name, generation), "labels": preflight_labels(name, generation),
-           "owner": owner_reference(job), "deadline_s": deadline_s, "image": image, "command": command, "env": env,
-           "resources": POD_RESOURCES, "termination_log": TERMINATION_LOG, "config_dir": CONFIG_MOUNT_DIR,
-           "config_map": names.config_map_name(name, trainer_config_json(Plan(job)))}  # the config it plans
+    ctx = {
+        "job": job,
+        "name": preflight_name(name, generation),
+        "labels": preflight_labels(name, generation),
+        "owner": owner_reference(job),
+        "deadline_s": deadline_s,
+        "image": image,
+        "command": command,
+        "env": env,
+        "resources": POD_RESOURCES,
+        "termination_log": TERMINATION_LOG,
+        "config_dir": CONFIG_MOUNT_DIR,
+        "config_map": names.config_map_name(name, trainer_config_json(Plan(job))),
+    }  # the config it plans
     return yaml.load(_environment().get_template("preflight.yaml.j2").render(ctx), Loader=_Loader)

@@ -31,8 +31,11 @@ def summary(plan: Plan) -> list[str]:
     dims = spec.model_dims
     kind = f"MoE {dims.experts} experts top-{dims.experts_per_token}" if dims.is_moe else "dense"
     ckpt = spec.checkpoint
-    ckpt_line = (f"{ckpt.directory} every {ckpt.interval} steps, keep {ckpt.keep}, "
-                 f"resume {'on' if ckpt.resume else 'off'}") if ckpt.directory else "off"
+    ckpt_line = (
+        (f"{ckpt.directory} every {ckpt.interval} steps, keep {ckpt.keep}, resume {'on' if ckpt.resume else 'off'}")
+        if ckpt.directory
+        else "off"
+    )
     offload = libtpu.offloaded(gen, spec.runtime)
     flags = libtpu.libtpu_init_args(gen, spec.runtime)
     peak = gen.peak_flops(spec.training.precision)
@@ -65,7 +68,9 @@ def summary(plan: Plan) -> list[str]:
 
 def _batch_extras(t) -> str:
     """Accumulation, packing and evaluation, where the job uses them."""
-    extras = [f" in {t.microbatches} microbatches" if t.microbatches > 1 else "",
-              ", packed documents" if t.data.packing else "",
-              f", eval every {t.eval.interval} steps ({t.eval.batches} batches)" if t.eval is not None else ""]
+    extras = [
+        f" in {t.microbatches} microbatches" if t.microbatches > 1 else "",
+        ", packed documents" if t.data.packing else "",
+        f", eval every {t.eval.interval} steps ({t.eval.batches} batches)" if t.eval is not None else "",
+    ]
     return "".join(extras)

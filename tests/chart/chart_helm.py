@@ -15,12 +15,15 @@ CHART = ROOT / "charts" / "tpu-operator"
 
 
 # The values the chart requires (no image is published): an installer names the images it built and pushed.
-REQUIRED = {"image": {"repository": "registry.example/tpu-operator"},
-            "operator": {"defaultImage": "registry.example/tpu-operator-workload:0.1.0"}}
+REQUIRED = {
+    "image": {"repository": "registry.example/tpu-operator"},
+    "operator": {"defaultImage": "registry.example/tpu-operator-workload:0.1.0"},
+}
 
 
-def run_helm(helm: str, *args: str, values: dict[str, Any] | None = None, tmp: Path | None = None,
-             required: bool = True) -> subprocess.CompletedProcess:
+def run_helm(
+    helm: str, *args: str, values: dict[str, Any] | None = None, tmp: Path | None = None, required: bool = True
+) -> subprocess.CompletedProcess:
     """helm with REQUIRED (unless `required` is false) and then `values` as values files."""
     command = [helm, *args]
     for given in ([REQUIRED] if required and values is not None else []) + ([values] if values is not None else []):
@@ -31,8 +34,14 @@ def run_helm(helm: str, *args: str, values: dict[str, Any] | None = None, tmp: P
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
-def render(helm: str, tmp_path: Path, values: dict[str, Any] | None = None, release: str = "t",
-           namespace: str = "tpu-system", include_crds: bool = False) -> list[dict[str, Any]]:
+def render(
+    helm: str,
+    tmp_path: Path,
+    values: dict[str, Any] | None = None,
+    release: str = "t",
+    namespace: str = "tpu-system",
+    include_crds: bool = False,
+) -> list[dict[str, Any]]:
     args = ["template", release, str(CHART), "--namespace", namespace]
     if include_crds:
         args.append("--include-crds")

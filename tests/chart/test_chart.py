@@ -23,8 +23,9 @@ PROXY_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "pods/proxy"}
 CRD_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "customresourcedefinitions"}
 NAMESPACE_RULES = {k: v for k, v in _OPERATOR.items() if k[1] in ("namespaces", "nodes")}  # cluster-scoped reads
 PEERING = {k for k in _OPERATOR if k[0] == "kopf.dev"}  # the chart runs --standalone: no peering
-NAMESPACED_RULES = {k: v for k, v in _OPERATOR.items()
-                    if k not in {**PROXY_RULES, **CRD_RULES, **NAMESPACE_RULES} and k not in PEERING}
+NAMESPACED_RULES = {
+    k: v for k, v in _OPERATOR.items() if k not in {**PROXY_RULES, **CRD_RULES, **NAMESPACE_RULES} and k not in PEERING
+}
 
 LONG_RELEASE = "a-release-name-that-is-exactly-fifty-three-characters"  # helm's maximum
 assert len(LONG_RELEASE) == 53
@@ -53,17 +54,23 @@ def config_hash(docs: list[dict]) -> str:
 
 
 def test_lint_default_and_non_default_values(helm, tmp_path):
-    for values in ({}, {"operator": {"watchNamespaces": ["team-a", "team-b"], "metricsAccess": "proxy"},
-                        "rbac": {"namespaced": True},
-                        "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}}):
+    for values in (
+        {},
+        {
+            "operator": {"watchNamespaces": ["team-a", "team-b"], "metricsAccess": "proxy"},
+            "rbac": {"namespaced": True},
+            "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+        },
+    ):
         result = run_helm(helm, "lint", "--strict", str(CHART), values=values, tmp=tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
 
 
 def test_crd_is_a_byte_identical_copy_of_the_generated_one():
-    assert (CHART / "crds" / "tputrainingjob.yaml").read_bytes() == (ROOT / "crds" / "tputrainingjob.yaml").read_bytes(), \
-        "charts/tpu-operator/crds/ drifted: cp crds/tputrainingjob.yaml charts/tpu-operator/crds/"
+    assert (CHART / "crds" / "tputrainingjob.yaml").read_bytes() == (
+        ROOT / "crds" / "tputrainingjob.yaml"
+    ).read_bytes(), "charts/tpu-operator/crds/ drifted: cp crds/tputrainingjob.yaml charts/tpu-operator/crds/"
 
 
 def test_rendered_crd_is_the_generated_one(helm, tmp_path):
@@ -102,8 +109,9 @@ def values_docs() -> tuple[list[tuple[str, Any, str]], list[str]]:
 
 def values_table() -> str:
     documented, _ = values_docs()
-    return "\n".join("| `%s` | `%s` | %s |" % (path, json.dumps(value), doc.replace("|", "\\|"))
-                     for path, value, doc in documented)
+    return "\n".join(
+        f"| `{path}` | `{json.dumps(value)}` | {doc.replace('|', chr(92) + '|')} |" for path, value, doc in documented
+    )
 
 
 def test_every_value_is_documented():
@@ -116,7 +124,8 @@ def test_chart_readme_lists_every_value():
     readme_rows = [line for line in (CHART / "README.md").read_text().splitlines() if line.startswith("| `")]
     assert readme_rows == values_table().splitlines(), (
         "charts/tpu-operator/README.md's values table drifted from values.yaml; paste the table printed by "
-        "`.venv/bin/python tests/chart/test_chart.py`")
+        "`.venv/bin/python tests/chart/test_chart.py`"
+    )
 
 
 # --- RBAC ---------------------------------------------------------------------------------------
@@ -135,11 +144,15 @@ def test_default_rbac_is_cluster_wide_least_privilege(helm, tmp_path):
     # The pre-flight compile: a batch Job per job spec generation, watched through a kopf index.
     assert rules_of(role)[("batch", "jobs")] == {"get", "list", "watch", "create"}
     binding = one(docs, "ClusterRoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
     account = one(docs, "ServiceAccount")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": "tpu-system"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "tpu-system"}
+    ]
     _, container = deployment_container(docs)
     assert "--all-namespaces" in container["args"]
 
@@ -159,8 +172,11 @@ def test_watched_namespaces_keep_the_namespaces_permission(helm, tmp_path):
 
 
 def test_namespace_scoped_rbac(helm, tmp_path):
-    docs = render(helm, tmp_path, {"rbac": {"namespaced": True}, "operator": {
-        "watchNamespaces": ["team-a", "team-b"], "metricsAccess": "proxy"}})
+    docs = render(
+        helm,
+        tmp_path,
+        {"rbac": {"namespaced": True}, "operator": {"watchNamespaces": ["team-a", "team-b"], "metricsAccess": "proxy"}},
+    )
     roles = [d for d in docs if d["kind"] == "Role"]
     bindings = [d for d in docs if d["kind"] == "RoleBinding"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
@@ -197,9 +213,16 @@ def test_deployment_is_one_hardened_standalone_replica(helm, tmp_path):
     spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     assert container["image"] == "registry.example/tpu-operator:0.1.0"
-    assert container["args"] == ["--standalone", "--all-namespaces", "--health-port=8080", "--metrics-port=9090",
-                                 "--default-image=registry.example/tpu-operator-workload:0.1.0", "--metrics-access=direct",
-                                 "--metrics-interval=15", "--resync-interval=60"]
+    assert container["args"] == [
+        "--standalone",
+        "--all-namespaces",
+        "--health-port=8080",
+        "--metrics-port=9090",
+        "--default-image=registry.example/tpu-operator-workload:0.1.0",
+        "--metrics-access=direct",
+        "--metrics-interval=15",
+        "--resync-interval=60",
+    ]
     assert {"name": "TPUJOB_LOG_LEVEL", "value": "INFO"} in container["env"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -228,8 +251,16 @@ def test_metrics_service_and_monitors(helm, tmp_path):
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert not [d for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor")]
 
-    docs = render(helm, tmp_path, {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
-                                               "podMonitor": {"enabled": True}}})
+    docs = render(
+        helm,
+        tmp_path,
+        {
+            "metrics": {
+                "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+                "podMonitor": {"enabled": True},
+            }
+        },
+    )
     monitor = one(docs, "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prom"
@@ -239,8 +270,16 @@ def test_metrics_service_and_monitors(helm, tmp_path):
 
 
 def test_names_fit_63_characters_with_a_long_release_name(helm, tmp_path):
-    docs = render(helm, tmp_path, {"operator": {"watchNamespaces": ["team-a"]}, "rbac": {"namespaced": True},
-                                   "metrics": {"serviceMonitor": {"enabled": True}}}, release=LONG_RELEASE)
+    docs = render(
+        helm,
+        tmp_path,
+        {
+            "operator": {"watchNamespaces": ["team-a"]},
+            "rbac": {"namespaced": True},
+            "metrics": {"serviceMonitor": {"enabled": True}},
+        },
+        release=LONG_RELEASE,
+    )
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     for kind, name in names:
         assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), (kind, name)
@@ -277,16 +316,19 @@ def test_the_images_are_required_with_how_to_build_them(helm, tmp_path, missing)
     assert f"{missing} is required" in result.stderr and "docs/operations.md, Images" in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("values, field", [
-    ({"operator": {"metricsInterval": "often"}}, "operator.metricsInterval"),
-    ({"operator": {"resyncInterval": 0}}, "operator.resyncInterval"),
-    ({"operator": {"watchNamespaces": "default"}}, "operator.watchNamespaces"),
-    ({"operator": {"metricsAccess": "sideways"}}, "operator.metricsAccess"),
-    ({"rbac": {"namespaced": "yes"}}, "rbac.namespaced"),
-    ({"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
-    ({"metrics": {"service": {"port": "http"}}}, "metrics.service.port"),
-    ({"replicaCount": 2}, "replicaCount"),
-])
+@pytest.mark.parametrize(
+    "values, field",
+    [
+        ({"operator": {"metricsInterval": "often"}}, "operator.metricsInterval"),
+        ({"operator": {"resyncInterval": 0}}, "operator.resyncInterval"),
+        ({"operator": {"watchNamespaces": "default"}}, "operator.watchNamespaces"),
+        ({"operator": {"metricsAccess": "sideways"}}, "operator.metricsAccess"),
+        ({"rbac": {"namespaced": "yes"}}, "rbac.namespaced"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
+        ({"metrics": {"service": {"port": "http"}}}, "metrics.service.port"),
+        ({"replicaCount": 2}, "replicaCount"),
+    ],
+)
 def test_schema_rejects_wrong_values(helm, tmp_path, values, field):
     result = run_helm(helm, "template", "t", str(CHART), values=values, tmp=tmp_path)
     assert result.returncode != 0, f"{values} was accepted"

@@ -13,8 +13,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS_FILE = ROOT / "scripts" / "cluster-versions.env"
-BINARIES = ("kubectl", "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kwokctl",
-            "jobset", "kueue")
+BINARIES = (
+    "kubectl",
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "kwokctl",
+    "jobset",
+    "kueue",
+)
 
 
 def versions() -> dict[str, str]:
@@ -44,8 +53,9 @@ class Build:
         return self.bin / name
 
     def missing(self) -> list[str]:
-        return [name for name in BINARIES if not os.access(self.binary(name), os.X_OK)] + \
-            [part for part in ("jobset", "kueue", "kwok") if not (self.manifests / part).is_dir()]
+        return [name for name in BINARIES if not os.access(self.binary(name), os.X_OK)] + [
+            part for part in ("jobset", "kueue", "kwok") if not (self.manifests / part).is_dir()
+        ]
 
 
 def build() -> Build:
@@ -63,8 +73,10 @@ def unavailable() -> str | None:
     if not missing:
         return None
     if shutil.which("go") is None:
-        return ("no Go on PATH: the cluster's components build from the Go module proxy "
-                "(install Go 1.26, then `bash scripts/build-cluster.sh`)")
+        return (
+            "no Go on PATH: the cluster's components build from the Go module proxy "
+            "(install Go 1.26, then `bash scripts/build-cluster.sh`)"
+        )
     return f"the pinned cluster is not built ({', '.join(missing)} missing in {found.dir}): run `bash scripts/build-cluster.sh`"
 
 

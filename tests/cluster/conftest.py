@@ -96,14 +96,21 @@ def _delete_test_namespaces(request: pytest.FixtureRequest) -> Iterator[None]:
 def local_cluster(cluster: Cluster) -> Cluster:
     """The local cluster only: its fake TPU nodes, process kubelet and audit log."""
     if not cluster.local:
-        pytest.skip("needs the local cluster's fake TPU nodes and audit log (not a cluster TPUJOB_TEST_KUBECONFIG names)")
+        pytest.skip(
+            "needs the local cluster's fake TPU nodes and audit log (not a cluster TPUJOB_TEST_KUBECONFIG names)"
+        )
     return cluster
 
 
 def helm_run(helm: str, cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     home = cluster.kubeconfig.parent / "helm"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "HELM_CACHE_HOME": str(home / "cache"),
-           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
     result = subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, env=env)
     if check:
         assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
@@ -112,25 +119,33 @@ def helm_run(helm: str, cluster: Cluster, *args: str, check: bool = True) -> sub
 
 # The operator's Deployment is installed but its pod is kept off every node: there is no container
 # runtime here, so the operator runs as a local process with the Deployment's ServiceAccount instead.
-NO_NODE = ["--set-string", "nodeSelector.training\\.tpu-operator\\.dev/no-such-node=true",
-           # The images the chart requires (no image is published; no pod of the Deployment runs here).
-           "--set", "image.repository=registry.example/tpu-operator", "--set", f"operator.defaultImage={TEST_IMAGE}"]
+NO_NODE = [
+    "--set-string",
+    "nodeSelector.training\\.tpu-operator\\.dev/no-such-node=true",
+    # The images the chart requires (no image is published; no pod of the Deployment runs here).
+    "--set",
+    "image.repository=registry.example/tpu-operator",
+    "--set",
+    f"operator.defaultImage={TEST_IMAGE}",
+]
 
 
 @pytest.fixture(scope="session")
 def chart(cluster: Cluster, helm: str) -> str:
     """The chart installed cluster-wide (release `op` in tpu-system); its ServiceAccount's name."""
     helm_run(helm, cluster, "uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, check=False)
-    helm_run(helm, cluster, "install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
-             *NO_NODE)
+    helm_run(
+        helm, cluster, "install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace", *NO_NODE
+    )
     return SERVICE_ACCOUNT
 
 
 def chart_args(cluster: Cluster, namespace: str, release: str) -> list[str]:
     """The operator's arguments as the chart's Deployment gives them, less its ports (a local process picks
     free ones): the operators under test run as the chart configures them."""
-    deployment = json.loads(cluster.kubectl("get", "deployment", f"{release}-tpu-operator", "-n", namespace,
-                                            "-o", "json").stdout)
+    deployment = json.loads(
+        cluster.kubectl("get", "deployment", f"{release}-tpu-operator", "-n", namespace, "-o", "json").stdout
+    )
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     return [a for a in args if not a.startswith(("--health-port", "--metrics-port", "--standalone"))]
 
@@ -147,13 +162,19 @@ def operator_kubeconfig(cluster: Cluster, chart: str, tmp_path_factory: pytest.T
 
 
 @pytest.fixture(scope="module")
-def operator(operator_kubeconfig: Path, operator_args: list[str],
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def operator(
+    operator_kubeconfig: Path, operator_args: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
     """One operator per test module, as the chart runs it (every namespace, direct metrics access) and as
     the chart's ServiceAccount, reading metrics every 2 s and resyncing every 5 s (the chart's 15 and 60
     would only make the tests slower); a module that runs operators of its own does not ask for it."""
-    op = Operator(operator_kubeconfig, tmp_path_factory.mktemp("operator"), *operator_args,
-                  "--metrics-interval=2", "--resync-interval=5")
+    op = Operator(
+        operator_kubeconfig,
+        tmp_path_factory.mktemp("operator"),
+        *operator_args,
+        "--metrics-interval=2",
+        "--resync-interval=5",
+    )
     try:
         yield op.start()
     finally:

@@ -35,12 +35,18 @@ def quickstart(tmp_path, steps: int) -> dict:
     return doc
 
 
-def status_where(cluster: Cluster, ns: str, name: str, test, what: str, operator: Operator | None = None,
-                 timeout: float = WAIT_S) -> dict[str, Any]:
+def status_where(
+    cluster: Cluster, ns: str, name: str, test, what: str, operator: Operator | None = None, timeout: float = WAIT_S
+) -> dict[str, Any]:
     """The job's status once `test(status)` holds; a failure names `what`, with the status and the operator's log."""
-    return wait_for(lambda: (s := cluster.status(ns, name)) and test(s) and s, timeout, f"{what} of {ns}/{name}",
-                    diagnose=lambda: f"status: {json.dumps(cluster.status(ns, name))}\n" +
-                    (operator.log_tail(15) if operator else ""))
+    return wait_for(
+        lambda: (s := cluster.status(ns, name)) and test(s) and s,
+        timeout,
+        f"{what} of {ns}/{name}",
+        diagnose=lambda: (
+            f"status: {json.dumps(cluster.status(ns, name))}\n" + (operator.log_tail(15) if operator else "")
+        ),
+    )
 
 
 def namespaced(args: list[str], ns: str) -> list[str]:
@@ -50,13 +56,23 @@ def namespaced(args: list[str], ns: str) -> list[str]:
 
 def reconciles(op: Operator, result: str) -> int:
     """How many reconciles of the operator ended with `result` (its own tpu_operator_reconciles_total)."""
-    return int(sum(float(n) for n in re.findall(
-        rf'^tpu_operator_reconciles_total{{handler="[^"]+",result="{result}"}} (\S+)$', op.metrics(), re.M)))
+    return int(
+        sum(
+            float(n)
+            for n in re.findall(
+                rf'^tpu_operator_reconciles_total{{handler="[^"]+",result="{result}"}} (\S+)$', op.metrics(), re.M
+            )
+        )
+    )
 
 
 def watch_ended(cluster: Cluster, since: float, user: str, namespace: str, resource: str) -> bool:
     """The audit log has the end of `user`'s watch of `resource` in `namespace` (ResponseComplete: the
     connection closed), so every request that user made before it is in the log too."""
-    return any(e["user"]["username"] == user and e["verb"] == "watch" and e["objectRef"].get("resource") == resource
-               and e["objectRef"].get("namespace") == namespace for e in cluster.audit(since))
-
+    return any(
+        e["user"]["username"] == user
+        and e["verb"] == "watch"
+        and e["objectRef"].get("resource") == resource
+        and e["objectRef"].get("namespace") == namespace
+        for e in cluster.audit(since)
+    )

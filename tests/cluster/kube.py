@@ -43,15 +43,20 @@ class Cluster:
     def local(self) -> bool:
         return self.logs is not None
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 60) -> subprocess.CompletedProcess:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
         command = [kubectl_path(), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.cache_dir}", *args]
         result = subprocess.run(command, capture_output=True, text=True, input=input, timeout=timeout)
         if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+            )
         return result
 
-    def apply(self, *docs: dict[str, Any], namespace: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def apply(
+        self, *docs: dict[str, Any], namespace: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
         extra = [f"--namespace={namespace}"] if namespace else []
         return self.kubectl("apply", *extra, "-f", "-", input=yaml.safe_dump_all(docs), check=check)
 
@@ -78,11 +83,18 @@ class Cluster:
         if "certificate-authority" in server:
             ca = Path(server.pop("certificate-authority")).read_bytes()
             server["certificate-authority-data"] = base64.b64encode(ca).decode()
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-            "clusters": [{"name": "c", "cluster": server}],
-            "users": [{"name": service_account, "user": {"token": token}}],
-            "contexts": [{"name": "sa", "context": {"cluster": "c", "user": service_account}}]}))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "sa",
+                    "clusters": [{"name": "c", "cluster": server}],
+                    "users": [{"name": service_account, "user": {"token": token}}],
+                    "contexts": [{"name": "sa", "context": {"cluster": "c", "user": service_account}}],
+                }
+            )
+        )
         path.chmod(0o600)
         return path
 
@@ -97,8 +109,9 @@ class Cluster:
             raise
 
     def items(self, resource: tuple[str, str, str], namespace: str, selector: str = "") -> list[dict[str, Any]]:
-        return self.custom.list_namespaced_custom_object(*resource[:2], namespace, resource[2],
-                                                         label_selector=selector)["items"]
+        return self.custom.list_namespaced_custom_object(
+            *resource[:2], namespace, resource[2], label_selector=selector
+        )["items"]
 
     def job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get(JOBS, namespace, name)
@@ -107,8 +120,10 @@ class Cluster:
         return (self.job(namespace, name) or {}).get("status") or {}
 
     def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
-        return [self.api.sanitize_for_serialization(p)
-                for p in self.core.list_namespaced_pod(namespace, label_selector=selector).items]
+        return [
+            self.api.sanitize_for_serialization(p)
+            for p in self.core.list_namespaced_pod(namespace, label_selector=selector).items
+        ]
 
     def events(self, namespace: str, name: str, kind: str = "TPUTrainingJob") -> list[dict[str, Any]]:
         items = self.api.sanitize_for_serialization(self.core.list_namespaced_event(namespace).items)
@@ -130,7 +145,9 @@ class Cluster:
                 if since and _epoch(event["requestReceivedTimestamp"]) < since:
                     continue
                 ref = event.setdefault("objectRef", {})
-                event["resource"] = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+                event["resource"] = ref.get("resource", "") + (
+                    f"/{ref['subresource']}" if ref.get("subresource") else ""
+                )
                 yield event
 
 
@@ -142,11 +159,17 @@ def authorization(event: dict[str, Any]) -> str | None:
 
 def _epoch(stamp: str) -> float:
     import datetime as dt
+
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.5,
-             diagnose: Callable[[], str] | None = None) -> Any:
+def wait_for(
+    condition: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.5,
+    diagnose: Callable[[], str] | None = None,
+) -> Any:
     """Poll `condition()` until it returns something truthy; return it, or fail naming `what` with the
     last result and `diagnose()`."""
     deadline = time.monotonic() + timeout

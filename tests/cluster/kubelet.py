@@ -54,7 +54,7 @@ log = logging.getLogger("process-kubelet")
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ProcessKubelet:
@@ -85,27 +85,46 @@ class ProcessKubelet:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                self.core.patch_node(node.name, {"metadata": {"labels": manifest["metadata"]["labels"]},
-                                                 "spec": manifest["spec"]})
+                self.core.patch_node(
+                    node.name, {"metadata": {"labels": manifest["metadata"]["labels"]}, "spec": manifest["spec"]}
+                )
             self._post_status(node.name)
             log.info("registered node %s", node.name)
 
     def _conditions(self) -> list[dict[str, Any]]:
         now = _now()
-        healthy = [("MemoryPressure", "False", "KubeletHasSufficientMemory"), ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-                   ("PIDPressure", "False", "KubeletHasSufficientPID"), ("Ready", "True", "KubeletReady")]
-        return [{"type": t, "status": s, "reason": r, "message": "process kubelet", "lastHeartbeatTime": now,
-                 "lastTransitionTime": now} for t, s, r in healthy]
+        healthy = [
+            ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+            ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+            ("PIDPressure", "False", "KubeletHasSufficientPID"),
+            ("Ready", "True", "KubeletReady"),
+        ]
+        return [
+            {
+                "type": t,
+                "status": s,
+                "reason": r,
+                "message": "process kubelet",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+            for t, s, r in healthy
+        ]
 
     def _post_status(self, name: str) -> None:
         node = self.nodes[name].manifest(self.kubelet_version)
         self.core.patch_node_status(name, {"status": {**node["status"], "conditions": self._conditions()}})
 
     def _renew_lease(self, name: str) -> None:
-        now = dt.datetime.now(dt.timezone.utc)
-        body = {"metadata": {"name": name, "namespace": "kube-node-lease"},
-                "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_DURATION_S,
-                         "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
+        now = dt.datetime.now(dt.UTC)
+        body = {
+            "metadata": {"name": name, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": name,
+                "leaseDurationSeconds": LEASE_DURATION_S,
+                "renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            },
+        }
         try:
             self.leases.patch_namespaced_lease(name, "kube-node-lease", {"spec": body["spec"]})
         except ApiException as exc:
@@ -192,7 +211,9 @@ class ProcessKubelet:
         jobset = (meta.get("labels") or {}).get(JOBSET_NAME)
         if jobset:  # the pods' DNS names (<jobset>-<job>-<i>-<j>[.<subdomain>]) in the container's env values
             subdomain = spec.get("subdomain") or jobset
-            hosts = re.compile(rf"(?<![\w./-]){re.escape(jobset)}-[a-z0-9-]+-\d+-\d+(\.{re.escape(subdomain)})?(?![\w-])")
+            hosts = re.compile(
+                rf"(?<![\w./-]){re.escape(jobset)}-[a-z0-9-]+-\d+-\d+(\.{re.escape(subdomain)})?(?![\w-])"
+            )
             key = f"{meta['namespace']}/{jobset}/{(meta.get('labels') or {}).get('jobset.sigs.k8s.io/jobset-uid', '')}"
             with self.lock:
                 port = self.coordinator_ports.setdefault(key, free_port())
@@ -205,7 +226,9 @@ class ProcessKubelet:
 
     def _patch_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
         try:
-            self.core.patch_namespaced_pod_status(pod["metadata"]["name"], pod["metadata"]["namespace"], {"status": status})
+            self.core.patch_namespaced_pod_status(
+                pod["metadata"]["name"], pod["metadata"]["namespace"], {"status": status}
+            )
         except ApiException as exc:
             if exc.status != 404:  # a pod deleted meanwhile has nothing to report on
                 raise
@@ -220,29 +243,63 @@ class ProcessKubelet:
         try:
             argv, env, message = self._process(pod)
             if not argv:
-                raise ValueError("the container has no command: a process kubelet has no image to take an "
-                                 "entrypoint from")
+                raise ValueError(
+                    "the container has no command: a process kubelet has no image to take an entrypoint from"
+                )
             workdir.mkdir(parents=True, exist_ok=True)
             with open(logfile, "ab") as out:
-                process = subprocess.Popen(argv, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+                process = subprocess.Popen(
+                    argv, env=env, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
         except Exception as exc:  # noqa: BLE001 - what a kubelet reports as a container it cannot create
             log.exception("cannot start %s", meta["name"])
-            self._patch_status(pod, {"phase": "Pending", "containerStatuses": [{
-                "name": container["name"], "image": container.get("image", ""), "imageID": "", "ready": False,
-                "restartCount": 0, "state": {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}}]})
+            self._patch_status(
+                pod,
+                {
+                    "phase": "Pending",
+                    "containerStatuses": [
+                        {
+                            "name": container["name"],
+                            "image": container.get("image", ""),
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}},
+                        }
+                    ],
+                },
+            )
             return
         with self.lock:
             self.processes[meta["uid"]] = process
         log.info("started %s/%s: pid %d: %s", meta["namespace"], meta["name"], process.pid, " ".join(argv)[:300])
-        conditions = [{"type": t, "status": "True", "lastTransitionTime": started}
-                      for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
-        self._patch_status(pod, {
-            "phase": "Running", "podIP": node_ip, "podIPs": [{"ip": node_ip}], "hostIP": node_ip,
-            "hostIPs": [{"ip": node_ip}], "startTime": started, "conditions": conditions,
-            "containerStatuses": [{"name": container["name"], "image": container.get("image", ""), "imageID": "",
-                                   "restartCount": 0, "ready": True, "started": True,
-                                   "state": {"running": {"startedAt": started}}}]})
+        conditions = [
+            {"type": t, "status": "True", "lastTransitionTime": started}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ]
+        self._patch_status(
+            pod,
+            {
+                "phase": "Running",
+                "podIP": node_ip,
+                "podIPs": [{"ip": node_ip}],
+                "hostIP": node_ip,
+                "hostIPs": [{"ip": node_ip}],
+                "startTime": started,
+                "conditions": conditions,
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "image": container.get("image", ""),
+                        "imageID": "",
+                        "restartCount": 0,
+                        "ready": True,
+                        "started": True,
+                        "state": {"running": {"startedAt": started}},
+                    }
+                ],
+            },
+        )
         code = process.wait()
         if meta["uid"] in self.stopping and self.stop.is_set():
             return
@@ -253,15 +310,38 @@ class ProcessKubelet:
         reason = "Completed" if code == 0 else ("Error" if code > 0 else "Error")
         exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128 + N, as a runtime reports it
         log.info("%s/%s exited with %d", meta["namespace"], meta["name"], exit_code)
-        self._patch_status(pod, {
-            "phase": "Succeeded" if exit_code == 0 else "Failed",
-            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
-                           *({"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": finished}
-                             for t in ("Initialized", "ContainersReady", "Ready"))],
-            "containerStatuses": [{"name": container["name"], "image": container.get("image", ""), "imageID": "",
-                                   "restartCount": 0, "ready": False, "started": False, "state": {"terminated": {
-                                       "exitCode": exit_code, "reason": reason, "message": text[-4096:],
-                                       "startedAt": started, "finishedAt": finished}}}]})
+        self._patch_status(
+            pod,
+            {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
+                    *(
+                        {"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": finished}
+                        for t in ("Initialized", "ContainersReady", "Ready")
+                    ),
+                ],
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "image": container.get("image", ""),
+                        "imageID": "",
+                        "restartCount": 0,
+                        "ready": False,
+                        "started": False,
+                        "state": {
+                            "terminated": {
+                                "exitCode": exit_code,
+                                "reason": reason,
+                                "message": text[-4096:],
+                                "startedAt": started,
+                                "finishedAt": finished,
+                            }
+                        },
+                    }
+                ],
+            },
+        )
 
     def _kill(self, uid: str, grace: float) -> None:
         with self.lock:
@@ -282,9 +362,12 @@ class ProcessKubelet:
         grace = meta.get("deletionGracePeriodSeconds")
         self._kill(meta["uid"], float(30 if grace is None else grace))
         try:
-            self.core.delete_namespaced_pod(meta["name"], meta["namespace"], grace_period_seconds=0,
-                                            body=client.V1DeleteOptions(grace_period_seconds=0,
-                                                                        preconditions={"uid": meta["uid"]}))
+            self.core.delete_namespaced_pod(
+                meta["name"],
+                meta["namespace"],
+                grace_period_seconds=0,
+                body=client.V1DeleteOptions(grace_period_seconds=0, preconditions={"uid": meta["uid"]}),
+            )
         except ApiException as exc:
             if exc.status not in (404, 409):
                 log.exception("final delete of %s failed", meta["name"])

@@ -23,12 +23,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,15 +43,23 @@ from tpu_operator.local.pods import free_port
 
 NAME = "tpujob"
 STAGES = Path(__file__).with_name("stages.yaml")
-KWOK_STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
-               "pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml")
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-delete.yaml",
+)
 # Kueue v0.19 reads its metrics server's certificate from this fixed path when its internal certificate
 # management is off (cmd/kueue/main.go), whatever its configuration says.
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 # The audit log records the requests of ServiceAccounts (the operators under test run as the chart's), not
 # the control plane's own (kwokctl gives every component the admin certificate).
-AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-                "rules": [{"level": "Metadata", "userGroups": ["system:serviceaccounts"]}, {"level": "None"}]}
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "userGroups": ["system:serviceaccounts"]}, {"level": "None"}],
+}
 START_TIMEOUT_S = 180
 
 
@@ -93,8 +101,12 @@ def _log(message: str) -> None:
 
 def _env(found: Build) -> dict[str, str]:
     # kwokctl runs `kubectl` from PATH for some steps: the pinned one comes first.
-    return {**os.environ, "PATH": f"{found.bin}{os.pathsep}{os.environ.get('PATH', '')}",
-            "KWOK_WORKDIR": str(state_dir() / "kwok"), "KWOK_KUBE_VERSION": versions()["KUBERNETES"]}
+    return {
+        **os.environ,
+        "PATH": f"{found.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        "KWOK_WORKDIR": str(state_dir() / "kwok"),
+        "KWOK_KUBE_VERSION": versions()["KUBERNETES"],
+    }
 
 
 def _run(found: Build, *args: str, input: str | None = None, timeout: float = 300) -> str:
@@ -111,8 +123,15 @@ def kubectl(found: Build, kubeconfig: Path, *args: str, input: str | None = None
 def _spawn(name: str, argv: list[str], logs: Path, env: dict[str, str]) -> int:
     """Start a component in its own session (it outlives the `up` command); its pid."""
     with open(logs / f"{name}.log", "ab") as out:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, cwd=logs.parent)
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=logs.parent,
+        )
     return process.pid
 
 
@@ -128,7 +147,9 @@ def _wait_healthy(name: str, port: int, pid: int, logs: Path) -> None:
         except (OSError, urllib.error.URLError):
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"{name} not ready after {START_TIMEOUT_S} s; the end of its log:\n{_tail(logs / f'{name}.log')}")
+    raise RuntimeError(
+        f"{name} not ready after {START_TIMEOUT_S} s; the end of its log:\n{_tail(logs / f'{name}.log')}"
+    )
 
 
 def _wait_webhook(port: int) -> None:
@@ -165,20 +186,28 @@ def _tail(path: Path, lines: int = 30) -> str:
         return f"({path} is missing)"
 
 
-def _controller_config(kind: str, webhook_port: int, metrics_port: int, health_port: int, certs: Path) -> dict[str, Any]:
-    base = {"kind": "Configuration",
-            "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(certs)},
-            "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
-            "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
-            "leaderElection": {"leaderElect": False},
-            "internalCertManagement": {"enable": False}}
+def _controller_config(
+    kind: str, webhook_port: int, metrics_port: int, health_port: int, certs: Path
+) -> dict[str, Any]:
+    base = {
+        "kind": "Configuration",
+        "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(certs)},
+        "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+    }
     if kind == "jobset":
         return {"apiVersion": "config.jobset.x-k8s.io/v1alpha1", **base}
-    return {"apiVersion": "config.kueue.x-k8s.io/v1beta2", **base, "namespace": "kueue-system",
-            "manageJobsWithoutQueueName": False,
-            "integrations": {"frameworks": ["jobset.x-k8s.io/jobset"]},
-            # The visibility API is an aggregated API server of its own: not served here.
-            "featureGates": {"VisibilityOnDemand": False}}
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        **base,
+        "namespace": "kueue-system",
+        "manageJobsWithoutQueueName": False,
+        "integrations": {"frameworks": ["jobset.x-k8s.io/jobset"]},
+        # The visibility API is an aggregated API server of its own: not served here.
+        "featureGates": {"VisibilityOnDemand": False},
+    }
 
 
 def up() -> Running:
@@ -198,35 +227,63 @@ def up() -> Running:
     stages = [yaml.safe_load((found.manifests / "kwok" / "stage" / path).read_text()) for path in KWOK_STAGES]
     stages += manifests.documents(STAGES)
     # Every component listens on loopback only (kwokctl's binary runtime binds 0.0.0.0 otherwise).
-    kwokctl_config = {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration",
-                      "options": {"bindAddress": "127.0.0.1"}}
+    kwokctl_config = {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokctlConfiguration",
+        "options": {"bindAddress": "127.0.0.1"},
+    }
     (directory / "kwok.yaml").write_text(yaml.safe_dump_all([kwokctl_config, *stages]))
     kubeconfig = directory / "kubeconfig"
-    _log(f"kwokctl create cluster --runtime binary (Kubernetes {pins['KUBERNETES']}, etcd {pins['ETCD']}, kwok {pins['KWOK']})")
-    _run(found, str(found.binary("kwokctl")), "create", "cluster", f"--name={NAME}", "--runtime=binary",
-         f"--config={directory / 'kwok.yaml'}", f"--kubeconfig={kubeconfig}",
-         f"--kube-apiserver-binary={found.binary('kube-apiserver')}",
-         f"--kube-controller-manager-binary={found.binary('kube-controller-manager')}",
-         f"--kube-scheduler-binary={found.binary('kube-scheduler')}", f"--etcd-binary={found.binary('etcd')}",
-         f"--kwok-controller-binary={found.binary('kwok')}", f"--kube-apiserver-port={free_port()}",
-         "--secure-port=true", "--kube-authorization=true", "--kube-admission=true",
-         "--extra-args=etcd=unsafe-no-fsync=true",  # a test cluster: no fsync on a disk shared with builds
-         # kwok plays the kubelet of its own nodes only: kwokctl starts it managing every node, and it then
-         # raced the process kubelet on the CPU nodes' pods (both set a pod IP: the API refused one, 422).
-         "--extra-args=kwok-controller=manage-all-nodes=false",
-         f"--extra-args=kwok-controller=manage-nodes-with-annotation-selector={KWOK}=fake",
-         f"--kube-audit-policy={directory / 'audit-policy.yaml'}", "--wait=120s", timeout=600)
+    _log(
+        f"kwokctl create cluster --runtime binary (Kubernetes {pins['KUBERNETES']}, etcd {pins['ETCD']}, kwok {pins['KWOK']})"
+    )
+    _run(
+        found,
+        str(found.binary("kwokctl")),
+        "create",
+        "cluster",
+        f"--name={NAME}",
+        "--runtime=binary",
+        f"--config={directory / 'kwok.yaml'}",
+        f"--kubeconfig={kubeconfig}",
+        f"--kube-apiserver-binary={found.binary('kube-apiserver')}",
+        f"--kube-controller-manager-binary={found.binary('kube-controller-manager')}",
+        f"--kube-scheduler-binary={found.binary('kube-scheduler')}",
+        f"--etcd-binary={found.binary('etcd')}",
+        f"--kwok-controller-binary={found.binary('kwok')}",
+        f"--kube-apiserver-port={free_port()}",
+        "--secure-port=true",
+        "--kube-authorization=true",
+        "--kube-admission=true",
+        "--extra-args=etcd=unsafe-no-fsync=true",  # a test cluster: no fsync on a disk shared with builds
+        # kwok plays the kubelet of its own nodes only: kwokctl starts it managing every node, and it then
+        # raced the process kubelet on the CPU nodes' pods (both set a pod IP: the API refused one, 422).
+        "--extra-args=kwok-controller=manage-all-nodes=false",
+        f"--extra-args=kwok-controller=manage-nodes-with-annotation-selector={KWOK}=fake",
+        f"--kube-audit-policy={directory / 'audit-policy.yaml'}",
+        "--wait=120s",
+        timeout=600,
+    )
     _log(f"control plane up in {time.monotonic() - started:.0f} s")
 
     # 2. JobSet and Kueue: CRDs, certificates, configuration, processes, webhooks.
     certs = directory / "certs"
     ca_bundle = make_webhook_certs(certs)
-    ports = {name: {"webhook": free_port(), "metrics": free_port(), "health": free_port()} for name in ("jobset", "kueue")}
-    crds = manifests.crds(found.manifests / "jobset", ports["jobset"]["webhook"], ca_bundle) + \
-        manifests.crds(found.manifests / "kueue", ports["kueue"]["webhook"], ca_bundle)
+    ports = {
+        name: {"webhook": free_port(), "metrics": free_port(), "health": free_port()} for name in ("jobset", "kueue")
+    }
+    crds = manifests.crds(found.manifests / "jobset", ports["jobset"]["webhook"], ca_bundle) + manifests.crds(
+        found.manifests / "kueue", ports["kueue"]["webhook"], ca_bundle
+    )
     kubectl(found, kubeconfig, "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
-    kubectl(found, kubeconfig, "wait", "--for=condition=established", "--timeout=60s",
-            *[f"crd/{name}" for name in manifests.names(crds)])
+    kubectl(
+        found,
+        kubeconfig,
+        "wait",
+        "--for=condition=established",
+        "--timeout=60s",
+        *[f"crd/{name}" for name in manifests.names(crds)],
+    )
     kubectl(found, kubeconfig, "create", "namespace", "kueue-system")
     kubectl(found, kubeconfig, "create", "namespace", "jobset-system")
     try:
@@ -234,19 +291,28 @@ def up() -> Running:
         for name in ("tls.crt", "tls.key"):
             (KUEUE_METRICS_CERTS / name).write_bytes((certs / name).read_bytes())
     except OSError as exc:
-        raise RuntimeError(f"Kueue {pins['KUEUE']} reads its metrics certificate from {KUEUE_METRICS_CERTS} "
-                           f"(fixed in its main.go) and it cannot be written here: {exc}") from None
+        raise RuntimeError(
+            f"Kueue {pins['KUEUE']} reads its metrics certificate from {KUEUE_METRICS_CERTS} "
+            f"(fixed in its main.go) and it cannot be written here: {exc}"
+        ) from None
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     pids = {}
     for name in ("jobset", "kueue"):
         config_path = directory / f"{name}-config.yaml"
-        config_path.write_text(yaml.safe_dump(_controller_config(name, **{
-            f"{k}_port": v for k, v in ports[name].items()}, certs=certs)))
-        pids[name] = _spawn(name, [str(found.binary(name)), f"--config={config_path}", f"--kubeconfig={kubeconfig}",
-                                   "--zap-log-level=info"], logs, env)
-    configs = manifests.webhook_configs(found.manifests / "jobset", "jobset-", ports["jobset"]["webhook"], ca_bundle) + \
-        manifests.webhook_configs(found.manifests / "kueue", "kueue-", ports["kueue"]["webhook"], ca_bundle,
-                                  manifests.kueue_kept)
+        config_path.write_text(
+            yaml.safe_dump(_controller_config(name, **{f"{k}_port": v for k, v in ports[name].items()}, certs=certs))
+        )
+        pids[name] = _spawn(
+            name,
+            [str(found.binary(name)), f"--config={config_path}", f"--kubeconfig={kubeconfig}", "--zap-log-level=info"],
+            logs,
+            env,
+        )
+    configs = manifests.webhook_configs(
+        found.manifests / "jobset", "jobset-", ports["jobset"]["webhook"], ca_bundle
+    ) + manifests.webhook_configs(
+        found.manifests / "kueue", "kueue-", ports["kueue"]["webhook"], ca_bundle, manifests.kueue_kept
+    )
     for name in ("jobset", "kueue"):
         _wait_healthy(name, ports[name]["health"], pids[name], logs)
         _wait_webhook(ports[name]["webhook"])
@@ -258,9 +324,20 @@ def up() -> Running:
     kwok_nodes = [n.manifest(pins["KUBERNETES"]) for n in nodes if n.kubelet == "kwok"]
     kubectl(found, kubeconfig, "create", "-f", "-", input=yaml.safe_dump_all(kwok_nodes))
     local = ",".join(n.name for n in nodes if n.kubelet == "process")
-    pids["kubelet"] = _spawn("kubelet", [sys.executable, "-m", "tests.cluster.kubelet", f"--kubeconfig={kubeconfig}",
-                                         f"--workdir={directory / 'pods'}", f"--nodes={local}",
-                                         f"--kubelet-version={pins['KUBERNETES']}"], logs, {**env, "PYTHONPATH": str(ROOT)})
+    pids["kubelet"] = _spawn(
+        "kubelet",
+        [
+            sys.executable,
+            "-m",
+            "tests.cluster.kubelet",
+            f"--kubeconfig={kubeconfig}",
+            f"--workdir={directory / 'pods'}",
+            f"--nodes={local}",
+            f"--kubelet-version={pins['KUBERNETES']}",
+        ],
+        logs,
+        {**env, "PYTHONPATH": str(ROOT)},
+    )
     (directory / "state.json").write_text(json.dumps({"pids": pids, "ports": ports, "versions": pins}, indent=1))
     deadline = time.monotonic() + START_TIMEOUT_S
     while set(kubectl(found, kubeconfig, "get", "nodes", "-o", "name").split()) < {f"node/{n.name}" for n in nodes}:
@@ -288,7 +365,7 @@ def down(quiet: bool = False) -> None:
     found, directory = build(), state_dir()
     state = directory / "state.json"
     if state.exists():
-        for name, pid in json.loads(state.read_text())["pids"].items():
+        for pid in json.loads(state.read_text())["pids"].values():
             if _alive(pid):
                 os.kill(pid, signal.SIGTERM)
                 for _ in range(50):

@@ -17,8 +17,8 @@ Pure functions over YAML documents; `tests/cluster/test_manifests.py` checks the
 
 from __future__ import annotations
 
-import copy
 import base64
+import copy
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -54,8 +54,10 @@ def crds(component: Path, port: int, ca_bundle: bytes) -> list[Doc]:
             continue  # cert-manager's CA injection: we set caBundle ourselves
         service = conversion["webhook"]["clientConfig"]["service"]
         crd = out[patch["metadata"]["name"]]
-        crd["spec"]["conversion"] = {**conversion, "webhook": {
-            **conversion["webhook"], "clientConfig": url_config(port, service.get("path", "/"), ca_bundle)}}
+        crd["spec"]["conversion"] = {
+            **conversion,
+            "webhook": {**conversion["webhook"], "clientConfig": url_config(port, service.get("path", "/"), ca_bundle)},
+        }
     return list(out.values())
 
 
@@ -89,14 +91,16 @@ def _apply_kustomize_patches(configs: list[Doc], kustomization: Path, kept: Call
             patch = yaml.safe_load(entry["patch"])
             touched = [w for w in patch.get("webhooks") or [] if kept(w)]
             if touched:
-                raise ValueError(f"{kustomization}: an inline patch changes webhooks we register: "
-                                 f"{[w['name'] for w in touched]}")
+                raise ValueError(
+                    f"{kustomization}: an inline patch changes webhooks we register: {[w['name'] for w in touched]}"
+                )
         else:
             raise ValueError(f"{kustomization}: unsupported patch entry {entry}")
 
 
-def webhook_configs(component: Path, prefix: str, port: int, ca_bundle: bytes,
-                    kept: Callable[[Doc], bool] = lambda webhook: True) -> list[Doc]:
+def webhook_configs(
+    component: Path, prefix: str, port: int, ca_bundle: bytes, kept: Callable[[Doc], bool] = lambda webhook: True
+) -> list[Doc]:
     """The component's Mutating/ValidatingWebhookConfigurations, patched as its kustomization says,
     renamed `prefix` + name, each webhook calling 127.0.0.1:`port`; webhooks for which `kept` is false
     are left out."""

@@ -44,31 +44,72 @@ class Node:
     taints: tuple[dict[str, str], ...] = ()  # beside the TPU taint
 
     def manifest(self, kubelet_version: str) -> dict[str, Any]:
-        resources = {"cpu": self.cpu, "memory": self.memory, "pods": "110",
-                     **({TPU: str(self.tpu_chips)} if self.tpu_chips else {})}
-        labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                  KUBELET_LABEL: self.kubelet, **self.labels}
+        resources = {
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "pods": "110",
+            **({TPU: str(self.tpu_chips)} if self.tpu_chips else {}),
+        }
+        labels = {
+            "kubernetes.io/hostname": self.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            KUBELET_LABEL: self.kubelet,
+            **self.labels,
+        }
         return {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": self.name, "labels": labels,
-                         "annotations": {KWOK: "fake"} if self.kubelet == "kwok" else {}},
-            "spec": {"taints": ([{"key": TPU, "value": "present", "effect": "NoSchedule"}] if self.tpu_chips else [])
-                     + list(self.taints)},
-            "status": {"capacity": resources, "allocatable": resources,
-                       "addresses": [{"type": "InternalIP", "address": self.ip}, {"type": "Hostname", "address": self.name}],
-                       "nodeInfo": {"kubeletVersion": kubelet_version, "kubeProxyVersion": "", "architecture": "amd64",
-                                    "operatingSystem": "linux", "osImage": "tpu-operator test node",
-                                    "kernelVersion": "", "containerRuntimeVersion": self.kubelet, "machineID": self.name,
-                                    "systemUUID": self.name, "bootID": self.name}},
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "labels": labels,
+                "annotations": {KWOK: "fake"} if self.kubelet == "kwok" else {},
+            },
+            "spec": {
+                "taints": ([{"key": TPU, "value": "present", "effect": "NoSchedule"}] if self.tpu_chips else [])
+                + list(self.taints)
+            },
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "addresses": [{"type": "InternalIP", "address": self.ip}, {"type": "Hostname", "address": self.name}],
+                "nodeInfo": {
+                    "kubeletVersion": kubelet_version,
+                    "kubeProxyVersion": "",
+                    "architecture": "amd64",
+                    "operatingSystem": "linux",
+                    "osImage": "tpu-operator test node",
+                    "kernelVersion": "",
+                    "containerRuntimeVersion": self.kubelet,
+                    "machineID": self.name,
+                    "systemUUID": self.name,
+                    "bootID": self.name,
+                },
+            },
         }
 
 
 def tpu_pool(pool: str, topology: str, hosts: int, kubelet: str, first_ip: tuple[int, int]) -> list[Node]:
     """One GKE TPU v7x node pool: `hosts` tpu7x-standard-4t machines of one `topology` slice."""
-    labels = {ACCELERATOR: "tpu7x", TOPOLOGY: topology, NODEPOOL: pool, INSTANCE_TYPE: "tpu7x-standard-4t",
-              "cloud.google.com/gke-accelerator-count": "4"}
-    return [Node(f"{pool}-{i}", f"127.{first_ip[0]}.{first_ip[1]}.{i + 1}", kubelet, labels, tpu_chips=4,
-                 cpu="224", memory="960Gi") for i in range(hosts)]
+    labels = {
+        ACCELERATOR: "tpu7x",
+        TOPOLOGY: topology,
+        NODEPOOL: pool,
+        INSTANCE_TYPE: "tpu7x-standard-4t",
+        "cloud.google.com/gke-accelerator-count": "4",
+    }
+    return [
+        Node(
+            f"{pool}-{i}",
+            f"127.{first_ip[0]}.{first_ip[1]}.{i + 1}",
+            kubelet,
+            labels,
+            tpu_chips=4,
+            cpu="224",
+            memory="960Gi",
+        )
+        for i in range(hosts)
+    ]
 
 
 def cluster_nodes(node_ip: str = "127.0.0.1") -> list[Node]:
@@ -78,10 +119,14 @@ def cluster_nodes(node_ip: str = "127.0.0.1") -> list[Node]:
     nodes = tpu_pool("tpu7x-4x4x4", "4x4x4", 16, "kwok", kwok_ip)
     for i in range(SINGLE_HOST_POOLS):
         nodes += tpu_pool(f"tpu7x-2x2x1-{i}", "2x2x1", 1, "kwok", (0, 3 + i))
-    nodes += [Node(n.name, node_ip, "process", n.labels, n.tpu_chips, n.cpu, n.memory)
-              for n in tpu_pool("tpu7x-2x2x2", "2x2x2", 2, "process", (0, 0))]
+    nodes += [
+        Node(n.name, node_ip, "process", n.labels, n.tpu_chips, n.cpu, n.memory)
+        for n in tpu_pool("tpu7x-2x2x2", "2x2x2", 2, "process", (0, 0))
+    ]
     for i in range(PROCESS_SINGLE_HOST_POOLS):
-        nodes += [Node(n.name, node_ip, "process", n.labels, n.tpu_chips, n.cpu, n.memory, (PROCESS_TAINT,))
-                  for n in tpu_pool(f"tpu7x-2x2x1-p{i}", "2x2x1", 1, "process", (0, 1))]
+        nodes += [
+            Node(n.name, node_ip, "process", n.labels, n.tpu_chips, n.cpu, n.memory, (PROCESS_TAINT,))
+            for n in tpu_pool(f"tpu7x-2x2x1-p{i}", "2x2x1", 1, "process", (0, 1))
+        ]
     nodes.append(Node("cpu-0", node_ip, "process", {NODEPOOL: "cpu"}, cpu="2", memory="16Gi"))
     return nodes

@@ -26,8 +26,9 @@ class Trainer:
 
     def __init__(self, sample: dict[str, Any]) -> None:
         self.sample = sample
-        self.httpd = serve_http(lambda path: (200 if path == "/status" else 404, json.dumps(self.sample).encode(),
-                                              "application/json"), 0)
+        self.httpd = serve_http(
+            lambda path: (200 if path == "/status" else 404, json.dumps(self.sample).encode(), "application/json"), 0
+        )
         self.port = self.httpd.server_address[1]
 
     def stop(self) -> None:
@@ -42,7 +43,9 @@ class Trainer:
 TIMING_DEPENDENT = {("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1}
 BUDGET = {
     # each with a dry run first (children.dry_run): the ConfigMap, the JobSet and one pod per pod template
-    ("create", "configmaps"): 2, ("create", "jobsets"): 2, ("create", "pods"): 1,
+    ("create", "configmaps"): 2,
+    ("create", "jobsets"): 2,
+    ("create", "pods"): 1,
     ("create", "secrets"): 2,  # the job's control credential (controller/control.py), dry run and create
     ("create", "events"): 2,  # Created, Succeeded
     # the JobSet's pods not ready yet (why: Scheduled, ContainersReady); pod 0 found for the metrics; pod 0's
@@ -60,49 +63,88 @@ WATCHED = {"tputrainingjobs", "jobsets", "jobs", "workloads"}
 RELISTS = {("list", resource): 1 for resource in WATCHED}
 # The dry run before the pre-flight (the ConfigMap, the JobSet, a pod) and again before the JobSet (the JobSet and
 # a pod: the ConfigMap is the pre-flight's).
-PREFLIGHT = {("create", "jobs"): 1, ("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1, ("create", "events"): 1,
-             ("create", "configmaps"): 0, ("create", "jobsets"): 1, ("create", "pods"): 1}
+PREFLIGHT = {
+    ("create", "jobs"): 1,
+    ("list", "pods"): 1,
+    ("patch", "tputrainingjobs/status"): 1,
+    ("create", "events"): 1,
+    ("create", "configmaps"): 0,
+    ("create", "jobsets"): 1,
+    ("create", "pods"): 1,
+}
 
 
 @pytest.mark.parametrize("preflight", ["skip", "compile"])
-def test_one_jobs_requests_over_its_life_stay_within_budget(local_cluster: Cluster, chart: str, operator_kubeconfig,
-                                                           operator_args, tmp_path, preflight: str):
+def test_one_jobs_requests_over_its_life_stay_within_budget(
+    local_cluster: Cluster, chart: str, operator_kubeconfig, operator_args, tmp_path, preflight: str
+):
     cluster, ns = local_cluster, local_cluster.namespace("budget")
     trainer = Trainer({"step": 3, "step_time_s": 0.5, "mfu": 0.2})
     # An operator of its own, on this namespace, with no resync in the job's lifetime (one GET per interval).
     started = time.time()
-    operator = Operator(operator_kubeconfig, tmp_path, *namespaced(operator_args, ns), "--metrics-interval=1",
-                        "--resync-interval=3600").start()
+    operator = Operator(
+        operator_kubeconfig, tmp_path, *namespaced(operator_args, ns), "--metrics-interval=1", "--resync-interval=3600"
+    ).start()
     user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
     try:
         # Its liveness answers before kopf has listed what it watches: requests are the job's only from then on.
-        listed = lambda: {e["resource"] for e in cluster.audit(started) if e["user"]["username"] == user  # noqa: E731
-                          and e["verb"] == "list" and e["objectRef"].get("namespace") == ns}
+        listed = lambda: {  # noqa: E731
+            e["resource"]
+            for e in cluster.audit(started)
+            if e["user"]["username"] == user and e["verb"] == "list" and e["objectRef"].get("namespace") == ns
+        }
         wait_for(lambda: WATCHED <= listed(), WAIT_S, "the operator's first lists", diagnose=lambda: str(listed()))
         time.sleep(1)  # audit timestamps have microseconds; requests after this line are the job's
         since = time.time()
         record = TerminationRecord(code=0, progress=Progress(started_at=time.time(), step=5, last_checkpoint_step=5))
         # hostNetwork: kwok gives a pod on the pod network an address nothing serves; on its node's, the stand-in.
-        cluster.apply(job_doc("frugal", plan={"preflight": preflight}, runtime={"metricsPort": trainer.port, "hostNetwork": True, "env": [
-            {"name": "KWOK_EXIT_AFTER", "value": "8s"}, {"name": "KWOK_EXIT_MESSAGE", "value": record.message()}]}),
-            namespace=ns)
-        status_where(cluster, ns, "frugal", lambda s: s.get("phase") == "Running" and s.get("step") == 3,
-                     "Running with the trainer's step", operator, timeout=300)
+        cluster.apply(
+            job_doc(
+                "frugal",
+                plan={"preflight": preflight},
+                runtime={
+                    "metricsPort": trainer.port,
+                    "hostNetwork": True,
+                    "env": [
+                        {"name": "KWOK_EXIT_AFTER", "value": "8s"},
+                        {"name": "KWOK_EXIT_MESSAGE", "value": record.message()},
+                    ],
+                },
+            ),
+            namespace=ns,
+        )
+        status_where(
+            cluster,
+            ns,
+            "frugal",
+            lambda s: s.get("phase") == "Running" and s.get("step") == 3,
+            "Running with the trainer's step",
+            operator,
+            timeout=300,
+        )
         done = status_where(cluster, ns, "frugal", lambda s: s.get("phase") == "Succeeded", "phase Succeeded", operator)
         # The final numbers come from the trainer's termination record, not from /status (its process has exited).
         assert (done["step"], done["lastCheckpointStep"]) == (5, 5), done
-        wait_for(lambda: any(e["reason"] == "Succeeded" for e in cluster.events(ns, "frugal")), WAIT_S,
-                 "the Succeeded Event")
+        wait_for(
+            lambda: any(e["reason"] == "Succeeded" for e in cluster.events(ns, "frugal")), WAIT_S, "the Succeeded Event"
+        )
         # What the end triggers has happened once the operator has reconciled the job as finished (its last status
         # write came back through the watch: nothing is left to do for it), then stopped; once the end of its watch
         # is in the audit log, so is every request it made.
-        wait_for(lambda: reconciles(operator, "finished") >= 1, WAIT_S, "a reconcile of the finished job",
-                 diagnose=operator.log_tail)
+        wait_for(
+            lambda: reconciles(operator, "finished") >= 1,
+            WAIT_S,
+            "a reconcile of the finished job",
+            diagnose=operator.log_tail,
+        )
     finally:
         trainer.stop()
         operator.kill(signal.SIGTERM)
-    wait_for(lambda: watch_ended(cluster, started, user, ns, "tputrainingjobs"), 30,
-             "the end of the operator's watch in the audit log")
+    wait_for(
+        lambda: watch_ended(cluster, started, user, ns, "tputrainingjobs"),
+        30,
+        "the end of the operator's watch in the audit log",
+    )
     counts: dict[tuple[str, str], int] = {}
     for event in cluster.audit(since):
         if event["user"]["username"] == user and event["objectRef"].get("namespace") == ns and event["verb"] != "watch":

@@ -41,8 +41,10 @@ def test_generated_crd_is_accepted_with_its_columns_and_schema(crd: Cluster):
     expected = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]
     (version,) = served["spec"]["versions"]
     assert version["additionalPrinterColumns"] == expected["additionalPrinterColumns"]
-    assert version["schema"]["openAPIV3Schema"]["x-kubernetes-validations"] == \
-        expected["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    assert (
+        version["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+        == expected["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    )
 
 
 def test_kubectl_get_wide_prints_the_columns(crd: Cluster):
@@ -50,8 +52,21 @@ def test_kubectl_get_wide_prints_the_columns(crd: Cluster):
     crd.apply(job("columns"), namespace=ns)
     table = crd.kubectl("get", "tpujobs", "-n", ns, "-o", "wide").stdout.splitlines()
     header = re.split(r"\s{2,}", table[0].strip())
-    assert header == ["NAME", "PHASE", "TOPOLOGY", "SLICES", "STEP", "MFU", "STEP TIME", "TOKENS/S", "RESTARTS",
-                      "PREEMPTIONS", "GOODPUT", "AGE", "MESSAGE"], table[0]
+    assert header == [
+        "NAME",
+        "PHASE",
+        "TOPOLOGY",
+        "SLICES",
+        "STEP",
+        "MFU",
+        "STEP TIME",
+        "TOKENS/S",
+        "RESTARTS",
+        "PREEMPTIONS",
+        "GOODPUT",
+        "AGE",
+        "MESSAGE",
+    ], table[0]
     assert table[1].split()[:2] == ["columns", "2x2x1"], table  # no status yet: Phase is empty
     short = crd.kubectl("get", "tpujob", "-n", ns).stdout.splitlines()[0].split()
     assert short == ["NAME", "PHASE", "TOPOLOGY", "SLICES", "STEP", "MFU", "STEP", "TIME", "AGE"], short
@@ -72,12 +87,14 @@ def test_every_example_is_admitted_with_what_it_says(crd: Cluster, path):
                 contained(value, got[key], f"{where}.{key}")
         else:
             assert sent == got, f"{where}: sent {sent!r}, stored {got!r}"
+
     contained(doc["spec"], admitted)
 
 
 # SCHEMA_REFUSED, and what only the API server checks: a CEL rule (a structural schema has no patternProperties).
-@pytest.mark.parametrize("patch,field", [*SCHEMA_REFUSED,
-                                         ({"nodeSelector": {"not a label key!": "x"}}, "spec.nodeSelector")])
+@pytest.mark.parametrize(
+    "patch,field", [*SCHEMA_REFUSED, ({"nodeSelector": {"not a label key!": "x"}}, "spec.nodeSelector")]
+)
 def test_hostile_spec_is_refused_at_admission(crd: Cluster, patch, field):
     ns = crd.namespace("hostile")
     result = crd.apply(job("hostile", **patch), namespace=ns, check=False)
@@ -87,8 +104,9 @@ def test_hostile_spec_is_refused_at_admission(crd: Cluster, patch, field):
 
 def _has_jobset(crd: Cluster, ns: str, name: str) -> None:
     """Stands in for the operator: the status names the JobSet, as the operator writes it once it made one."""
-    crd.custom.patch_namespaced_custom_object_status(*JOBS[:2], ns, JOBS[2], name,
-                                                     {"status": {"jobSetName": name, "phase": "Pending"}})
+    crd.custom.patch_namespaced_custom_object_status(
+        *JOBS[:2], ns, JOBS[2], name, {"status": {"jobSetName": name, "phase": "Pending"}}
+    )
 
 
 def test_immutable_fields_are_refused_by_cel_once_the_job_has_its_jobset(crd: Cluster):
@@ -106,7 +124,9 @@ def test_immutable_fields_are_refused_by_cel_once_the_job_has_its_jobset(crd: Cl
     changed["spec"]["image"] = "example.com/other:1"
     result = crd.apply(changed, namespace=ns, check=False)
     assert result.returncode != 0, result.stdout
-    assert "spec.training: Forbidden: spec.training cannot change once the job has its JobSet" in result.stderr, result.stderr
+    assert "spec.training: Forbidden: spec.training cannot change once the job has its JobSet" in result.stderr, (
+        result.stderr
+    )
     assert "spec.image: Forbidden" in result.stderr and "delete the job and create it again" in result.stderr
     assert crd.job(ns, "frozen")["spec"]["training"]["steps"] == 20
 
@@ -125,6 +145,9 @@ def test_an_unset_image_stays_unset_for_the_operators_default(crd: Cluster):
     ns = crd.namespace("image")
     imageless = job("imageless")
     imageless["spec"].pop("image", None)
-    stored = json.loads(crd.kubectl("create", "--dry-run=server", "-n", ns, "-o", "json", "-f", "-",
-                                    input=yaml.safe_dump(imageless)).stdout)
+    stored = json.loads(
+        crd.kubectl(
+            "create", "--dry-run=server", "-n", ns, "-o", "json", "-f", "-", input=yaml.safe_dump(imageless)
+        ).stdout
+    )
     assert "image" not in stored["spec"] and stored["spec"]["imagePullPolicy"] == "IfNotPresent", stored["spec"]

@@ -32,7 +32,8 @@ def elastic_job(tmp_path: Path) -> dict:
         failurePolicy={"backoffSeconds": 1},
         runtime={"metricsPort": free_port()},
         nodeSelector={KUBELET_LABEL: "process"},  # the process kubelet's 2x2x1 pools, not kwok's
-        tolerations=[{"key": KUBELET_LABEL, "operator": "Equal", "value": "process", "effect": "NoSchedule"}])
+        tolerations=[{"key": KUBELET_LABEL, "operator": "Equal", "value": "process", "effect": "NoSchedule"}],
+    )
     doc["metadata"]["name"] = "elastic"
     return doc
 
@@ -44,7 +45,9 @@ def trainer_pids(job: str, slice_id: int) -> list[int]:
         if not proc.name.isdigit():
             continue
         try:
-            env = dict(kv.split("=", 1) for kv in (proc / "environ").read_text(errors="replace").split("\0") if "=" in kv)
+            env = dict(
+                kv.split("=", 1) for kv in (proc / "environ").read_text(errors="replace").split("\0") if "=" in kv
+            )
         except OSError:
             continue
         if env.get("TPUJOB_NAME") == job and env.get("TPUJOB_SLICE_ID") == str(slice_id):
@@ -52,8 +55,9 @@ def trainer_pids(job: str, slice_id: int) -> list[int]:
     return found
 
 
-def test_a_slice_killed_shrinks_the_job_and_it_grows_back_after_a_checkpoint(local_cluster: Cluster,
-                                                                             operator: Operator, tmp_path):
+def test_a_slice_killed_shrinks_the_job_and_it_grows_back_after_a_checkpoint(
+    local_cluster: Cluster, operator: Operator, tmp_path
+):
     cluster, ns = local_cluster, local_cluster.namespace("elastic")
     cluster.apply(elastic_job(tmp_path), namespace=ns)
 
@@ -65,8 +69,12 @@ def test_a_slice_killed_shrinks_the_job_and_it_grows_back_after_a_checkpoint(loc
         return f"status: {cluster.status(ns, 'elastic')}\n{pods}"
 
     # 1. Two slices, one process each, on the two process pools.
-    wait_for(status(lambda s: s.get("phase") == "Running" and (s.get("lastCheckpointStep") or 0) >= 4), TRAIN_S,
-             "Running on two slices past a checkpoint", diagnose=diagnose)
+    wait_for(
+        status(lambda s: s.get("phase") == "Running" and (s.get("lastCheckpointStep") or 0) >= 4),
+        TRAIN_S,
+        "Running on two slices past a checkpoint",
+        diagnose=diagnose,
+    )
     pods = cluster.pods(ns, "jobset.sigs.k8s.io/jobset-name=elastic")
     assert sorted(p["spec"]["nodeName"] for p in pods) == ["tpu7x-2x2x1-p0-0", "tpu7x-2x2x1-p1-0"], pods
     config_map = cluster.core.read_namespaced_config_map(config_map_of(cluster.get(JOBSETS, ns, "elastic")), ns).data
@@ -75,9 +83,18 @@ def test_a_slice_killed_shrinks_the_job_and_it_grows_back_after_a_checkpoint(loc
     pids = wait_for(lambda: trainer_pids("elastic", 1), 60, "slice 1's trainer process")
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    shrunk = wait_for(status(lambda s: (s.get("slices") or {}).get("shown") == "1/2" and s.get("phase") == "Running"
-                             and ((s.get("accounting") or {}).get("attempt") or {}).get("progress", {}).get("startStep")),
-                      TRAIN_S, "Running on one slice", diagnose=diagnose)
+    shrunk = wait_for(
+        status(
+            lambda s: (
+                (s.get("slices") or {}).get("shown") == "1/2"
+                and s.get("phase") == "Running"
+                and ((s.get("accounting") or {}).get("attempt") or {}).get("progress", {}).get("startStep")
+            )
+        ),
+        TRAIN_S,
+        "Running on one slice",
+        diagnose=diagnose,
+    )
     assert condition(shrunk, "Resized")["reason"] == "SliceLost", shrunk
     assert shrunk["restarts"]["failure"] == 1, shrunk
     resumed = shrunk["accounting"]["attempt"]["progress"]["startStep"]
@@ -90,11 +107,11 @@ def test_a_slice_killed_shrinks_the_job_and_it_grows_back_after_a_checkpoint(loc
 
     # 3. Grow back: after its next checkpoint the probe is placed on the free pool, the one-slice JobSet is stopped
     # (SIGTERM: the step in flight saved) and the job finishes on both slices.
-    grown = wait_for(status(lambda s: condition(s, "Resized").get("reason") == "GrewBack"), TRAIN_S,
-                     "grown back", diagnose=diagnose)
+    grown = wait_for(
+        status(lambda s: condition(s, "Resized").get("reason") == "GrewBack"), TRAIN_S, "grown back", diagnose=diagnose
+    )
     assert grown["slices"]["running"] == 2 and grown["slices"]["replaces"] == small["metadata"]["uid"], grown
-    done = wait_for(status(lambda s: s.get("phase") in ("Succeeded", "Failed")), TRAIN_S, "the end",
-                    diagnose=diagnose)
+    done = wait_for(status(lambda s: s.get("phase") in ("Succeeded", "Failed")), TRAIN_S, "the end", diagnose=diagnose)
     assert done["phase"] == "Succeeded" and done["step"] == STEPS, done
     assert done["slices"]["shown"] == "2/2" and done["restarts"]["failure"] == 1, done
     assert not done["restarts"].get("preemption"), done  # a grow-back is not a restart

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.cluster
 JOBS, KILLS = 10, 20
 
 
-def test_twenty_kills_over_ten_jobs_leave_one_jobset_and_one_configmap_per_job(local_cluster: Cluster, chart: str,
-                                                                              operator_kubeconfig, operator_args,
-                                                                              tmp_path):
+def test_twenty_kills_over_ten_jobs_leave_one_jobset_and_one_configmap_per_job(
+    local_cluster: Cluster, chart: str, operator_kubeconfig, operator_args, tmp_path
+):
     cluster, ns = local_cluster, local_cluster.namespace("kills")
     since = time.time()
     names = [f"survivor-{i}" for i in range(JOBS)]
@@ -40,13 +40,20 @@ def test_twenty_kills_over_ten_jobs_leave_one_jobset_and_one_configmap_per_job(l
         op.kill(signal.SIGKILL)
     final = Operator(operator_kubeconfig, tmp_path, *namespaced(operator_args, ns)).start()
     try:
-        wait_for(lambda: all(cluster.status(ns, n).get("jobSetName") for n in names), 120,
-                 "every job's JobSet in its status", diagnose=lambda: final.log_tail())
+        wait_for(
+            lambda: all(cluster.status(ns, n).get("jobSetName") for n in names),
+            120,
+            "every job's JobSet in its status",
+            diagnose=lambda: final.log_tail(),
+        )
     finally:
         final.kill(signal.SIGTERM)
     jobsets = {j["metadata"]["name"]: j for j in cluster.items(JOBSETS, ns)}
-    config_maps = {c.metadata.name: c for c in cluster.core.list_namespaced_config_map(ns).items
-                   if c.metadata.name != "kube-root-ca.crt"}
+    config_maps = {
+        c.metadata.name: c
+        for c in cluster.core.list_namespaced_config_map(ns).items
+        if c.metadata.name != "kube-root-ca.crt"
+    }
     assert sorted(jobsets) == sorted(names), sorted(jobsets)
     assert sorted(config_maps) == sorted(config_map_of(jobsets[n]) for n in names), sorted(config_maps)
     for name in names:
@@ -54,9 +61,13 @@ def test_twenty_kills_over_ten_jobs_leave_one_jobset_and_one_configmap_per_job(l
         assert [r["uid"] for r in jobsets[name]["metadata"]["ownerReferences"]] == [uid]
     # Each created once: one successful POST per child, no JobSet deleted and made again (dry runs store nothing).
     user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
-    writes = [(e["verb"], e["objectRef"].get("resource"), e["responseStatus"]["code"]) for e in cluster.audit(since)
-              if e["user"]["username"] == user and e["objectRef"].get("namespace") == ns
-              and "dryRun=" not in e.get("requestURI", "")]
+    writes = [
+        (e["verb"], e["objectRef"].get("resource"), e["responseStatus"]["code"])
+        for e in cluster.audit(since)
+        if e["user"]["username"] == user
+        and e["objectRef"].get("namespace") == ns
+        and "dryRun=" not in e.get("requestURI", "")
+    ]
     assert sum(1 for w in writes if w[:2] == ("create", "jobsets") and w[2] == 201) == JOBS, writes
     assert sum(1 for w in writes if w[:2] == ("create", "configmaps") and w[2] == 201) == JOBS, writes
     assert not [w for w in writes if w[:2] == ("delete", "jobsets")], writes

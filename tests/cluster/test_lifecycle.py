@@ -23,8 +23,9 @@ def owned_by(obj: dict, uid: str) -> bool:
     return any(ref["uid"] == uid for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-def test_quickstart_preflight_jobset_pods_metrics_success_and_garbage_collection(local_cluster: Cluster,
-                                                                                 operator: Operator, tmp_path):
+def test_quickstart_preflight_jobset_pods_metrics_success_and_garbage_collection(
+    local_cluster: Cluster, operator: Operator, tmp_path
+):
     cluster, ns = local_cluster, local_cluster.namespace("quickstart")
     doc = quickstart(tmp_path, steps=20)
     cluster.apply(doc, namespace=ns)
@@ -37,9 +38,15 @@ def test_quickstart_preflight_jobset_pods_metrics_success_and_garbage_collection
         return f"status: {cluster.status(ns, 'quickstart')}\n{pods}"
 
     # 1. The pre-flight: a batch Job, its pod made by the Job controller and run by the process kubelet.
-    planned = wait_for(status(lambda s: condition(s, "Planned").get("status") in ("True", "False")), TRAIN_S,
-                       "the pre-flight's verdict", diagnose=diagnose)
-    (preflight,) = [j for j in cluster.batch.list_namespaced_job(ns).items if j.metadata.name.startswith("quickstart-plan-")]
+    planned = wait_for(
+        status(lambda s: condition(s, "Planned").get("status") in ("True", "False")),
+        TRAIN_S,
+        "the pre-flight's verdict",
+        diagnose=diagnose,
+    )
+    (preflight,) = [
+        j for j in cluster.batch.list_namespaced_job(ns).items if j.metadata.name.startswith("quickstart-plan-")
+    ]
     assert preflight.status.succeeded == 1, preflight.status
     (plan_pod,) = cluster.pods(ns, f"job-name={preflight.metadata.name}")
     assert plan_pod["spec"]["nodeName"] == "cpu-0" and plan_pod["status"]["phase"] == "Succeeded"
@@ -48,8 +55,12 @@ def test_quickstart_preflight_jobset_pods_metrics_success_and_garbage_collection
         assert planned["plan"]["fits"] is True and planned["plan"]["hbmCapacityGiB"] == 96
 
     # 2. The JobSet, its Job and pods from the real JobSet controller, placed by the real scheduler.
-    running = wait_for(status(lambda s: s.get("phase") == "Running" and s.get("step")), TRAIN_S,
-                       "Running with a step from the trainer", diagnose=diagnose)
+    running = wait_for(
+        status(lambda s: s.get("phase") == "Running" and s.get("step")),
+        TRAIN_S,
+        "Running with a step from the trainer",
+        diagnose=diagnose,
+    )
     job = cluster.job(ns, "quickstart")
     jobset = cluster.get(JOBSETS, ns, "quickstart")
     assert owned_by(jobset, job["metadata"]["uid"])
@@ -73,32 +84,54 @@ def test_quickstart_preflight_jobset_pods_metrics_success_and_garbage_collection
         left = [f"jobset/{j['metadata']['name']}" for j in cluster.items(JOBSETS, ns)]
         left += [f"job/{j.metadata.name}" for j in cluster.batch.list_namespaced_job(ns).items]
         left += [f"pod/{p['metadata']['name']}" for p in cluster.pods(ns)]
-        left += [f"configmap/{c.metadata.name}" for c in cluster.core.list_namespaced_config_map(ns).items
-                 if c.metadata.name != "kube-root-ca.crt"]
+        left += [
+            f"configmap/{c.metadata.name}"
+            for c in cluster.core.list_namespaced_config_map(ns).items
+            if c.metadata.name != "kube-root-ca.crt"
+        ]
         return left
-    wait_for(lambda: not children() and cluster.job(ns, "quickstart") is None, 120, "every child to be collected",
-             diagnose=lambda: str(children()))
+
+    wait_for(
+        lambda: not children() and cluster.job(ns, "quickstart") is None,
+        120,
+        "every child to be collected",
+        diagnose=lambda: str(children()),
+    )
 
 
 def test_a_slice_that_cannot_be_placed_says_why_in_the_schedulers_words(local_cluster: Cluster, operator: Operator):
     cluster = local_cluster
     ns = cluster.namespace("pending")
     # One of the 16 hosts of the 4x4x4 node pool is taken: 15 free hosts for a 16-host slice.
-    blocker = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "blocker"}, "spec": {
-        "nodeSelector": {"kubernetes.io/hostname": "tpu7x-4x4x4-0"},
-        "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"google.com/tpu": "4"}}}]}}
+    blocker = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "blocker"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "tpu7x-4x4x4-0"},
+            "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"google.com/tpu": "4"}}}],
+        },
+    }
     cluster.apply(blocker, namespace=ns)
-    wait_for(lambda: cluster.core.read_namespaced_pod("blocker", ns).status.phase == "Running", 60,
-             "the blocker pod running on kwok's node")
-    doc = operator_job(tpu={"generation": "v7x", "topology": "4x4x4"},
-                       training={"steps": 10, "globalBatch": 128, "sequenceLength": 128})
+    wait_for(
+        lambda: cluster.core.read_namespaced_pod("blocker", ns).status.phase == "Running",
+        60,
+        "the blocker pod running on kwok's node",
+    )
+    doc = operator_job(
+        tpu={"generation": "v7x", "topology": "4x4x4"},
+        training={"steps": 10, "globalBatch": 128, "sequenceLength": 128},
+    )
     doc["metadata"]["name"] = "wide"
     started = time.monotonic()
     cluster.apply(doc, namespace=ns)
-    status = wait_for(lambda: (s := cluster.status(ns, "wide")) and "Insufficient google.com/tpu" in s.get("message", "") and s,
-                      120, "the scheduler's words in status.message",
-                      diagnose=lambda: cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout)
+    status = wait_for(
+        lambda: (s := cluster.status(ns, "wide")) and "Insufficient google.com/tpu" in s.get("message", "") and s,
+        120,
+        "the scheduler's words in status.message",
+        diagnose=lambda: cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout,
+    )
     print(f"scheduler's words in status.message {time.monotonic() - started:.1f} s after the job was created")
     assert status["phase"] == "Pending", status
     nodes = len(cluster.core.list_node().items)
@@ -108,10 +141,14 @@ def test_a_slice_that_cannot_be_placed_says_why_in_the_schedulers_words(local_cl
     assert "16 Insufficient google.com/tpu" in status["message"], status["message"]
     scheduled = condition(status, "Scheduled")
     assert scheduled["status"] == "False" and scheduled["reason"] == "Unschedulable", scheduled
-    events = wait_for(lambda: [e for e in cluster.events(ns, "wide") if "Insufficient google.com/tpu" in e["message"]],
-                      30, "a Warning Event with the scheduler's words")
+    events = wait_for(
+        lambda: [e for e in cluster.events(ns, "wide") if "Insufficient google.com/tpu" in e["message"]],
+        30,
+        "a Warning Event with the scheduler's words",
+    )
     assert len(events) == 1 and events[0]["type"] == "Warning", events
     # The 15 other pods did run on the pool's free hosts: only the one that does not fit is Pending.
     pods = cluster.pods(ns, "jobset.sigs.k8s.io/jobset-name=wide")
-    assert len(pods) == 16 and sum(p["status"]["phase"] == "Pending" for p in pods) == 1, \
-        [(p["metadata"]["name"], p["status"]["phase"]) for p in pods]
+    assert len(pods) == 16 and sum(p["status"]["phase"] == "Pending" for p in pods) == 1, [
+        (p["metadata"]["name"], p["status"]["phase"]) for p in pods
+    ]

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.kube import wait_for
 from tests.cluster.jobs import TRAIN_S, quickstart
+from tests.cluster.kube import Cluster, wait_for
 from tests.operator_process import Operator
-from tests.cluster.kube import Cluster
 from tpu_operator.api import names
 
 pytestmark = pytest.mark.cluster
@@ -26,15 +25,20 @@ def test_annotation_trace_file_then_path_in_status(local_cluster: Cluster, opera
     cluster.apply(doc, namespace=ns)
 
     def profile():
-        return ((cluster.status(ns, "quickstart") or {}).get("profile") or {})
+        return (cluster.status(ns, "quickstart") or {}).get("profile") or {}
 
-    done = wait_for(lambda: profile().get("state") in ("done", "failed") and profile(), TRAIN_S,
-                    "status.profile done", diagnose=lambda: str(cluster.status(ns, "quickstart")))
+    done = wait_for(
+        lambda: profile().get("state") in ("done", "failed") and profile(),
+        TRAIN_S,
+        "status.profile done",
+        diagnose=lambda: str(cluster.status(ns, "quickstart")),
+    )
     assert done["state"] == "done", done
     assert done["request"] == "steps:15-16" and done["steps"] == "15-16"
     trace = Path(done["path"])
     assert trace.is_file() and trace.suffix == ".pb" and trace.stat().st_size > 0
     assert trace.parents[2] == tmp_path / "ckpt" / "tensorboard" / "plugins"
-    events = cluster.kubectl("get", "events", "-n", ns, "--field-selector", "reason=Profiled", "-o", "name",
-                             check=False).stdout
+    events = cluster.kubectl(
+        "get", "events", "-n", ns, "--field-selector", "reason=Profiled", "-o", "name", check=False
+    ).stdout
     assert events.strip(), "no Profiled Event"

@@ -30,8 +30,20 @@ def test_a_namespaced_install_acts_only_in_its_namespaces(local_cluster: Cluster
     team_a, team_b = cluster.namespace("team-a"), cluster.namespace("team-b")
     home = cluster.namespace("scoped-system")
     release = home  # unique: its ClusterRole's name is cluster-wide
-    helm_run(helm, cluster, "install", release, str(CHART), "-n", home, "--set", "rbac.namespaced=true",
-             "--set", f"operator.watchNamespaces={{{team_a}}}", *NO_NODE)
+    helm_run(
+        helm,
+        cluster,
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        home,
+        "--set",
+        "rbac.namespaced=true",
+        "--set",
+        f"operator.watchNamespaces={{{team_a}}}",
+        *NO_NODE,
+    )
     try:
         scoped_operator_acts_only_in(cluster, team_a, team_b, home, release, tmp_path)
     finally:
@@ -41,7 +53,9 @@ def test_a_namespaced_install_acts_only_in_its_namespaces(local_cluster: Cluster
 def scoped_operator_acts_only_in(cluster: Cluster, team_a: str, team_b: str, home: str, release: str, tmp_path) -> None:
     roles = cluster.kubectl("get", "roles,rolebindings", "-n", team_a, "-o", "name").stdout.split()
     assert f"role.rbac.authorization.k8s.io/{release}-tpu-operator" in roles, roles
-    deployment = json.loads(cluster.kubectl("get", "deployment", f"{release}-tpu-operator", "-n", home, "-o", "json").stdout)
+    deployment = json.loads(
+        cluster.kubectl("get", "deployment", f"{release}-tpu-operator", "-n", home, "-o", "json").stdout
+    )
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     namespaces = [a.split("=", 1)[1] for a in args if a.startswith("--namespace=")]
     assert namespaces == [team_a], args
@@ -52,15 +66,22 @@ def scoped_operator_acts_only_in(cluster: Cluster, team_a: str, team_b: str, hom
     try:
         for ns in (team_b, team_a):  # the unwatched namespace's job first: there before the operator acts
             cluster.apply(job_doc("scoped"), namespace=ns)
-        wait_for(lambda: cluster.status(team_a, "scoped").get("jobSetName"), 60, "the JobSet in the watched namespace",
-                 diagnose=op.log_tail)
+        wait_for(
+            lambda: cluster.status(team_a, "scoped").get("jobSetName"),
+            60,
+            "the JobSet in the watched namespace",
+            diagnose=op.log_tail,
+        )
     finally:
         op.kill(signal.SIGTERM)
     # Not a wait for something not to happen: the operator has ended, and once the end of its watch of the jobs in
     # team_a is in the audit log, so is every request it made. It could only have seen team_b's job through a
     # request in team_b or a cluster-wide read of the jobs (asserted below: none), and made nothing there.
-    wait_for(lambda: watch_ended(cluster, since, user, team_a, "tputrainingjobs"), 30,
-             "the end of the operator's watch in the audit log")
+    wait_for(
+        lambda: watch_ended(cluster, since, user, team_a, "tputrainingjobs"),
+        30,
+        "the end of the operator's watch in the audit log",
+    )
     assert cluster.get(JOBSETS, team_b, "scoped") is None and not cluster.status(team_b, "scoped")
     requests = [e for e in cluster.audit(since) if e["user"]["username"] == user]
     assert requests, "no request from the namespaced operator in the audit log"
@@ -71,15 +92,23 @@ def scoped_operator_acts_only_in(cluster: Cluster, team_a: str, team_b: str, hom
     assert not elsewhere, elsewhere
     # Cluster-wide it only reads: the CRDs and namespaces kopf scans, discovery, and the nodes whose TPU
     # health it follows (controller/health.py; nodes belong to no namespace).
-    cluster_scoped = {(e["verb"], e["objectRef"].get("resource")) for e in requests
-                      if "namespace" not in e["objectRef"]}
-    assert cluster_scoped <= {("list", "customresourcedefinitions"), ("watch", "customresourcedefinitions"),
-                              ("list", "namespaces"), ("watch", "namespaces"), ("list", "nodes"),
-                              ("watch", "nodes"), ("get", None)}, cluster_scoped
+    cluster_scoped = {
+        (e["verb"], e["objectRef"].get("resource")) for e in requests if "namespace" not in e["objectRef"]
+    }
+    assert cluster_scoped <= {
+        ("list", "customresourcedefinitions"),
+        ("watch", "customresourcedefinitions"),
+        ("list", "namespaces"),
+        ("watch", "namespaces"),
+        ("list", "nodes"),
+        ("watch", "nodes"),
+        ("get", None),
+    }, cluster_scoped
 
 
-def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retried(local_cluster: Cluster,
-                                                                                     chart: str, tmp_path):
+def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retried(
+    local_cluster: Cluster, chart: str, tmp_path
+):
     """An operator whose ClusterRole is the chart's less `create` on JobSets: the API's 403 is on the job
     (Reconciled=False, reason Forbidden, the API's words) with one Warning Event, the create is not sent
     again while nothing changes, and once the verb is granted and the job edited, the JobSet is made."""
@@ -87,15 +116,27 @@ def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retri
     name = ns  # cluster-wide objects, unique per run
     role = json.loads(cluster.kubectl("get", "clusterrole", chart, "-o", "json").stdout)
     full = role["rules"]
-    less = [{**r, "verbs": [v for v in r["verbs"] if v != "create"]} if "jobsets" in r.get("resources", []) else r
-            for r in full]
+    less = [
+        {**r, "verbs": [v for v in r["verbs"] if v != "create"]} if "jobsets" in r.get("resources", []) else r
+        for r in full
+    ]
     assert less != full
     cluster.kubectl("create", "serviceaccount", "op", "-n", ns)
-    cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
-                   "rules": less},
-                  {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
-                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                   "subjects": [{"kind": "ServiceAccount", "name": "op", "namespace": ns}]})
+    cluster.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": less,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": "op", "namespace": ns}],
+        },
+    )
     args = namespaced(chart_args(cluster, OPERATOR_NAMESPACE, RELEASE), ns)
     op = Operator(cluster.token_kubeconfig(ns, "op", tmp_path / "kubeconfig"), tmp_path, *args)
     try:
@@ -103,23 +144,37 @@ def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retri
         since = time.time()
         doc = operator_job()
         cluster.apply(doc, namespace=ns)
-        refused = wait_for(lambda: condition(cluster.status(ns, "tiny"), "Reconciled"), 60, "Reconciled on the job",
-                           diagnose=op.log_tail)
+        refused = wait_for(
+            lambda: condition(cluster.status(ns, "tiny"), "Reconciled"),
+            60,
+            "Reconciled on the job",
+            diagnose=op.log_tail,
+        )
         assert refused["status"] == "False" and refused["reason"] == "Forbidden", refused
         assert "403" in refused["message"] and "jobsets" in refused["message"] and "create" in refused["message"]
         assert refused["observedGeneration"] == 1
-        wait_for(lambda: any(e["reason"] == "Forbidden" and e["type"] == "Warning" for e in cluster.events(ns, "tiny")),
-                 30, "a Warning Event Forbidden")
+        wait_for(
+            lambda: any(e["reason"] == "Forbidden" and e["type"] == "Warning" for e in cluster.events(ns, "tiny")),
+            30,
+            "a Warning Event Forbidden",
+        )
         # Not a wait for the create not to come again: the operator's own count of reconciles it held back. Its
         # refusal's status write comes back as a job event (one held reconcile); an annotation, which moves no
         # generation, makes another. A retrying operator would have sent the create in each.
         wait_for(lambda: reconciles(op, "held") >= 1, 30, "a held reconcile after the refusal", diagnose=op.log_tail)
         cluster.kubectl("annotate", "tpujob", "tiny", "-n", ns, "test.tpu-operator.dev/poke=1")
-        wait_for(lambda: reconciles(op, "held") >= 2, 30, "a held reconcile after an edit of the metadata only",
-                 diagnose=op.log_tail)
+        wait_for(
+            lambda: reconciles(op, "held") >= 2,
+            30,
+            "a held reconcile after an edit of the metadata only",
+            diagnose=op.log_tail,
+        )
         user = f"system:serviceaccount:{ns}:op"
-        creates = [e for e in cluster.audit(since) if e["user"]["username"] == user
-                   and e["verb"] == "create" and e["objectRef"].get("resource") == "jobsets"]
+        creates = [
+            e
+            for e in cluster.audit(since)
+            if e["user"]["username"] == user and e["verb"] == "create" and e["objectRef"].get("resource") == "jobsets"
+        ]
         # The server-side dry run before it (children.dry_run) is a create too, refused alike: one of each.
         dry = [e for e in creates if "dryRun=All" in e.get("requestURI", "")]
         assert len(dry) <= 1 and len(creates) - len(dry) == 1, creates
@@ -127,21 +182,36 @@ def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retri
         assert len([e for e in cluster.events(ns, "tiny") if e["reason"] == "Forbidden"]) == 1
         # The verb granted and the job edited (its generation moves): tried at once, and it goes through.
         cluster.apply({**role, "metadata": {"name": name}, "rules": full})
-        wait_for(lambda: cluster.kubectl("auth", "can-i", "create", "jobsets.jobset.x-k8s.io", "-n", ns,
-                                         f"--as={user}", check=False).stdout.strip() == "yes", 30, "the verb granted")
+        wait_for(
+            lambda: (
+                cluster.kubectl(
+                    "auth", "can-i", "create", "jobsets.jobset.x-k8s.io", "-n", ns, f"--as={user}", check=False
+                ).stdout.strip()
+                == "yes"
+            ),
+            30,
+            "the verb granted",
+        )
         cluster.apply({**doc, "spec": {**doc["spec"], "suspend": True}}, namespace=ns)
-        status = wait_for(lambda: (s := cluster.status(ns, "tiny")).get("jobSetName") and
-                          condition(s, "Reconciled").get("status") == "True" and s, 60, "the JobSet after the fix",
-                          diagnose=op.log_tail)
+        status = wait_for(
+            lambda: (
+                (s := cluster.status(ns, "tiny")).get("jobSetName")
+                and condition(s, "Reconciled").get("status") == "True"
+                and s
+            ),
+            60,
+            "the JobSet after the fix",
+            diagnose=op.log_tail,
+        )
         assert condition(status, "Reconciled")["observedGeneration"] == 2
     finally:
         op.kill(signal.SIGTERM)
         cluster.kubectl("delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found", check=False)
 
 
-def test_no_request_of_the_charts_operator_was_forbidden_in_the_whole_suite(local_cluster: Cluster, chart: str,
-                                                                            operator_kubeconfig, operator_args,
-                                                                            tmp_path):
+def test_no_request_of_the_charts_operator_was_forbidden_in_the_whole_suite(
+    local_cluster: Cluster, chart: str, operator_kubeconfig, operator_args, tmp_path
+):
     """Every operator of the suite (the lifecycle with its pre-flight, restarts, Kueue, kills) ran with the
     chart's ServiceAccount: not one of its requests was refused. This test runs one of its own, on a job of
     its own to its first Event, so the check has requests to look at however the suite is ordered or cut."""
@@ -154,16 +224,30 @@ def test_no_request_of_the_charts_operator_was_forbidden_in_the_whole_suite(loca
         wait_for(lambda: any(e["reason"] == "Created" for e in cluster.events(ns, "own")), WAIT_S, "the Event Created")
     finally:
         op.kill(signal.SIGTERM)
-    wait_for(lambda: watch_ended(cluster, SESSION_START, user, ns, "tputrainingjobs"), 30,
-             "the end of the operator's watch in the audit log")
+    wait_for(
+        lambda: watch_ended(cluster, SESSION_START, user, ns, "tputrainingjobs"),
+        30,
+        "the end of the operator's watch in the audit log",
+    )
     requests = [e for e in local_cluster.audit(SESSION_START) if e["user"]["username"] == user]
     used = sorted({(e["objectRef"].get("apiGroup", ""), e["resource"], e["verb"]) for e in requests if e["resource"]})
     print("requests of the chart's operator (group, resource, verb):", used)
     assert ("jobset.x-k8s.io", "jobsets", "create") in used and ("", "events", "create") in used, used
     assert any(authorization(e) == "allow" for e in requests), "the audit log has no authorization decisions"
-    forbidden = [(e["verb"], e["requestURI"], e["responseStatus"].get("message", "")) for e in requests
-                 if authorization(e) == "forbid"]
+    forbidden = [
+        (e["verb"], e["requestURI"], e["responseStatus"].get("message", ""))
+        for e in requests
+        if authorization(e) == "forbid"
+    ]
     assert not forbidden, forbidden
     # Other refusals are admission's, not RBAC's (Events for a job whose test namespace is being deleted).
-    print("refused by admission:", sorted({e["responseStatus"].get("message", "")[:120] for e in requests
-                                            if e["responseStatus"]["code"] == 403 and authorization(e) != "forbid"}))
+    print(
+        "refused by admission:",
+        sorted(
+            {
+                e["responseStatus"].get("message", "")[:120]
+                for e in requests
+                if e["responseStatus"]["code"] == 403 and authorization(e) != "forbid"
+            }
+        ),
+    )

@@ -17,8 +17,12 @@ from tpu_operator.api.models import TPUTrainingJob
 from tpu_operator.rendering.manifests import render
 
 pytestmark = pytest.mark.cluster
-CAPACITY = {"onDemand": {}, "spot": {}, "reservation": {"reservationName": "tpu7x-res"},
-            "flexStart": {"maxRunDuration": "24h"}}
+CAPACITY = {
+    "onDemand": {},
+    "spot": {},
+    "reservation": {"reservationName": "tpu7x-res"},
+    "flexStart": {"maxRunDuration": "24h"},
+}
 
 
 def contained(sent: Any, got: Any, where: str) -> None:
@@ -38,8 +42,9 @@ def contained(sent: Any, got: Any, where: str) -> None:
 def admitted(cluster: Cluster, ns: str, doc: dict[str, Any]) -> dict[str, Any]:
     doc = {**doc, "metadata": {**doc["metadata"], "namespace": ns}}
     doc["metadata"].pop("ownerReferences", None)  # the owner does not exist in a dry run
-    result = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump(doc),
-                             check=False)
+    result = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump(doc), check=False
+    )
     assert result.returncode == 0, f"{doc['kind']} {doc['metadata']['name']} refused:\n{result.stderr}"
     return json.loads(result.stdout)
 
@@ -59,8 +64,9 @@ def jobs() -> list[tuple[str, dict[str, Any]]]:
 @pytest.mark.parametrize("name,doc", jobs(), ids=[n for n, _ in jobs()])
 def test_rendered_jobset_is_admitted_by_jobset_as_rendered(cluster: Cluster, name: str, doc: dict[str, Any]):
     ns = cluster.namespace("render")
-    job = TPUTrainingJob.model_validate({**doc, "metadata": {**doc["metadata"], "namespace": ns,
-                                                             "uid": "00000000-0000-4000-8000-000000000001"}})
+    job = TPUTrainingJob.model_validate(
+        {**doc, "metadata": {**doc["metadata"], "namespace": ns, "uid": "00000000-0000-4000-8000-000000000001"}}
+    )
     for manifest in render(job, default_image=TEST_IMAGE):  # the examples name no image
         stored = admitted(cluster, ns, manifest)
         sent = {k: v for k, v in manifest.items() if k != "metadata"}

@@ -9,7 +9,6 @@ thresholds are asserted: no other wall-clock time."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -78,8 +77,12 @@ def hostile_spec(metrics_port: int) -> dict:
     microbatches = limits.MAX_MICROBATCHES
     return {
         "tpu": {"generation": "v7x", "topology": "2x2x1", "slices": 2, "elastic": {"minSlices": 1}},
-        "training": {"steps": limits.MAX_STEPS, "globalBatch": limits.MAX_GLOBAL_BATCH, "microbatches": microbatches,
-                     "sequenceLength": 128},
+        "training": {
+            "steps": limits.MAX_STEPS,
+            "globalBatch": limits.MAX_GLOBAL_BATCH,
+            "microbatches": microbatches,
+            "sequenceLength": 128,
+        },
         "runtime": {"metricsPort": metrics_port, "env": env},
     }
 
@@ -100,15 +103,16 @@ LAG = "tpu_operator_event_loop_lag_seconds"
 
 
 def test_a_hostile_job_beside_20_leaves_the_loop_prompt_and_the_operator_small(
-        local_cluster: Cluster, operator_kubeconfig: Path, operator_args: list[str], tmp_path: Path):
+    local_cluster: Cluster, operator_kubeconfig: Path, operator_args: list[str], tmp_path: Path
+):
     cluster = local_cluster
     port = free_port()
     stand_in_log = tmp_path / "stand-in.log"
     with open(stand_in_log, "wb") as log:
-        stand_in = subprocess.Popen([sys.executable, "-c", STAND_IN, str(port), str(STATUS_BYTES)], stdout=log,
-                                    stderr=subprocess.STDOUT)
-    operator = Operator(operator_kubeconfig, tmp_path, *operator_args, "--metrics-interval=1",
-                        "--resync-interval=5")
+        stand_in = subprocess.Popen(
+            [sys.executable, "-c", STAND_IN, str(port), str(STATUS_BYTES)], stdout=log, stderr=subprocess.STDOUT
+        )
+    operator = Operator(operator_kubeconfig, tmp_path, *operator_args, "--metrics-interval=1", "--resync-interval=5")
     try:
         operator.start()
         time.sleep(WARM_UP_S)  # its first lists, indices and start-up are done: what follows is the jobs' work
@@ -118,10 +122,15 @@ def test_a_hostile_job_beside_20_leaves_the_loop_prompt_and_the_operator_small(
             cluster.apply(job_doc(f"plain-{i}", suspend=True), namespace=ns)
         doc = job_doc("hostile", **hostile_spec(port))
         cluster.apply(doc, namespace=ns)
-        status_where(cluster, ns, "hostile", lambda s: s.get("phase") == "Running", "phase Running", operator,
-                     timeout=WAIT_S * 2)
-        wait_for(lambda: all(cluster.status(ns, f"plain-{i}").get("phase") for i in range(ORDINARY)), WAIT_S,
-                 "every ordinary job reconciled", diagnose=lambda: operator.log_tail(15))
+        status_where(
+            cluster, ns, "hostile", lambda s: s.get("phase") == "Running", "phase Running", operator, timeout=WAIT_S * 2
+        )
+        wait_for(
+            lambda: all(cluster.status(ns, f"plain-{i}").get("phase") for i in range(ORDINARY)),
+            WAIT_S,
+            "every ordinary job reconciled",
+            diagnose=lambda: operator.log_tail(15),
+        )
         steady = histogram(operator.metrics(), LAG)
         reads_before = len(stand_in_log.read_text().splitlines())
         time.sleep(MEASURE_S)
@@ -139,10 +148,14 @@ def test_a_hostile_job_beside_20_leaves_the_loop_prompt_and_the_operator_small(
     late = samples - (after["0.1"] - start["0.1"])
     lag_buckets = {le: after[le] - start[le] for le in after}
     steady_late = (after["count"] - steady["count"]) - (after["0.1"] - steady["0.1"])
-    print(f"\nloop lag: {late:.0f} of {samples:.0f} samples over {LAG_P99_S * 1000:.0f} ms ({lag_buckets}); "
-          f"of the last {MEASURE_S} s: {steady_late:.0f} of {after['count'] - steady['count']:.0f}; "
-          f"peak RSS {peak:.0f} MiB; {reads} reads of the 200 MB /status")
+    print(
+        f"\nloop lag: {late:.0f} of {samples:.0f} samples over {LAG_P99_S * 1000:.0f} ms ({lag_buckets}); "
+        f"of the last {MEASURE_S} s: {steady_late:.0f} of {after['count'] - steady['count']:.0f}; "
+        f"peak RSS {peak:.0f} MiB; {reads} reads of the 200 MB /status"
+    )
     assert reads >= 3, f"the operator read the stand-in's /status {reads} times in {MEASURE_S} s"
     assert samples >= 100, f"only {samples} lag samples: is the lag watch running?"
-    assert late <= 0.01 * samples, f"p99 loop lag over {LAG_P99_S} s: {late:.0f} of {samples:.0f} samples ({lag_buckets})"
+    assert late <= 0.01 * samples, (
+        f"p99 loop lag over {LAG_P99_S} s: {late:.0f} of {samples:.0f} samples ({lag_buckets})"
+    )
     assert peak < RSS_MIB, f"the operator's peak RSS {peak:.0f} MiB"

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.cluster.conftest import (chart, cluster, operator_args,  # noqa: F401 -- the operator image's cluster
-                                    operator_kubeconfig)
+from tests.cluster.conftest import (
+    operator_args,  # noqa: F401 -- the operator image's cluster
+)
 from tests.conftest import ROOT
 from tests.images.container import Image
 from tests.prerequisites import missing, skip_or_fail
@@ -39,15 +40,25 @@ def missing_prerequisites() -> str | None:
         return f"the image tests need Linux (podman, mount namespaces, chroot), not {sys.platform}"
     if os.geteuid() != 0:
         return "the image tests need root: rootful podman builds, debootstrap, mount namespaces and chroot"
-    return missing(("podman", "debootstrap", "unshare", "setpriv", "chroot", "mount"), ("podman", "info"),
-                   timeout=60, install="apt-get install -y podman debootstrap")
+    return missing(
+        ("podman", "debootstrap", "unshare", "setpriv", "chroot", "mount"),
+        ("podman", "info"),
+        timeout=60,
+        install="apt-get install -y podman debootstrap",
+    )
 
 
 @pytest.fixture(scope="session")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
     skip_or_fail(missing_prerequisites(), "IMAGES_REQUIRED")
-    env = {**os.environ, "ENGINE": "podman", "VARIANT": "cpu", "OPERATOR_IMAGE": OPERATOR_IMAGE,
-           "WORKLOAD_IMAGE": WORKLOAD_IMAGE, "LOG_DIR": str(tmp_path_factory.mktemp("build-images"))}
+    env = {
+        **os.environ,
+        "ENGINE": "podman",
+        "VARIANT": "cpu",
+        "OPERATOR_IMAGE": OPERATOR_IMAGE,
+        "WORKLOAD_IMAGE": WORKLOAD_IMAGE,
+        "LOG_DIR": str(tmp_path_factory.mktemp("build-images")),
+    }
     result = subprocess.run(["bash", str(BUILD)], env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     assert result.returncode == 0, f"scripts/build-images.sh failed:\n{result.stdout}\n{result.stderr[-10000:]}"
     return Images(Image.inspect(OPERATOR_IMAGE), Image.inspect(WORKLOAD_IMAGE))

@@ -38,7 +38,7 @@ class Image:
     size: int
 
     @classmethod
-    def inspect(cls, tag: str) -> "Image":
+    def inspect(cls, tag: str) -> Image:
         (found,) = json.loads(podman("image", "inspect", tag).stdout)
         return cls(tag, found["Config"], found["Size"])
 
@@ -59,9 +59,18 @@ class Image:
         return {int(port.split("/")[0]) for port in self.config.get("ExposedPorts") or {}}
 
 
-def _runner_command(image: Image, args: Sequence[str], *, name: str | None, user: str | None,
-                    entrypoint: str | None, env: Mapping[str, str], volumes: Sequence[str], read_only: bool,
-                    grace: float) -> list[str]:
+def _runner_command(
+    image: Image,
+    args: Sequence[str],
+    *,
+    name: str | None,
+    user: str | None,
+    entrypoint: str | None,
+    env: Mapping[str, str],
+    volumes: Sequence[str],
+    read_only: bool,
+    grace: float,
+) -> list[str]:
     command = [str(RUNNER), "--grace", str(grace)]
     if name:
         command += ["--name", name]
@@ -78,11 +87,13 @@ def _runner_command(image: Image, args: Sequence[str], *, name: str | None, user
     return [*command, image.tag, *args]
 
 
-def exec_in_image(image: Image, *args: str, entrypoint: str | None = None, read_only: bool = False,
-                  timeout: float = 120.0) -> subprocess.CompletedProcess:
+def exec_in_image(
+    image: Image, *args: str, entrypoint: str | None = None, read_only: bool = False, timeout: float = 120.0
+) -> subprocess.CompletedProcess:
     """Run a short command in a fresh container of `image`, as its user; the container is removed."""
-    command = _runner_command(image, args, name=None, user=None, entrypoint=entrypoint, env={}, volumes=(),
-                              read_only=read_only, grace=5)
+    command = _runner_command(
+        image, args, name=None, user=None, entrypoint=entrypoint, env={}, volumes=(), read_only=read_only, grace=5
+    )
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
@@ -94,9 +105,10 @@ class Container:
     stderr_path: Path
 
     def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(f"--- {self.name} {path.suffix[1:]}:\n" +
-                         "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-                         for path in (self.stdout_path, self.stderr_path))
+        return "\n".join(
+            f"--- {self.name} {path.suffix[1:]}:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            for path in (self.stdout_path, self.stderr_path)
+        )
 
     def main_process(self, marker: str) -> int | None:
         """The host PID of the process in this container whose command line contains `marker`."""
@@ -125,13 +137,31 @@ class Container:
 
 
 @contextlib.contextmanager
-def running(image: Image, *args: str, name: str, log_dir: Path, user: str | None = None,
-            entrypoint: str | None = None, env: Mapping[str, str] | None = None, volumes: Sequence[str] = (),
-            read_only: bool = False, grace: float = 5.0) -> Iterator[Container]:
+def running(
+    image: Image,
+    *args: str,
+    name: str,
+    log_dir: Path,
+    user: str | None = None,
+    entrypoint: str | None = None,
+    env: Mapping[str, str] | None = None,
+    volumes: Sequence[str] = (),
+    read_only: bool = False,
+    grace: float = 5.0,
+) -> Iterator[Container]:
     """A container of `image` for the duration of the block, its output in log_dir/NAME.out and .err.
     A fixed `name` means a container left by a killed test run is removed by the next one."""
-    command = _runner_command(image, args, name=name, user=user, entrypoint=entrypoint, env=env or {},
-                              volumes=volumes, read_only=read_only, grace=grace)
+    command = _runner_command(
+        image,
+        args,
+        name=name,
+        user=user,
+        entrypoint=entrypoint,
+        env=env or {},
+        volumes=volumes,
+        read_only=read_only,
+        grace=grace,
+    )
     stdout_path, stderr_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
     with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.chart_helm import deployment_container, render as render_chart
-from tests.conftest import EXAMPLES, ROOT, operator_job
-from tests.images.container import (Image, exec_in_image, own_dir, podman, process_status, root_mount_options,
-                                    running)
+from tests.chart.chart_helm import deployment_container
+from tests.chart.chart_helm import render as render_chart
 from tests.cluster.kube import Cluster, wait_for
+from tests.conftest import EXAMPLES, ROOT, operator_job
+from tests.images.container import Image, exec_in_image, own_dir, podman, process_status, root_mount_options, running
 from tpu_operator.api.models import TPUTrainingJob
 from tpu_operator.controller.children import config_map_of
 from tpu_operator.local.pods import free_port, local_pods
@@ -83,8 +83,9 @@ def test_chart_starts_the_operator_image_as_built(images, helm, tmp_path):
     assert security["runAsUser"] != 0 and security["readOnlyRootFilesystem"] is True
     assert image.exposed_ports == {p["containerPort"] for p in container["ports"]} == {8080, 9090}
     # A read-only root: the only writable path is the chart's emptyDir, and the image's HOME is there.
-    (tmp_mount,) = [m for m in container["volumeMounts"] if "emptyDir" in
-                    next(v for v in pod["volumes"] if v["name"] == m["name"])]
+    (tmp_mount,) = [
+        m for m in container["volumeMounts"] if "emptyDir" in next(v for v in pod["volumes"] if v["name"] == m["name"])
+    ]
     assert image.env["HOME"] == tmp_mount["mountPath"] == "/tmp"
 
 
@@ -120,12 +121,22 @@ print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "home_writable": writa
 """
 
 
-@pytest.mark.parametrize("which, present, absent", [
-    ("operator", ["tpu_operator.controller.handlers", "kopf", "kubernetes_asyncio", "jinja2"],
-     ["jax", "jaxlib", "flax", "kubernetes"]),
-    ("workload", ["tpu_workload", "jax", "flax", "orbax", "pydantic", "libtpu"],  # libtpu: the pre-flight's compiler
-     ["kopf", "kubernetes", "kubernetes_asyncio", "jinja2"]),
-], ids=["operator", "workload"])
+@pytest.mark.parametrize(
+    "which, present, absent",
+    [
+        (
+            "operator",
+            ["tpu_operator.controller.handlers", "kopf", "kubernetes_asyncio", "jinja2"],
+            ["jax", "jaxlib", "flax", "kubernetes"],
+        ),
+        (
+            "workload",
+            ["tpu_workload", "jax", "flax", "orbax", "pydantic", "libtpu"],  # libtpu: the pre-flight's compiler
+            ["kopf", "kubernetes", "kubernetes_asyncio", "jinja2"],
+        ),
+    ],
+    ids=["operator", "workload"],
+)
 def test_image_holds_its_side_only_and_runs_as_non_root(images, which, present, absent):
     """The operator image carries no JAX and the workload image no cluster client; both run as the
     fixed non-root UID with a writable HOME, also under a read-only root."""
@@ -144,8 +155,9 @@ def test_build_context_holds_only_what_the_images_install(images, tmp_path):
     bytecode; no runs/, .venv/, tests/ or anything else of the repository."""
     probe, tag, name = tmp_path / "probe.Dockerfile", "localhost/tpu-operator-context-probe:test", "context-probe"
     probe.write_text("FROM scratch\nCOPY . /context/\n")
-    podman("build", "--isolation", "chroot", "--layers=false", "-q", "-f", str(probe), "-t", tag, str(ROOT),
-           timeout=300)
+    podman(
+        "build", "--isolation", "chroot", "--layers=false", "-q", "-f", str(probe), "-t", tag, str(ROOT), timeout=300
+    )
     try:
         podman("rm", "--force", name, check=False)
         podman("create", "--name", name, tag, "/none")
@@ -175,23 +187,39 @@ def chart_environment(container: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def test_operator_image_turns_a_job_into_a_jobset_and_status(images, helm, cluster: Cluster, operator_kubeconfig,
-                                                              tmp_path):
+def test_operator_image_turns_a_job_into_a_jobset_and_status(
+    images, helm, cluster: Cluster, operator_kubeconfig, tmp_path
+):
     """The chart's container (args, env, user, read-only root, /tmp) from the operator image, with a
     kubeconfig holding the chart's ServiceAccount token instead of the mounted one; kubectl apply of a job
     gets its children and status from the real API server."""
     health_port, metrics_port = free_port(), free_port()
     ns = cluster.namespace("image")
-    values = {"operator": {"watchNamespaces": [ns], "healthPort": health_port, "metricsPort": metrics_port,
-                           "defaultImage": images.workload.tag, "metricsInterval": 2, "resyncInterval": 10,
-                           "extraEnv": [{"name": "KUBECONFIG", "value": "/etc/tpu-operator/kubeconfig"}]}}
+    values = {
+        "operator": {
+            "watchNamespaces": [ns],
+            "healthPort": health_port,
+            "metricsPort": metrics_port,
+            "defaultImage": images.workload.tag,
+            "metricsInterval": 2,
+            "resyncInterval": 10,
+            "extraEnv": [{"name": "KUBECONFIG", "value": "/etc/tpu-operator/kubeconfig"}],
+        }
+    }
     _, container = deployment_container(render_chart(helm, tmp_path, values, namespace=NAMESPACE))
     security = container["securityContext"]
     operator_kubeconfig.chmod(0o644)  # the image's user (65532) reads it
-    with running(images.operator, *container["args"], name="tpu-images-operator", log_dir=tmp_path,
-                 user=f"{security['runAsUser']}:{security['runAsGroup']}", env=chart_environment(container),
-                 read_only=security["readOnlyRootFilesystem"],
-                 volumes=[f"{operator_kubeconfig}:/etc/tpu-operator/kubeconfig:ro"], grace=10) as operator:
+    with running(
+        images.operator,
+        *container["args"],
+        name="tpu-images-operator",
+        log_dir=tmp_path,
+        user=f"{security['runAsUser']}:{security['runAsGroup']}",
+        env=chart_environment(container),
+        read_only=security["readOnlyRootFilesystem"],
+        volumes=[f"{operator_kubeconfig}:/etc/tpu-operator/kubeconfig:ro"],
+        grace=10,
+    ) as operator:
 
         def healthy() -> bool:
             assert operator.process.poll() is None, f"the operator exited:\n{operator.log_tail()}"
@@ -225,7 +253,9 @@ def test_operator_image_turns_a_job_into_a_jobset_and_status(images, helm, clust
         jobset = json.loads(cluster.kubectl("get", "jobset", status["jobSetName"], "-n", ns, "-o", "json").stdout)
         _, trainer = pod_container(jobset)
         assert trainer["image"] == images.workload.tag  # the chart's --default-image
-        config_map = json.loads(cluster.kubectl("get", "configmap", config_map_of(jobset), "-n", ns, "-o", "json").stdout)
+        config_map = json.loads(
+            cluster.kubectl("get", "configmap", config_map_of(jobset), "-n", ns, "-o", "json").stdout
+        )
         assert json.loads(config_map["data"]["config.json"])["name"] == "tiny"
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
             assert "tpu_operator_reconciles_total" in response.read().decode()
@@ -239,8 +269,10 @@ def test_workload_image_trains_the_quickstart_as_two_processes(images, tmp_path)
     steps, claim = 4, "quickstart-checkpoints"
     metrics_port = free_port()
     config_map, jobset = render_quickstart(
-        training={"steps": steps}, runtime={"metricsPort": metrics_port},
-        checkpoint={"interval": 2, "persistentVolumeClaim": claim})
+        training={"steps": steps},
+        runtime={"metricsPort": metrics_port},
+        checkpoint={"interval": 2, "persistentVolumeClaim": claim},
+    )
     pod_spec, container = pod_container(jobset)
     pvc = own_dir(tmp_path / "pvc" / claim, 65532)  # a PVC the image's user can write, as with an fsGroup
     volumes = []
@@ -265,12 +297,20 @@ def test_workload_image_trains_the_quickstart_as_two_processes(images, tmp_path)
         volumes.append(f"{host}:{mount['mountPath']}" + (":ro" if mount.get("readOnly") else ""))
 
     # Pod hostnames and fieldRefs as JobSet and the Job controller give them (tpu_operator.local.pods).
-    pods = local_pods(jobset, {config_map["metadata"]["name"]: config_map["data"]}, tmp_path / "local",
-                      cpu_devices=8, coordinator_port=0, metrics_port=metrics_port)
+    pods = local_pods(
+        jobset,
+        {config_map["metadata"]["name"]: config_map["data"]},
+        tmp_path / "local",
+        cpu_devices=8,
+        coordinator_port=0,
+        metrics_port=metrics_port,
+    )
     subdomain = jobset["metadata"]["name"]
     hosts = tmp_path / "hosts"
-    hosts.write_text(Path("/etc/hosts").read_text() + "".join(
-        f"127.0.0.1 {pod.hostname}.{subdomain} {pod.hostname}\n" for pod in pods))
+    hosts.write_text(
+        Path("/etc/hosts").read_text()
+        + "".join(f"127.0.0.1 {pod.hostname}.{subdomain} {pod.hostname}\n" for pod in pods)
+    )
     literal = {var["name"]: var["value"] for var in container["env"] if "value" in var}
     coordinator_host = literal["TPUJOB_COORDINATOR_ADDRESS"].rsplit(":", 1)[0]
     assert coordinator_host == f"{pods[0].hostname}.{subdomain}"
@@ -278,15 +318,30 @@ def test_workload_image_trains_the_quickstart_as_two_processes(images, tmp_path)
     with contextlib.ExitStack() as stack:
         trainers = []
         for i, pod in enumerate(pods):
-            env = {**literal, **{var["name"]: pod.env[var["name"]] for var in container["env"] if "valueFrom" in var},
-                   "TPUJOB_COORDINATOR_ADDRESS": coordinator,
-                   # The image lingers 30 s for the operator's last read; the test polls every second.
-                   "TPUJOB_LINGER_SECONDS": "10", "HOSTNAME": pod.hostname}
+            env = {
+                **literal,
+                **{var["name"]: pod.env[var["name"]] for var in container["env"] if "valueFrom" in var},
+                "TPUJOB_COORDINATOR_ADDRESS": coordinator,
+                # The image lingers 30 s for the operator's last read; the test polls every second.
+                "TPUJOB_LINGER_SECONDS": "10",
+                "HOSTNAME": pod.hostname,
+            }
             command, *args = container["command"]  # a pod's command replaces the image's entrypoint
-            trainers.append(stack.enter_context(running(
-                images.workload, *args, entrypoint=command, name=f"tpu-images-workload-{i}", log_dir=tmp_path,
-                env=env, grace=5, volumes=[*volumes, f"{hosts}:/etc/hosts:ro"],
-                read_only=container["securityContext"]["readOnlyRootFilesystem"])))
+            trainers.append(
+                stack.enter_context(
+                    running(
+                        images.workload,
+                        *args,
+                        entrypoint=command,
+                        name=f"tpu-images-workload-{i}",
+                        log_dir=tmp_path,
+                        env=env,
+                        grace=5,
+                        volumes=[*volumes, f"{hosts}:/etc/hosts:ro"],
+                        read_only=container["securityContext"]["readOnlyRootFilesystem"],
+                    )
+                )
+            )
 
         def completed() -> dict[str, Any] | None:
             for t in trainers:

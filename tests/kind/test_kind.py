@@ -20,8 +20,10 @@ RUN = Path(__file__).resolve().parent / "run.sh"
 @pytest.mark.kind
 @pytest.mark.timeout(3600)
 def test_operator_runs_a_job_to_success_on_kind():
-    skip_or_fail(missing(("docker", "kind", "kubectl", "curl"), ("docker", "info"), timeout=30,
-                         probe_failed="no Docker engine"), "KIND_REQUIRED")
+    skip_or_fail(
+        missing(("docker", "kind", "kubectl", "curl"), ("docker", "info"), timeout=30, probe_failed="no Docker engine"),
+        "KIND_REQUIRED",
+    )
     result = subprocess.run(["bash", str(RUN)], capture_output=True, text=True, timeout=3500)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-20000:]

@@ -16,8 +16,8 @@ import time
 
 os.environ["JAX_PLATFORMS"] = "cpu"  # the profiler of another platform's plugin is not this test's
 
-from tpu_workload.process import metrics  # noqa: E402
 from tpu_workload.performance import profiling  # noqa: E402
+from tpu_workload.process import metrics  # noqa: E402
 
 
 class _Run:  # what Profiler.hooks reads of a hooks.Run

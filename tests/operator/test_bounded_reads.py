@@ -18,23 +18,28 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
+from tests.fakes import FakeKube, add_pod0, manager_for
 from tpu_operator.controller.kube import AsyncKube
 from tpu_operator.controller.metrics_reader import MetricsReader
-
-from tests.fakes import FakeKube, add_pod0, manager_for
 
 HUGE = 200 * 1024 * 1024  # what the hostile trainer offers
 CHUNK = b"x" * 65536
 POD = "job-slice-0-0-x"
-SELECTOR_PODS = {"items": [{"metadata": {"name": POD, "creationTimestamp": "2026-01-01T00:00:00Z"},
-                            "status": {"phase": "Running", "podIP": "127.0.0.1"}}]}
+SELECTOR_PODS = {
+    "items": [
+        {
+            "metadata": {"name": POD, "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"phase": "Running", "podIP": "127.0.0.1"},
+        }
+    ]
+}
 
 
 class Trainer:
     """A stand-in trainer (and pod proxy): `answer(handler)` writes the response; `sent` counts the body
     bytes it got onto the socket, `requests` the requests; `done` is set when a response ended."""
 
-    def __init__(self, answer: Callable[[BaseHTTPRequestHandler, "Trainer"], None]):
+    def __init__(self, answer: Callable[[BaseHTTPRequestHandler, Trainer], None]):
         self.sent, self.requests, self.done = 0, 0, threading.Event()
         trainer = self
 
@@ -71,6 +76,7 @@ class Trainer:
 
 def huge(declared: bool) -> Callable[[BaseHTTPRequestHandler, Trainer], None]:
     """200 MB as fast as the socket takes it, its length declared or not (HTTP/1.0: until the connection closes)."""
+
     def answer(handler: BaseHTTPRequestHandler, trainer: Trainer) -> None:
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
@@ -80,6 +86,7 @@ def huge(declared: bool) -> Callable[[BaseHTTPRequestHandler, Trainer], None]:
         trainer.write(handler, b'{"step": 1, "pad": "')
         while trainer.sent < HUGE:
             trainer.write(handler, CHUNK)
+
     return answer
 
 
@@ -128,6 +135,7 @@ def read_direct(trainer: Trainer, timeout_s: float = 3.0):
 def read_proxy(trainer: Trainer, timeout_s: float = 3.0):
     """Through AsyncKube's pod proxy: the stand-in serves the API server's paths, so the real client code
     (kubernetes_asyncio's ApiClient, its aiohttp session) does the reading."""
+
     async def read():
         cfg = k8s.Configuration(host=f"http://127.0.0.1:{trainer.port}")
         kube = AsyncKube(k8s.ApiClient(cfg))
@@ -175,8 +183,11 @@ def test_a_read_due_while_the_last_is_pending_is_skipped_not_queued(trainers):
     kube = FakeKube()
     add_pod0(kube, ip="127.0.0.1")
     key = ("ml", "job")
-    job: dict[str, Any] = {"metadata": {"namespace": "ml", "name": "job"},
-                           "spec": {"runtime": {"metricsPort": trainer.port}}, "status": {"phase": "Running"}}
+    job: dict[str, Any] = {
+        "metadata": {"namespace": "ml", "name": "job"},
+        "spec": {"runtime": {"metricsPort": trainer.port}},
+        "status": {"phase": "Running"},
+    }
 
     async def scenario() -> tuple[list[bool], float, Any]:
         manager, _, _ = manager_for(kube)
@@ -190,4 +201,3 @@ def test_a_read_due_while_the_last_is_pending_is_skipped_not_queued(trainers):
     started, skipped, sample = asyncio.run(scenario())
     assert started == [True, False, False, False, False] and skipped == 4
     assert trainer.requests == 1 and "no complete answer" in sample.error
-

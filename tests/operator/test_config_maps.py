@@ -17,7 +17,11 @@ def rendered(kube: FakeKube) -> dict:
 
 
 def config_maps(kube: FakeKube) -> dict[str, dict]:
-    return {o["metadata"]["name"]: o for path, o in kube.objects.items() if path.startswith(CONFIGMAPS.path("default") + "/")}
+    return {
+        o["metadata"]["name"]: o
+        for path, o in kube.objects.items()
+        if path.startswith(CONFIGMAPS.path("default") + "/")
+    }
 
 
 def test_a_config_map_of_ours_with_other_contents_is_replaced_not_trusted():
@@ -28,7 +32,8 @@ def test_a_config_map_of_ours_with_other_contents_is_replaced_not_trusted():
     forged["data"]["config.json"] = '{"training": {"steps": 1}}'
     forged["immutable"] = False
     kube.objects[CONFIGMAPS.path("default", wanted["metadata"]["name"])] = forged | {
-        "metadata": forged["metadata"] | {"uid": "forged-uid", "resourceVersion": "1"}}
+        "metadata": forged["metadata"] | {"uid": "forged-uid", "resourceVersion": "1"}
+    }
     outcome, notices = run_reconcile(kube, obj)
     assert outcome.result == "created" and [n.reason for n in notices] == ["Created"]
     name = wanted["metadata"]["name"]
@@ -43,7 +48,8 @@ def test_a_config_map_of_ours_with_its_contents_is_adopted_as_it_is():
     obj = kube.add_job(tiny_job())
     wanted = rendered(kube)
     kube.objects[CONFIGMAPS.path("default", wanted["metadata"]["name"])] = copy.deepcopy(wanted) | {
-        "metadata": wanted["metadata"] | {"uid": "ours", "resourceVersion": "1"}}
+        "metadata": wanted["metadata"] | {"uid": "ours", "resourceVersion": "1"}
+    }
     outcome, _ = run_reconcile(kube, obj)
     assert outcome.result == "created" and not [c for c in kube.calls if c[0] == "DELETE"]
     assert config_maps(kube)[wanted["metadata"]["name"]]["metadata"]["uid"] == "ours"

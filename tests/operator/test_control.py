@@ -18,8 +18,8 @@ from kubernetes_asyncio import client as k8s
 
 from tests.conftest import operator_job as tiny_job
 from tests.fakes import FakeKube, add_pod0, run_reconcile
-from tpu_operator.controller.kube import JOBSETS, SECRETS, ApiError, AsyncKube
 from tpu_operator.api.profiling import CONTROL_REFUSED
+from tpu_operator.controller.kube import JOBSETS, SECRETS, ApiError, AsyncKube
 from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable
 from tpu_workload.process import metrics, serving
 
@@ -42,8 +42,12 @@ def trainer():
 
 
 def post(port: int, headers: dict[str, str]) -> int:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/profile", data=b'{"steps": "2-3"}', method="POST",
-                                     headers={"Content-Type": "application/json", **headers})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/profile",
+        data=b'{"steps": "2-3"}',
+        method="POST",
+        headers={"Content-Type": "application/json", **headers},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status
@@ -77,15 +81,15 @@ def test_the_operator_makes_the_secret_the_pods_mount_and_sends_its_token(traine
     secret = kube.objects[SECRETS.path("default", "tiny-control")]
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "job-uid" and secret["immutable"] is True
     pod = kube.jobset()["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    assert {"name": "control", "secret": {"secretName": "tiny-control", "defaultMode": 0o444, "optional": True}} \
-        in pod["volumes"]
+    assert {"name": "control", "secret": {"secretName": "tiny-control", "defaultMode": 0o444, "optional": True}} in pod[
+        "volumes"
+    ]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["TPUJOB_CONTROL_TOKEN_FILE"] == "/var/run/tpujob-control/token"
     again = FakeKube()
     again.objects = kube.objects  # a restarted operator: the Secret is adopted with its token, not made anew
     run_reconcile(again, kube.job())
     assert again.objects[SECRETS.path("default", "tiny-control")]["data"] == secret["data"]
-
 
 
 def test_no_jobset_is_made_before_the_secret_and_config_map_it_mounts():
@@ -109,7 +113,9 @@ def test_the_reader_sends_the_token_of_the_jobs_secret(trainer):
 
     async def send(token: str) -> str:
         kube.objects[SECRETS.path("ml", "tiny-control")] = {
-            "metadata": {"name": "tiny-control"}, "data": {"token": base64.b64encode(token.encode()).decode()}}
+            "metadata": {"name": "tiny-control"},
+            "data": {"token": base64.b64encode(token.encode()).decode()},
+        }
         reader = MetricsReader(kube, "direct")
         try:
             return (await reader.post_profile("ml", "tiny", port, "2-3")).state
@@ -130,8 +136,17 @@ class ApiServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
                 if "/pods?" in self.path:
-                    return self._json(200, {"items": [{"metadata": {"name": "job-slice-0-0-x"},
-                                                       "status": {"phase": "Running", "podIP": "10.0.0.1"}}]})
+                    return self._json(
+                        200,
+                        {
+                            "items": [
+                                {
+                                    "metadata": {"name": "job-slice-0-0-x"},
+                                    "status": {"phase": "Running", "podIP": "10.0.0.1"},
+                                }
+                            ]
+                        },
+                    )
                 if self.path.endswith("/secrets/job-control"):
                     return self._json(200, {"data": {"token": base64.b64encode(token.encode()).decode()}})
                 return self._json(404, {"message": "not found"})
@@ -146,8 +161,15 @@ class ApiServer:
                 if self.headers.get("X-Tpujob-Control-Token") != "s3cret":
                     return self._json(401, {"error": CONTROL_REFUSED})
                 if body["steps"] == "9-1":
-                    return self._json(400, {"error": "bad", "requested": "9-1", "state": "failed",
-                                            "message": "steps: the first step (9) is after the last (1)"})
+                    return self._json(
+                        400,
+                        {
+                            "error": "bad",
+                            "requested": "9-1",
+                            "state": "failed",
+                            "message": "steps: the first step (9) is after the last (1)",
+                        },
+                    )
                 return self._json(200, REPORT)
 
             def _json(self, code: int, value: Any) -> None:
@@ -178,11 +200,14 @@ class ApiServer:
         return asyncio.run(send())
 
 
-@pytest.mark.parametrize("token, steps, state, message", [
-    ("s3cret", "2-3", "pending", ""),
-    ("s3cret", "9-1", "failed", "the first step (9) is after the last (1)"),  # the trainer's refusal, passed on
-    ("other", "2-3", "failed", "control credential"),  # a Secret that is not the trainer's
-])
+@pytest.mark.parametrize(
+    "token, steps, state, message",
+    [
+        ("s3cret", "2-3", "pending", ""),
+        ("s3cret", "9-1", "failed", "the first step (9) is after the last (1)"),  # the trainer's refusal, passed on
+        ("other", "2-3", "failed", "control credential"),  # a Secret that is not the trainer's
+    ],
+)
 def test_through_the_pod_proxy_the_token_goes_in_its_own_header(token, steps, state, message):
     api = ApiServer(token)
     try:

@@ -6,16 +6,24 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import operator_job as tiny_job, tiny_job as planned_job
-from tests.fakes import FakeKube, job_status, run_reconcile, run_with_preflights as run
+from tests.conftest import operator_job as tiny_job
+from tests.conftest import tiny_job as planned_job
+from tests.fakes import FakeKube, job_status, run_reconcile
+from tests.fakes import run_with_preflights as run
 from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBSETS, PODS, SECRETS, ApiError
 
-TOLERATION = ('Pod "tiny-slice-x" is invalid: spec.tolerations[1].effect: Invalid value: "NoSchedule": effect must be '
-              "'NoExecute' when `tolerationSeconds` is set")
-PODSECURITY = ('pods "tiny-slice-x" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot != true '
-               '(pod or container "trainer" must set securityContext.runAsNonRoot=true)')
-WEBHOOK = ('admission webhook "vjobset.kb.io" denied the request: spec.replicatedJobs[0].name: Invalid value: '
-           '"slice": the JobSet name is too long')
+TOLERATION = (
+    'Pod "tiny-slice-x" is invalid: spec.tolerations[1].effect: Invalid value: "NoSchedule": effect must be '
+    "'NoExecute' when `tolerationSeconds` is set"
+)
+PODSECURITY = (
+    'pods "tiny-slice-x" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot != true '
+    '(pod or container "trainer" must set securityContext.runAsNonRoot=true)'
+)
+WEBHOOK = (
+    'admission webhook "vjobset.kb.io" denied the request: spec.replicatedJobs[0].name: Invalid value: '
+    '"slice": the JobSet name is too long'
+)
 
 
 def creates(kube: FakeKube) -> list[tuple[str, str]]:
@@ -28,8 +36,9 @@ def test_everything_is_dry_run_first_then_created():
     outcome, _ = run_reconcile(kube, obj)
     assert outcome.result == "created"
     dry = [path for method, path in creates(kube) if method == "DRYRUN"]
-    assert sorted(dry) == sorted([SECRETS.path("default"), CONFIGMAPS.path("default"), JOBSETS.path("default"),
-                                  PODS.path("default")])
+    assert sorted(dry) == sorted(
+        [SECRETS.path("default"), CONFIGMAPS.path("default"), JOBSETS.path("default"), PODS.path("default")]
+    )
     first_post = next(i for i, c in enumerate(creates(kube)) if c[0] == "POST")
     assert all(c[0] == "DRYRUN" for c in creates(kube)[:first_post])  # every dry run before the first create
 
@@ -57,8 +66,9 @@ def test_a_webhook_or_pod_security_denial_is_invalid_too(resource, message):
 
 def test_rbac_or_quota_refusals_are_not_the_jobs():
     quota = FakeKube()
-    quota.refuse[PODS] = ApiError(403, 'pods "x" is forbidden: exceeded quota: tpu, requested: google.com/tpu=4',
-                                  "POST")
+    quota.refuse[PODS] = ApiError(
+        403, 'pods "x" is forbidden: exceeded quota: tpu, requested: google.com/tpu=4', "POST"
+    )
     outcome, _ = run_reconcile(quota, quota.add_job(tiny_job()))
     assert outcome.result == "created" and quota.jobset() is not None  # the pods wait for quota, as before
 

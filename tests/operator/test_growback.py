@@ -19,31 +19,50 @@ from tpu_operator.controller.status import Sample
 SMALL, PROBE = JOBSETS.path("default", "tiny"), JOBSETS.path("default", "tiny-grow")
 
 
-def run(kube: FakeKube, when: str, jobset: Any = "stored", probe: Any = "stored", sample: Sample | None = None,
-        means_kube: Any = None) -> list[str]:
+def run(
+    kube: FakeKube,
+    when: str,
+    jobset: Any = "stored",
+    probe: Any = "stored",
+    sample: Sample | None = None,
+    means_kube: Any = None,
+) -> list[str]:
     """One reconcile, the watch having delivered the JobSet and the probe as stored (or as given)."""
     notices: list[str] = []
     jobset = kube.objects.get(SMALL) if jobset == "stored" else jobset
     probe = kube.objects.get(PROBE) if probe == "stored" else probe
-    means = reconcile.Means(means_kube or kube, OperatorConfig(), lambda o, n: notices.append(n.reason),
-                            clock=lambda: parse(when))
+    means = reconcile.Means(
+        means_kube or kube, OperatorConfig(), lambda o, n: notices.append(n.reason), clock=lambda: parse(when)
+    )
     asyncio.run(reconcile.reconcile(means, kube.job(), reconcile.Seen(jobset, sample, probe=probe)))
     return notices
 
 
 def sample(t: int, step: int, checkpoint: int, start: int = 4) -> Sample:
     started = parse(at(35)).timestamp()
-    return Sample(step=step, last_checkpoint_step=checkpoint, progress=Progress(
-        started_at=started, start_step=start, first_step_at=started + 2, last_step_at=parse(at(t)).timestamp(),
-        step=step, last_checkpoint_step=checkpoint))
+    return Sample(
+        step=step,
+        last_checkpoint_step=checkpoint,
+        progress=Progress(
+            started_at=started,
+            start_step=start,
+            first_step_at=started + 2,
+            last_step_at=parse(at(t)).timestamp(),
+            step=step,
+            last_checkpoint_step=checkpoint,
+        ),
+    )
 
 
 def shrunk(kube: FakeKube) -> None:
     """An elastic growBack job of two single-host slices that lost slice 1 and runs on slice 0 from step 4."""
-    kube.add_job(tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2,
-                               "elastic": {"minSlices": 1, "growBack": True}},
-                          training={"steps": 40, "globalBatch": 16, "sequenceLength": 128},
-                          failurePolicy={"backoffSeconds": 10}))
+    kube.add_job(
+        tiny_job(
+            tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2, "elastic": {"minSlices": 1, "growBack": True}},
+            training={"steps": 40, "globalBatch": 16, "sequenceLength": 128},
+            failurePolicy={"backoffSeconds": 10},
+        )
+    )
     kube.objects[next(iter(kube.objects))]["metadata"]["creationTimestamp"] = T0
     run(kube, at(0))
     running(kube)
@@ -78,8 +97,10 @@ def test_grows_back_after_a_checkpoint_once_the_missing_slice_can_be_placed_fake
     assert rj["replicas"] == 1 and pod["containers"][0]["command"] == ["sleep", "infinity"]
     assert pod["nodeSelector"] == small_pod["nodeSelector"] and pod["tolerations"] == small_pod["tolerations"]
     assert pod["containers"][0]["resources"] == small_pod["containers"][0]["resources"]
-    assert probe["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == \
-        "cloud.google.com/gke-nodepool"
+    assert (
+        probe["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"]
+        == "cloud.google.com/gke-nodepool"
+    )
     assert probe["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
     small_uid = kube.objects[SMALL]["metadata"]["uid"]
 

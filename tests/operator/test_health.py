@@ -21,26 +21,37 @@ STATE = "cloud.google.com/gke-tpu-partition-4x4x4-state"
 
 def node(name: str, state: str | None = "HEALTHY", ready: str = "True", reason: str = "") -> dict[str, Any]:
     labels = {health.ACCELERATOR_LABEL: "tpu7x", **({STATE: state} if state else {})}
-    return {"metadata": {"name": name, "labels": labels},
-            "status": {"conditions": [{"type": "Ready", "status": ready, "reason": reason}]}}
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "status": {"conditions": [{"type": "Ready", "status": ready, "reason": reason}]},
+    }
 
 
 def pod(name: str, node_name: str | None, slice_index: int, phase: str = "Running") -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny",
-                                                 "jobset.sigs.k8s.io/job-index": str(slice_index)}},
-            "spec": {"nodeName": node_name} if node_name else {}, "status": {"phase": phase}}
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny", "jobset.sigs.k8s.io/job-index": str(slice_index)},
+        },
+        "spec": {"nodeName": node_name} if node_name else {},
+        "status": {"phase": phase},
+    }
 
 
 def test_unhealthy_reads_the_partition_state_label_and_the_ready_condition():
     assert health.unhealthy_reason(node("a")) is None
     assert health.unhealthy_reason(node("a", state="DEGRADED")) is None  # "impaired but still usable" (GKE)
-    assert health.unhealthy_reason(node("a", state="UNSET")) is None and health.unhealthy_reason(node("a", None)) is None
+    assert (
+        health.unhealthy_reason(node("a", state="UNSET")) is None and health.unhealthy_reason(node("a", None)) is None
+    )
     assert health.unhealthy_reason(node("a", state="UNHEALTHY")) == f"label {STATE}=UNHEALTHY"
     other_shape = node("a", None)
     other_shape["metadata"]["labels"]["cloud.google.com/gke-tpu-partition-2x2x2-state"] = "UNHEALTHY"
     assert "partition-2x2x2-state=UNHEALTHY" in health.unhealthy_reason(other_shape)
-    assert health.unhealthy_reason(node("a", ready="False", reason="KubeletNotReady")) == \
-        "condition Ready=False (KubeletNotReady)"
+    assert (
+        health.unhealthy_reason(node("a", ready="False", reason="KubeletNotReady"))
+        == "condition Ready=False (KubeletNotReady)"
+    )
     assert health.unhealthy_reason(node("a", ready="Unknown")) == "condition Ready=Unknown (NodeStatusUnknown)"
 
 
@@ -70,9 +81,13 @@ def test_an_unhealthy_node_of_slice_1_stops_the_job_with_grace_and_it_goes_on_on
     deleting its pods at once (their grace period lets the trainer save the step in flight), and
     re-creates it on one slice."""
     kube = FakeKube()
-    kube.add_job(tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2, "elastic": {"minSlices": 1}},
-                          training={"steps": 10, "globalBatch": 16, "sequenceLength": 128},
-                          failurePolicy={"backoffSeconds": 10, "maxRestarts": 0}))
+    kube.add_job(
+        tiny_job(
+            tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2, "elastic": {"minSlices": 1}},
+            training={"steps": 10, "globalBatch": 16, "sequenceLength": 128},
+            failurePolicy={"backoffSeconds": 10, "maxRestarts": 0},
+        )
+    )
     kube.objects[next(iter(kube.objects))]["metadata"]["creationTimestamp"] = T0
     _run(kube, at(0), jobset=None)
     running(kube)

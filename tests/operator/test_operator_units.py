@@ -11,13 +11,25 @@ import pytest
 from prometheus_client import generate_latest
 
 from tests.conftest import operator_job as tiny_job  # the pre-flight is skipped: tested on its own
-from tests.fakes import (LATER, NOW, Clock, FakeKube, add_pod0, drain, jobset, job_status, manager_for, run_reconcile,
-                         writes)
+from tests.fakes import (
+    LATER,
+    NOW,
+    Clock,
+    FakeKube,
+    add_pod0,
+    drain,
+    job_status,
+    jobset,
+    manager_for,
+    run_reconcile,
+    writes,
+)
 from tpu_operator.api import names
 from tpu_operator.api.lifecycle import Progress, TerminationRecord
 from tpu_operator.api.status import TPUTrainingJobStatus
 from tpu_operator.api.timestamps import format as rfc3339
-from tpu_operator.controller import children, metrics_reader, phases, reconcile, status as status_lib
+from tpu_operator.controller import children, metrics_reader, phases
+from tpu_operator.controller import status as status_lib
 from tpu_operator.controller.conditions import set_condition
 from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS
 from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable, pick_pod, to_sample
@@ -29,21 +41,24 @@ from tpu_operator.controller.status import Sample
 EMPTY = TPUTrainingJobStatus()
 
 
-@pytest.mark.parametrize("previous, restart, js, expected", [
-    (None, None, jobset(), "Pending"),
-    ("Pending", None, jobset(active=2), "Running"),
-    ("Running", "replaced", jobset(active=2, ready=2), "Restarting"),  # a hung JobSet, to be replaced
-    ("Running", "replaced", jobset(terminal="Failed"), "Restarting"),  # a failed one, restarted
-    ("Restarting", None, jobset(active=2), "Restarting"),  # recreated pods are active, not ready
-    ("Restarting", None, jobset(active=2, ready=1), "Running"),
-    ("Running", None, jobset(conditions=("Completed",)), "Succeeded"),
-    ("Running", "given-up", jobset(terminal="Failed"), "Failed"),
-    ("Running", None, jobset(terminal="Failed"), "Failed"),  # no decision about it: the JobSet's word
-    ("Running", None, jobset(conditions=("Suspended",)), "Suspended"),
-    ("Running", None, jobset(suspend=True, active=1), "Suspended"),
-    ("Succeeded", None, jobset(active=1), "Succeeded"),  # terminal phases are sticky
-    ("Failed", None, jobset(), "Failed"),
-])
+@pytest.mark.parametrize(
+    "previous, restart, js, expected",
+    [
+        (None, None, jobset(), "Pending"),
+        ("Pending", None, jobset(active=2), "Running"),
+        ("Running", "replaced", jobset(active=2, ready=2), "Restarting"),  # a hung JobSet, to be replaced
+        ("Running", "replaced", jobset(terminal="Failed"), "Restarting"),  # a failed one, restarted
+        ("Restarting", None, jobset(active=2), "Restarting"),  # recreated pods are active, not ready
+        ("Restarting", None, jobset(active=2, ready=1), "Running"),
+        ("Running", None, jobset(conditions=("Completed",)), "Succeeded"),
+        ("Running", "given-up", jobset(terminal="Failed"), "Failed"),
+        ("Running", None, jobset(terminal="Failed"), "Failed"),  # no decision about it: the JobSet's word
+        ("Running", None, jobset(conditions=("Suspended",)), "Suspended"),
+        ("Running", None, jobset(suspend=True, active=1), "Suspended"),
+        ("Succeeded", None, jobset(active=1), "Succeeded"),  # terminal phases are sticky
+        ("Failed", None, jobset(), "Failed"),
+    ],
+)
 def test_phase_rule(previous, restart, js, expected):
     assert phases.phase_of(previous, phases.JobSetView.of(js), restart=restart) == expected
 
@@ -51,19 +66,22 @@ def test_phase_rule(previous, restart, js, expected):
 QUEUED, USER_SUSPENDED = phases.Intent(queued=True), phases.Intent(queued=True, suspend=True)
 
 
-@pytest.mark.parametrize("previous, js, intent, trouble, expected", [
-    (None, jobset(suspend=True), QUEUED, False, "Queued"),  # Kueue holds the JobSet until admission
-    ("Queued", jobset(conditions=("Suspended",)), QUEUED, False, "Queued"),
-    ("Queued", jobset(active=1), QUEUED, False, "Running"),  # admitted: Kueue resumed the JobSet
-    ("Running", jobset(suspend=True), QUEUED, False, "Queued"),  # evicted: Kueue suspended it again
-    ("Running", jobset(suspend=True), USER_SUSPENDED, False, "Suspended"),  # the user's own suspend
-    ("Running", jobset(active=1), USER_SUSPENDED, False, "Running"),  # until Kueue has stopped it
-    ("Queued", jobset(suspend=True, conditions=("Completed",)), QUEUED, False, "Succeeded"),
-    ("Pending", jobset(active=1), phases.Intent(), True, "Pending"),  # active, but a pod cannot start
-    ("Running", jobset(active=2, ready=1), phases.Intent(), True, "Running"),  # one slice runs
-    ("Restarting", jobset(active=1), phases.Intent(), True, "Restarting"),
-    (None, jobset(suspend=True), phases.Intent(), True, "Suspended"),
-])
+@pytest.mark.parametrize(
+    "previous, js, intent, trouble, expected",
+    [
+        (None, jobset(suspend=True), QUEUED, False, "Queued"),  # Kueue holds the JobSet until admission
+        ("Queued", jobset(conditions=("Suspended",)), QUEUED, False, "Queued"),
+        ("Queued", jobset(active=1), QUEUED, False, "Running"),  # admitted: Kueue resumed the JobSet
+        ("Running", jobset(suspend=True), QUEUED, False, "Queued"),  # evicted: Kueue suspended it again
+        ("Running", jobset(suspend=True), USER_SUSPENDED, False, "Suspended"),  # the user's own suspend
+        ("Running", jobset(active=1), USER_SUSPENDED, False, "Running"),  # until Kueue has stopped it
+        ("Queued", jobset(suspend=True, conditions=("Completed",)), QUEUED, False, "Succeeded"),
+        ("Pending", jobset(active=1), phases.Intent(), True, "Pending"),  # active, but a pod cannot start
+        ("Running", jobset(active=2, ready=1), phases.Intent(), True, "Running"),  # one slice runs
+        ("Restarting", jobset(active=1), phases.Intent(), True, "Restarting"),
+        (None, jobset(suspend=True), phases.Intent(), True, "Suspended"),
+    ],
+)
 def test_phase_rule_with_a_queue_and_the_pods_diagnosis(previous, js, intent, trouble, expected):
     assert phases.phase_of(previous, phases.JobSetView.of(js), intent, trouble=trouble) == expected
 
@@ -73,8 +91,12 @@ def test_follow_keeps_transition_times_and_emits_on_transitions_only():
     assert status.phase == "Running" and status.start_time == NOW and notices == []
     again, notices = phases.follow(status, jobset(active=1), LATER)
     assert again == status and notices == []
-    restarted, notices = phases.follow(status.model_copy(update=dict(message="restart 1 (failure) in 10 s")),
-                                       jobset(active=1), LATER, restart="replaced")
+    restarted, notices = phases.follow(
+        status.model_copy(update=dict(message="restart 1 (failure) in 10 s")),
+        jobset(active=1),
+        LATER,
+        restart="replaced",
+    )
     assert restarted.phase == "Restarting" and restarted.message == "restart 1 (failure) in 10 s" and notices == []
     running = restarted.condition("Running")
     assert running.status == "False" and running.last_transition_time == LATER
@@ -96,7 +118,10 @@ def test_status_is_written_in_the_wire_form_and_read_back_leniently():
     status, _ = phases.follow(EMPTY, jobset(active=1), NOW)
     wire = status.to_wire()
     assert wire["phase"] == "Running" and wire["startTime"] == rfc3339(NOW)
-    assert wire["conditions"][0]["lastTransitionTime"] == rfc3339(NOW) and "observedGeneration" not in wire["conditions"][0]
+    assert (
+        wire["conditions"][0]["lastTransitionTime"] == rfc3339(NOW)
+        and "observedGeneration" not in wire["conditions"][0]
+    )
     assert TPUTrainingJobStatus.model_validate({**wire, "fieldOfANewerOperator": 1}) == status
 
 
@@ -111,13 +136,21 @@ def test_merge_patch_has_only_what_changed():
     assert status_lib.merge_patch({"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5, "d": 4}) == {"b": 5, "c": None, "d": 4}
     assert status_lib.merge_patch({"a": [1]}, {"a": [1]}) == {}
     # Objects are merged by the server: a nested field that goes away must be nulled explicitly.
-    assert status_lib.merge_patch({"o": {"x": 1, "y": {"z": 2}}}, {"o": {"y": {"z": 3}}}) == \
-        {"o": {"x": None, "y": {"z": 3}}}
+    assert status_lib.merge_patch({"o": {"x": 1, "y": {"z": 2}}}, {"o": {"y": {"z": 3}}}) == {
+        "o": {"x": None, "y": {"z": 3}}
+    }
 
 
 def test_to_sample_keeps_good_values_and_drops_bad_ones():
-    body = {"step": 7, "step_time_s": 0.5, "global_tokens_per_s": None, "mfu": float("nan"), "last_checkpoint_step": True,
-            "loss": 1.0, "state": "training"}
+    body = {
+        "step": 7,
+        "step_time_s": 0.5,
+        "global_tokens_per_s": None,
+        "mfu": float("nan"),
+        "last_checkpoint_step": True,
+        "loss": 1.0,
+        "state": "training",
+    }
     assert to_sample(body) == Sample(step=7, step_time_seconds=0.5, loss=1.0)
     with pytest.raises(Unreachable):
         to_sample([1, 2])
@@ -127,8 +160,11 @@ def test_pick_pod_prefers_the_newest_running_pod():
     def pod(name, ts, phase="Running", ip="10.0.0.1"):
         return {"metadata": {"name": name, "creationTimestamp": ts}, "status": {"phase": phase, "podIP": ip}}
 
-    pods = [pod("old", "2026-01-01T00:00:00Z", "Failed"), pod("new", "2026-01-01T00:01:00Z"),
-            pod("noip", "2026-01-01T00:02:00Z", ip="")]
+    pods = [
+        pod("old", "2026-01-01T00:00:00Z", "Failed"),
+        pod("new", "2026-01-01T00:01:00Z"),
+        pod("noip", "2026-01-01T00:02:00Z", ip=""),
+    ]
     assert pick_pod(pods)["metadata"]["name"] == "new"
     assert pick_pod([]) is None
 
@@ -152,16 +188,23 @@ def test_reconcile_creates_then_adopts_without_duplicates():
     obj = kube.add_job(tiny_job())
     outcome, notices = run_reconcile(kube, obj)
     assert outcome.result == "created" and [n.reason for n in notices] == ["Created"]
-    assert writes(kube) == [("POST", SECRETS.path("default")), ("POST", CONFIGMAPS.path("default")),
-                            ("POST", JOBSETS.path("default")),
-                            ("PATCH", JOBS.path("default", "tiny", "status"))]  # one status write
+    assert writes(kube) == [
+        ("POST", SECRETS.path("default")),
+        ("POST", CONFIGMAPS.path("default")),
+        ("POST", JOBSETS.path("default")),
+        ("PATCH", JOBS.path("default", "tiny", "status")),
+    ]  # one status write
     first = dict(kube.objects)
     outcome, notices = run_reconcile(kube, kube.job())  # a restart that has not seen the JobSet: adopt it
     assert outcome.result == "adopted" and notices == []
     assert kube.objects.keys() == first.keys()
     status = job_status(kube)
     ready = status.condition("Ready")  # Ready: training progressing, which it is not yet
-    assert status.phase == "Pending" and status.job_set_name == "tiny" and (ready.status, ready.reason) == ("False", "PodsPending")
+    assert (
+        status.phase == "Pending"
+        and status.job_set_name == "tiny"
+        and (ready.status, ready.reason) == ("False", "PodsPending")
+    )
     js = kube.jobset()
     assert js["metadata"]["ownerReferences"][0]["uid"] == "job-uid"
     applied = json.loads(js["metadata"]["annotations"][names.APPLIED_SPEC])
@@ -173,8 +216,18 @@ def test_reconcile_creates_then_adopts_without_duplicates():
 
 def test_reconcile_refuses_a_name_owned_by_someone_else():
     kube = FakeKube()
-    asyncio.run(kube.create(JOBSETS, "default", {"metadata": {"name": "tiny", "ownerReferences": [
-        {"kind": "TPUTrainingJob", "name": "tiny", "uid": "someone-else"}]}}))
+    asyncio.run(
+        kube.create(
+            JOBSETS,
+            "default",
+            {
+                "metadata": {
+                    "name": "tiny",
+                    "ownerReferences": [{"kind": "TPUTrainingJob", "name": "tiny", "uid": "someone-else"}],
+                }
+            },
+        )
+    )
     outcome, notices = run_reconcile(kube, kube.add_job(tiny_job()))
     assert outcome.result == "conflict" and outcome.requeue_after_s == OperatorConfig().conflict_retry_s
     ready = job_status(kube).condition("Ready")
@@ -186,8 +239,9 @@ def test_reconcile_refuses_a_name_owned_by_someone_else():
 
 def test_reconcile_invalid_job_creates_nothing():
     kube = FakeKube()
-    outcome, notices = run_reconcile(kube, kube.add_job(tiny_job(training={"steps": 10, "globalBatch": 3,
-                                                                           "sequenceLength": 128})))
+    outcome, notices = run_reconcile(
+        kube, kube.add_job(tiny_job(training={"steps": 10, "globalBatch": 3, "sequenceLength": 128}))
+    )
     assert outcome.result == "invalid" and [n.reason for n in notices] == ["Invalid"]
     assert job_status(kube).phase == "Invalid" and "spec.training.globalBatch" in job_status(kube).message
     assert not [c for c in kube.calls if c[0] == "POST"]
@@ -403,8 +457,13 @@ def test_metrics_reader_final_values_come_from_pod0s_termination_record():
     add_pod0(kube)
     pod = kube.objects[PODS.path("ml", "job-slice-0-0-x")]
     record = TerminationRecord(code=0, progress=Progress(started_at=1.0, step=20, last_checkpoint_step=20))
-    pod["status"] = {"phase": "Succeeded", "podIP": "10.0.0.7", "containerStatuses": [
-        {"name": "trainer", "state": {"terminated": {"exitCode": 0, "message": record.message()}}}]}
+    pod["status"] = {
+        "phase": "Succeeded",
+        "podIP": "10.0.0.7",
+        "containerStatuses": [
+            {"name": "trainer", "state": {"terminated": {"exitCode": 0, "message": record.message()}}}
+        ],
+    }
     sample = asyncio.run(MetricsReader(kube, "direct").final("ml", "job"))
     assert (sample.step, sample.last_checkpoint_step, sample.error) == (20, 20, None)
     assert kube.calls == [("LIST", PODS.path("ml"))]
@@ -448,8 +507,12 @@ def test_operator_intervals_are_positive_seconds():
 
     config = operator_options(build_parser().parse_args(["operator"])).controller
     assert (config.metrics_interval_s, config.resync_interval_s) == (10.0, 60.0)
-    assert operator_options(build_parser().parse_args(["operator", "--resync-interval", "2.5"])
-                            ).controller.resync_interval_s == 2.5
+    assert (
+        operator_options(
+            build_parser().parse_args(["operator", "--resync-interval", "2.5"])
+        ).controller.resync_interval_s
+        == 2.5
+    )
     for flag in ("--resync-interval", "--metrics-interval"):
         for bad in ("0", "-1", "nan", "inf", "often"):
             with pytest.raises(SystemExit):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import operator_job as tiny_job
-from tests.fakes import LATER, NOW, Clock, FakeKube, drain, jobset, job_status, manager_for
+from tests.fakes import LATER, NOW, Clock, FakeKube, drain, job_status, jobset, manager_for
 from tpu_operator.api import timestamps
 from tpu_operator.api.failures import RestartCounts, backoff_s
 from tpu_operator.api.spec import FailurePolicySpec
@@ -59,11 +59,22 @@ def test_a_million_failures_in_a_row_do_not_overflow():
     assert backoff_s(policy, RestartCounts(total=10**6)) == 3600
 
 
-@pytest.mark.parametrize("status, verb, permanent", [
-    (403, "POST", True), (422, "POST", True), (400, "PATCH", True), (404, "POST", True),
-    (404, "GET", False), (409, "POST", False), (0, "GET", False), (429, "POST", False), (500, "PATCH", False),
-    (503, "GET", False), (408, "GET", False),
-])
+@pytest.mark.parametrize(
+    "status, verb, permanent",
+    [
+        (403, "POST", True),
+        (422, "POST", True),
+        (400, "PATCH", True),
+        (404, "POST", True),
+        (404, "GET", False),
+        (409, "POST", False),
+        (0, "GET", False),
+        (429, "POST", False),
+        (500, "PATCH", False),
+        (503, "GET", False),
+        (408, "GET", False),
+    ],
+)
 def test_which_api_errors_are_permanent(status, verb, permanent):
     assert ApiError(status, "m", verb).permanent is permanent
 
@@ -75,12 +86,14 @@ class Forbidding(FakeKube):
         super().__init__()
         self.forbid = True
 
-    async def create(self, resource: Resource, namespace: str, body: dict[str, Any],
-                     dry_run: bool = False) -> dict[str, Any]:
+    async def create(
+        self, resource: Resource, namespace: str, body: dict[str, Any], dry_run: bool = False
+    ) -> dict[str, Any]:
         if resource == JOBSETS and self.forbid:
             self.calls.append(("DRYRUN" if dry_run else "POST", resource.path(namespace)))
-            raise ApiError(403, 'jobsets.jobset.x-k8s.io is forbidden: User "op" cannot create resource "jobsets"',
-                           "POST")
+            raise ApiError(
+                403, 'jobsets.jobset.x-k8s.io is forbidden: User "op" cannot create resource "jobsets"', "POST"
+            )
         return await super().create(resource, namespace, body, dry_run)
 
 
@@ -162,12 +175,15 @@ def test_a_transient_error_backs_off_and_is_not_shown_on_the_job():
 # --- time ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("2026-01-01T00:00:00Z", NOW),
-    ("2026-01-01T00:00:00.123456Z", NOW + datetime.timedelta(microseconds=123456)),
-    ("2026-01-01T01:00:00+01:00", NOW),
-    ("2026-01-01T00:00:00.5z", NOW + datetime.timedelta(milliseconds=500)),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("2026-01-01T00:00:00Z", NOW),
+        ("2026-01-01T00:00:00.123456Z", NOW + datetime.timedelta(microseconds=123456)),
+        ("2026-01-01T01:00:00+01:00", NOW),
+        ("2026-01-01T00:00:00.5z", NOW + datetime.timedelta(milliseconds=500)),
+    ],
+)
 def test_rfc3339_is_parsed_with_or_without_fractional_seconds(text, expected):
     assert timestamps.parse(text) == expected
     assert timestamps.format(timestamps.parse(text)).endswith("Z")
@@ -224,9 +240,19 @@ def test_ready_means_progressing_or_succeeded_and_running_does_not_repeat_the_ph
 
 
 def observed(js: dict[str, Any], **more: Any) -> steps.Observed:
-    return steps.Observed(now=LATER, generation=3, jobset_name="tiny", config_map="tiny-config", jobset_uid="js-1",
-                          view=phases.JobSetView.of(js), intent=phases.Intent(), policy=FailurePolicySpec(),
-                          total_steps=100, created_at=NOW, **more)
+    return steps.Observed(
+        now=LATER,
+        generation=3,
+        jobset_name="tiny",
+        config_map="tiny-config",
+        jobset_uid="js-1",
+        view=phases.JobSetView.of(js),
+        intent=phases.Intent(),
+        policy=FailurePolicySpec(),
+        total_steps=100,
+        created_at=NOW,
+        **more,
+    )
 
 
 def test_compute_is_a_pure_function_of_what_was_observed():

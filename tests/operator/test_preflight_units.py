@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import tiny_job
-from tests.fakes import PREFLIGHT_TIMING as TIMING, FakeKube, job_status, run_with_preflights as run
+from tests.fakes import PREFLIGHT_TIMING as TIMING
+from tests.fakes import FakeKube, job_status
+from tests.fakes import run_with_preflights as run
 from tpu_operator.api.contract import PlanResult, StepResources
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import preflight
@@ -19,52 +21,85 @@ from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, 
 from tpu_operator.rendering.preflight import preflight_labels
 
 T0, T1, T3, LATE = "2026-01-01T00:00:00Z", "2026-01-01T00:00:30Z", "2026-01-01T00:03:00Z", "2026-01-01T00:10:00Z"
-FITS = PlanResult(verdict="Fits", message="fits: 13.03 GiB per device", hbm_per_device_gib=13.03,
-                  hbm_capacity_gib=96, compile_seconds=47.0, libtpu_version="0.0.52")
-TOO_BIG = PlanResult(verdict="DoesNotFit", message="does not fit HBM: temporaries (162.91G) exceed 94.74G",
-                     change=["training.globalBatch", "tpu.topology"], hbm_capacity_gib=96)
+FITS = PlanResult(
+    verdict="Fits",
+    message="fits: 13.03 GiB per device",
+    hbm_per_device_gib=13.03,
+    hbm_capacity_gib=96,
+    compile_seconds=47.0,
+    libtpu_version="0.0.52",
+)
+TOO_BIG = PlanResult(
+    verdict="DoesNotFit",
+    message="does not fit HBM: temporaries (162.91G) exceed 94.74G",
+    change=["training.globalBatch", "tpu.topology"],
+    hbm_capacity_gib=96,
+)
 
 
 def pf_job(state: dict[str, Any] | None = None, created: str = T0) -> dict[str, Any]:
-    return {"metadata": {"name": "tiny-plan-1", "creationTimestamp": created, "labels": preflight_labels("tiny", 1)},
-            "status": state or {}}
+    return {
+        "metadata": {"name": "tiny-plan-1", "creationTimestamp": created, "labels": preflight_labels("tiny", 1)},
+        "status": state or {},
+    }
 
 
-def pod(terminated: dict[str, Any] | None = None, waiting: dict[str, Any] | None = None,
-        phase: str = "Pending") -> dict[str, Any]:
+def pod(
+    terminated: dict[str, Any] | None = None, waiting: dict[str, Any] | None = None, phase: str = "Pending"
+) -> dict[str, Any]:
     state = {"terminated": terminated} if terminated else {"waiting": waiting} if waiting else {}
-    return {"metadata": {"name": "tiny-plan-1-x", "labels": preflight_labels("tiny", 1)},
-            "status": {"phase": phase, "containerStatuses": [{"name": "plan", "image": "img:1", "state": state}]}}
+    return {
+        "metadata": {"name": "tiny-plan-1-x", "labels": preflight_labels("tiny", 1)},
+        "status": {"phase": phase, "containerStatuses": [{"name": "plan", "image": "img:1", "state": state}]},
+    }
 
 
 def ended(result: PlanResult | str, code: int) -> dict[str, Any]:
     message = result if isinstance(result, str) else result.to_termination_message()
-    return pod(terminated={"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message},
-               phase="Succeeded" if code == 0 else "Failed")
+    return pod(
+        terminated={"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message},
+        phase="Succeeded" if code == 0 else "Failed",
+    )
 
 
 DONE, FAILED = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}, {"failed": 1}
 PULL = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "img:1"'}
 
 
-@pytest.mark.parametrize("found, pods, age, compiling, kind, reason", [
-    (None, None, 0, False, "create", ""),
-    (None, None, 30, True, "wait", ""),  # created and written, the watch has not delivered it yet
-    (None, None, 200, True, "create", ""),  # still not there: make it again (a 409 adopts it)
-    (pf_job(), None, 30, False, "wait", ""),
-    (pf_job(DONE), None, 30, False, "list_pods", ""),
-    (pf_job(DONE), [ended(FITS, 0)], 30, False, "fits", "Fits"),
-    (pf_job(FAILED), [ended(TOO_BIG, 2)], 30, False, "invalid", "DoesNotFit"),
-    (pf_job(FAILED), [ended(PlanResult(verdict="NoLibtpu", message="no libtpu"), 3)], 30, False, "unknown", "NoLibtpu"),
-    (pf_job(FAILED), [ended("Traceback ... Killed", 137)], 30, False, "unknown", "PreflightFailed"),
-    (pf_job({"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}),
-     [], 400, False, "unknown", "DeadlineExceeded"),
-    (pf_job(), None, 200, False, "list_pods", ""),
-    (pf_job(), [pod(waiting=PULL)], 200, False, "unknown", "PreflightNotStarted"),
-    (pf_job(), [], 200, False, "unknown", "PreflightNotStarted"),  # no Job controller made a pod
-    (pf_job({"active": 1, "ready": 1}), None, 200, False, "wait", ""),  # it compiles
-    (pf_job({"active": 1, "ready": 1}), None, 400, False, "unknown", "DeadlineExceeded"),
-])
+@pytest.mark.parametrize(
+    "found, pods, age, compiling, kind, reason",
+    [
+        (None, None, 0, False, "create", ""),
+        (None, None, 30, True, "wait", ""),  # created and written, the watch has not delivered it yet
+        (None, None, 200, True, "create", ""),  # still not there: make it again (a 409 adopts it)
+        (pf_job(), None, 30, False, "wait", ""),
+        (pf_job(DONE), None, 30, False, "list_pods", ""),
+        (pf_job(DONE), [ended(FITS, 0)], 30, False, "fits", "Fits"),
+        (pf_job(FAILED), [ended(TOO_BIG, 2)], 30, False, "invalid", "DoesNotFit"),
+        (
+            pf_job(FAILED),
+            [ended(PlanResult(verdict="NoLibtpu", message="no libtpu"), 3)],
+            30,
+            False,
+            "unknown",
+            "NoLibtpu",
+        ),
+        (pf_job(FAILED), [ended("Traceback ... Killed", 137)], 30, False, "unknown", "PreflightFailed"),
+        (
+            pf_job({"failed": 1, "conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]}),
+            [],
+            400,
+            False,
+            "unknown",
+            "DeadlineExceeded",
+        ),
+        (pf_job(), None, 200, False, "list_pods", ""),
+        (pf_job(), [pod(waiting=PULL)], 200, False, "unknown", "PreflightNotStarted"),
+        (pf_job(), [], 200, False, "unknown", "PreflightNotStarted"),  # no Job controller made a pod
+        (pf_job({"active": 1, "ready": 1}), None, 200, False, "wait", ""),  # it compiles
+        (pf_job({"active": 1, "ready": 1}), None, 400, False, "unknown", "DeadlineExceeded"),
+    ],
+)
 def test_the_decision(found, pods, age, compiling, kind, reason):
     decision = preflight.decide(found, pods, age, TIMING, compiling)
     assert (decision.kind, decision.reason) == (kind, reason)
@@ -121,7 +156,11 @@ def test_it_fits_the_jobset_is_created_with_status_plan():
     status = job_status(kube)
     assert status.condition("Planned").status == "True" and status.condition("Ready").reason == "PodsPending"
     assert status.plan.fits is True and status.plan.hbm_per_device_gib == 13.03 and status.plan.hbm_capacity_gib == 96
-    assert status.plan.compile_seconds == 47.0 and status.plan.libtpu_version == "0.0.52" and status.plan.checked_at == parse(T1)
+    assert (
+        status.plan.compile_seconds == 47.0
+        and status.plan.libtpu_version == "0.0.52"
+        and status.plan.checked_at == parse(T1)
+    )
     assert status.job_set_name == "tiny" and status.phase == "Pending"
     kube.calls.clear()
     outcome, notices = run(kube, LATE)  # decided: no pod list, no second pre-flight
@@ -130,9 +169,14 @@ def test_it_fits_the_jobset_is_created_with_status_plan():
 
 def test_status_plan_carries_what_the_step_costs_and_its_time_bound_on_the_generation():
     # The 8B example's figures as the pre-flight pod leaves them: costs, no bounds (the pod has no catalogue).
-    costs = StepResources(matmul_tflop=1115.6, model_tflop=1010.4, kernel_calls=128, ici_sent_gib=145.3,
-                          ici_gib={"all-gather": 93.9, "reduce-scatter": 44.5, "all-reduce": 3.9},
-                          hbm_traffic_gib=2603.0)
+    costs = StepResources(
+        matmul_tflop=1115.6,
+        model_tflop=1010.4,
+        kernel_calls=128,
+        ici_sent_gib=145.3,
+        ici_gib={"all-gather": 93.9, "reduce-scatter": 44.5, "all-reduce": 3.9},
+        hbm_traffic_gib=2603.0,
+    )
     kube = started()
     finish(kube, DONE, ended(FITS.model_copy(update={"resources": costs}), 0))
     run(kube, T1)
@@ -169,9 +213,12 @@ def test_a_refused_flag_names_its_field():
     kube.add_job(tiny_job(runtime={"libtpuInitArgs": ["--xla_tpu_bogus=1"]}))
     run(kube, T0)
     kube.objects[BATCH_JOBS.path("default", "tiny-plan-1")]["metadata"]["creationTimestamp"] = T0
-    refused = PlanResult(verdict="RejectedFlags", message="libtpu refuses 1 flag", libtpu_version="0.0.52",
-                         rejected_flags=[{"flag": "--xla_tpu_bogus=1",
-                                          "message": "ERROR: Unknown command line flag 'xla_tpu_bogus'"}])
+    refused = PlanResult(
+        verdict="RejectedFlags",
+        message="libtpu refuses 1 flag",
+        libtpu_version="0.0.52",
+        rejected_flags=[{"flag": "--xla_tpu_bogus=1", "message": "ERROR: Unknown command line flag 'xla_tpu_bogus'"}],
+    )
     finish(kube, FAILED, ended(refused, 2))
     _, notices = run(kube, T1)
     status = job_status(kube)
@@ -229,8 +276,9 @@ def test_an_edit_after_does_not_fit_plans_and_runs_the_edited_config():
     assert config_volume(plan_pod) == edited["metadata"]["name"]
     kube.objects[BATCH_JOBS.path("default", "tiny-plan-2")]["metadata"]["creationTimestamp"] = LATE
     kube.objects[BATCH_JOBS.path("default", "tiny-plan-2")]["status"] = DONE
-    fits = pod(terminated={"exitCode": 0, "reason": "Completed", "message": FITS.to_termination_message()},
-               phase="Succeeded")
+    fits = pod(
+        terminated={"exitCode": 0, "reason": "Completed", "message": FITS.to_termination_message()}, phase="Succeeded"
+    )
     fits["metadata"] = {"name": "tiny-plan-2-x", "labels": preflight_labels("tiny", 2)}
     kube.objects[PODS.path("default", "tiny-plan-2-x")] = fits
     outcome, _ = run(kube, LATE)
@@ -257,8 +305,12 @@ def queued_started() -> FakeKube:
     kube.add_job(tiny_job(queueName="tpu-queue"))
     outcome, notices = run(kube, T0)
     assert outcome.result == "planning" and notices == []
-    assert posts(kube) == [CONFIGMAPS.path("default"), BATCH_JOBS.path("default"), SECRETS.path("default"),
-                           JOBSETS.path("default")]
+    assert posts(kube) == [
+        CONFIGMAPS.path("default"),
+        BATCH_JOBS.path("default"),
+        SECRETS.path("default"),
+        JOBSETS.path("default"),
+    ]
     kube.objects[BATCH_JOBS.path("default", "tiny-plan-1")]["metadata"]["creationTimestamp"] = T0
     jobset = kube.jobset()
     assert jobset["spec"]["suspend"] is True and preflight.gated(jobset)
@@ -295,25 +347,35 @@ def test_a_queued_job_that_does_not_fit_loses_its_held_jobset():
 
 
 def test_other_gates_stay_when_ours_is_lifted():
-    jobset = {"metadata": {"annotations": {preflight.ADMISSION_GATE: "example.com/quota, training.tpu-operator.dev/preflight"}}}
+    jobset = {
+        "metadata": {
+            "annotations": {preflight.ADMISSION_GATE: "example.com/quota, training.tpu-operator.dev/preflight"}
+        }
+    }
     assert preflight.gated(jobset)
-    assert preflight.lift_patch(jobset) == {"metadata": {"annotations": {preflight.ADMISSION_GATE: "example.com/quota"}}}
+    assert preflight.lift_patch(jobset) == {
+        "metadata": {"annotations": {preflight.ADMISSION_GATE: "example.com/quota"}}
+    }
     assert preflight.lift_patch(preflight.with_gate({"metadata": {}})) == {
-        "metadata": {"annotations": {preflight.ADMISSION_GATE: None}}}
+        "metadata": {"annotations": {preflight.ADMISSION_GATE: None}}
+    }
 
 
 def test_an_elastic_jobs_preflight_compiles_every_slice_count_and_reports_the_worst():
     """The pre-flight pod's command names every count from spec.tpu.slices down to minSlices; the plan's one
     result is the first that does not fit (else the most HBM per device), with each count's HBM in status.plan."""
-    from tpu_operator.api.contract import PlanResult, StepResources
+    from tpu_operator.api.contract import PlanResult
     from tpu_operator.api.validation import parse_job
     from tpu_operator.controller.preflight import plan_status
     from tpu_operator.rendering.preflight import render_preflight
     from tpu_workload.performance.plan import worst
 
-    elastic = parse_job(tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 3,
-                                      "elastic": {"minSlices": 1}},
-                                 training={"steps": 10, "globalBatch": 48, "sequenceLength": 128}))
+    elastic = parse_job(
+        tiny_job(
+            tpu={"generation": "v7x", "topology": "2x2x1", "slices": 3, "elastic": {"minSlices": 1}},
+            training={"steps": 10, "globalBatch": 48, "sequenceLength": 128},
+        )
+    )
     command = render_preflight(elastic, 1)["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--slice-counts") + 1] == "3,2,1"
     whole = parse_job(tiny_job())

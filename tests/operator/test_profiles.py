@@ -36,19 +36,24 @@ def _job(kube: FakeKube, annotation: str | None, port: int = 9431) -> dict:
 def _running(kube: FakeKube, ip: str = "127.0.0.1") -> None:
     """The JobSet runs and its pod 0 (process 0) is at `ip`."""
     kube.objects[JOBSETS.path("default", "tiny")]["status"] = jobset(active=1, ready=1)["status"]
-    labels = {"jobset.sigs.k8s.io/jobset-name": "tiny", "jobset.sigs.k8s.io/job-index": "0",
-              "batch.kubernetes.io/job-completion-index": "0"}
+    labels = {
+        "jobset.sigs.k8s.io/jobset-name": "tiny",
+        "jobset.sigs.k8s.io/job-index": "0",
+        "batch.kubernetes.io/job-completion-index": "0",
+    }
     kube.objects[PODS.path("default", "tiny-slice-0-0-x")] = {
         "metadata": {"name": "tiny-slice-0-0-x", "creationTimestamp": "2026-01-01T00:00:00Z", "labels": labels},
-        "status": {"phase": "Running", "podIP": ip}}
+        "status": {"phase": "Running", "podIP": ip},
+    }
 
 
 def _reconcile(kube: FakeKube, reader: MetricsReader, read: bool = True) -> list:
     """One reconcile of the job as the manager runs it after a metrics read (`read`: the trainer's /status
     read first, as the manager's ticker does); the Events it posted."""
     notices = []
-    means = reconcile.Means(kube, OperatorConfig(metrics_access="direct"), lambda o, n: notices.append(n),
-                            reader, clock=lambda: NOW)
+    means = reconcile.Means(
+        kube, OperatorConfig(metrics_access="direct"), lambda o, n: notices.append(n), reader, clock=lambda: NOW
+    )
 
     async def one():
         sample = await reader.read("default", "tiny", _port(kube)) if read else None
@@ -70,8 +75,12 @@ def _profile(kube: FakeKube):
 def standin(tmp_path):
     """A stand-in trainer process (the trainer's HTTP server and Profiler, no model); its port and GO file."""
     go = tmp_path / "go"
-    proc = subprocess.Popen([sys.executable, str(STANDIN), str(tmp_path / "tensorboard"), str(go), "10"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(STANDIN), str(tmp_path / "tensorboard"), str(go), "10"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.strip().isdigit(), proc.stderr.read()
@@ -128,9 +137,14 @@ def test_annotation_is_sent_once_and_status_profile_ends_with_the_trace_path(sta
     assert _reconcile(kube, MetricsReader(kube, "direct")) == [] and _status_of_trainer(port)["profile_posts"] == 2
 
 
-@pytest.mark.parametrize("value, reason", [
-    ("100-105", "does not start with 'steps:'"), ("steps:5-2", "the first step (5) is after the last (2)"),
-    ("steps:9-11", "the job has 10 steps")])
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("100-105", "does not start with 'steps:'"),
+        ("steps:5-2", "the first step (5) is after the last (2)"),
+        ("steps:9-11", "the job has 10 steps"),
+    ],
+)
 def test_a_bad_annotation_is_refused_naming_it_without_a_request(value, reason):
     kube = FakeKube()
     _job(kube, value, port=free_port())  # nothing listens there: a request would fail, not be refused

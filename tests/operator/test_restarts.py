@@ -23,6 +23,7 @@ from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_operator.controller.stats import Stats
 from tpu_operator.controller.status import Sample
 
+
 def when(seconds: int) -> datetime.datetime:
     return parse(at(seconds))
 
@@ -85,10 +86,17 @@ def test_a_failed_jobset_is_restarted_once_after_its_backoff_and_the_budget_is_t
 
 
 def fail_jobset_copy(kube: FakeKube, uid: str) -> dict[str, Any]:
-    return {"metadata": {"name": "tiny", "uid": uid, "namespace": "default", "labels": {
-        "training.tpu-operator.dev/job": "tiny"}, "ownerReferences": [
-        {"kind": "TPUTrainingJob", "name": "tiny", "uid": "job-uid", "controller": True}]},
-        "spec": {}, "status": {"terminalState": "Failed"}}
+    return {
+        "metadata": {
+            "name": "tiny",
+            "uid": uid,
+            "namespace": "default",
+            "labels": {"training.tpu-operator.dev/job": "tiny"},
+            "ownerReferences": [{"kind": "TPUTrainingJob", "name": "tiny", "uid": "job-uid", "controller": True}],
+        },
+        "spec": {},
+        "status": {"terminalState": "Failed"},
+    }
 
 
 def test_a_user_error_fails_at_once_quoting_the_trainers_line():
@@ -99,8 +107,10 @@ def test_a_user_error_fails_at_once_quoting_the_trainers_line():
     status = job_status(kube)
     assert status.phase == "Failed" and status.restarts.total == 0 and events == ["Failed"]
     uid = kube.jobset()["metadata"]["uid"]
-    assert status.message == (f"tiny-slice-0-1-{uid} exited with code 3 (user or configuration error): "
-                              "UserError: data.path gs://b/x has no files; a user error is never retried")
+    assert status.message == (
+        f"tiny-slice-0-1-{uid} exited with code 3 (user or configuration error): "
+        "UserError: data.path gs://b/x has no files; a user error is never retried"
+    )
     assert not [c for c in kube.calls if c[0] == "DELETE"]
 
 
@@ -111,6 +121,7 @@ def test_hang_detection_needs_a_trainer_that_reported_and_uses_its_own_clock():
 
     def with_progress(**p: Any) -> TPUTrainingJobStatus:
         from tpu_operator.api.goodput import Attempt, Ledger
+
         progress = Progress(started_at=parse(T0).timestamp(), **p)
         return base.model_copy(update=dict(accounting=Ledger(attempt=Attempt(running_since=0.0, progress=progress))))
 
@@ -130,8 +141,17 @@ def test_a_hung_job_is_marked_restarted_and_goodput_lands_in_status_and_metrics(
     running(kube)
     run(kube, at(2))
     t = lambda text: parse(text).timestamp()  # noqa: E731
-    p = Progress(started_at=t(at(1)), start_step=0, first_step_at=t(at(5)), last_step_at=t(at(10)), step=6,
-                 last_checkpoint_step=5, step_seconds=5.0, steps_timed=5, median_step_seconds=1.0)
+    p = Progress(
+        started_at=t(at(1)),
+        start_step=0,
+        first_step_at=t(at(5)),
+        last_step_at=t(at(10)),
+        step=6,
+        last_checkpoint_step=5,
+        step_seconds=5.0,
+        steps_timed=5,
+        median_step_seconds=1.0,
+    )
     run(kube, at(11), sample=Sample(step=6, progress=p))
     status = job_status(kube)
     assert status.goodput == round(5.0 / 11, 4) and status.badput.queued == 1.0 and status.badput.startup == 4.0
@@ -157,10 +177,13 @@ def test_an_elastic_job_that_loses_a_slice_is_recreated_on_the_slices_left_fake_
     re-creates the JobSet on one slice (replicas, process count, $TPUJOB_SLICES), says so in status.slices,
     the Resized condition and an Event; the same ConfigMap stays."""
     kube = FakeKube()
-    kube.add_job(tiny_job(tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2,
-                               "elastic": {"minSlices": 1}},
-                          training={"steps": 10, "globalBatch": 16, "sequenceLength": 128},
-                          failurePolicy={"backoffSeconds": 10}))
+    kube.add_job(
+        tiny_job(
+            tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2, "elastic": {"minSlices": 1}},
+            training={"steps": 10, "globalBatch": 16, "sequenceLength": 128},
+            failurePolicy={"backoffSeconds": 10},
+        )
+    )
     kube.objects[next(iter(kube.objects))]["metadata"]["creationTimestamp"] = T0
     run(kube, at(0), None)
     status = job_status(kube)

@@ -28,20 +28,59 @@ from tpu_operator.api.presets import PRESETS  # noqa: E402
 from tpu_operator.local.pods import free_port  # noqa: E402
 
 
-def trainer_config(preset="tiny", *, mesh=None, steps=6, batch=8, seq=128, attention="xla", moe="ragged_dot",
-                   lr=1e-2, checkpoint=None, interval=100, precision="bf16", remat="full", **training) -> TrainerConfig:
+def trainer_config(
+    preset="tiny",
+    *,
+    mesh=None,
+    steps=6,
+    batch=8,
+    seq=128,
+    attention="xla",
+    moe="ragged_dot",
+    lr=1e-2,
+    checkpoint=None,
+    interval=100,
+    precision="bf16",
+    remat="full",
+    **training,
+) -> TrainerConfig:
     mesh = mesh or dict(data=1, fsdp=1, context=1, expert=1, tensor=1)
     return TrainerConfig(
-        name="t", generation="v7x", topology="2x2x1", slices=1, hosts_per_slice=1, devices_per_host=8,
-        peak_flops_per_device=2.3e15, model=dict(PRESETS[preset]),
-        training=dict(steps=steps, global_batch=batch, sequence_length=seq, precision=precision,
-                      learning_rate=dict(peak=lr, warmup_steps=1, schedule="constant"), remat=dict(policy=remat),
-                      **training),
-        mesh=mesh, kernels=dict(attention=attention, moe_matmul=moe,
-                                splash=dict(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128,
-                                            block_kv_dkv=128, block_kv_dkv_compute=128, block_q_dq=128,
-                                            block_kv_dq=128)),
-        checkpoint=dict(directory=checkpoint, interval=interval, keep=3), metrics_port=0)  # 0: any free port
+        name="t",
+        generation="v7x",
+        topology="2x2x1",
+        slices=1,
+        hosts_per_slice=1,
+        devices_per_host=8,
+        peak_flops_per_device=2.3e15,
+        model=dict(PRESETS[preset]),
+        training=dict(
+            steps=steps,
+            global_batch=batch,
+            sequence_length=seq,
+            precision=precision,
+            learning_rate=dict(peak=lr, warmup_steps=1, schedule="constant"),
+            remat=dict(policy=remat),
+            **training,
+        ),
+        mesh=mesh,
+        kernels=dict(
+            attention=attention,
+            moe_matmul=moe,
+            splash=dict(
+                block_q=128,
+                block_kv=128,
+                block_kv_compute=128,
+                block_q_dkv=128,
+                block_kv_dkv=128,
+                block_kv_dkv_compute=128,
+                block_q_dq=128,
+                block_kv_dq=128,
+            ),
+        ),
+        checkpoint=dict(directory=checkpoint, interval=interval, keep=3),
+        metrics_port=0,
+    )  # 0: any free port
 
 
 class Trainers:
@@ -57,16 +96,29 @@ class Trainers:
         coordinator = f"127.0.0.1:{free_port()}"
         procs = []
         for i in range(processes):
-            e = dict(os.environ, TPUJOB_PLATFORM="cpu", TPUJOB_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu",
-                     **{k: str(v) for k, v in env.items()})
+            e = dict(
+                os.environ,
+                TPUJOB_PLATFORM="cpu",
+                TPUJOB_CPU_DEVICES=str(devices),
+                JAX_PLATFORMS="cpu",
+                **{k: str(v) for k, v in env.items()},
+            )
             e.pop("XLA_FLAGS", None)
             if processes > 1:
-                e.update(TPUJOB_COORDINATOR_ADDRESS=coordinator, TPUJOB_NUM_PROCESSES=str(processes),
-                         TPUJOB_PROCESS_ID=str(i))
+                e.update(
+                    TPUJOB_COORDINATOR_ADDRESS=coordinator,
+                    TPUJOB_NUM_PROCESSES=str(processes),
+                    TPUJOB_PROCESS_ID=str(i),
+                )
             err = open(self.tmp_path / f"stderr{self.n}.{i}.txt", "w")
             e.setdefault("TPUJOB_TERMINATION_LOG", str(self.tmp_path / f"termination{self.n}.{i}"))
-            p = subprocess.Popen([sys.executable, "-m", "tpu_workload", "--config", str(path)], env=e,
-                                 stdout=subprocess.PIPE, stderr=err, text=True)
+            p = subprocess.Popen(
+                [sys.executable, "-m", "tpu_workload", "--config", str(path)],
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
             p.stderr_path, p.termination_path = err.name, e["TPUJOB_TERMINATION_LOG"]
             p.lines = _pump(p.stdout)
             procs.append(p)
@@ -81,7 +133,7 @@ class Trainers:
             try:
                 p.wait(timeout=max(1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"trainer timed out; stderr:\n{self.stderr(p)}")
+                raise AssertionError(f"trainer timed out; stderr:\n{self.stderr(p)}") from None
             assert p.returncode == 0, f"trainer exited {p.returncode}; stderr:\n{self.stderr(p)}"
         lines = []
         while (line := self.read_line(procs[0], timeout=30)) is not None:
@@ -145,7 +197,8 @@ def loss_and_grads(base, sh, seq: int):
     import numpy as np
     from flax import nnx
 
-    from tpu_workload.model import decoder as model_lib, sharding
+    from tpu_workload.model import decoder as model_lib
+    from tpu_workload.model import sharding
 
     params = nnx.split(model_lib.Decoder(base, nnx.Rngs(0)))[1].to_pure_dict()
     tokens_BT = jnp.asarray(np.random.default_rng(1).integers(0, base.dims.vocab, (8, seq), dtype=np.int32))
@@ -159,7 +212,8 @@ def loss_and_grads(base, sh, seq: int):
         def f(p):
             with sharding.use(sh):
                 return jax.value_and_grad(
-                    lambda q: model_lib.loss_fn(nnx.merge(graphdef, q), tokens_BT, targets_BT, pos_BT)[0])(p)
+                    lambda q: model_lib.loss_fn(nnx.merge(graphdef, q), tokens_BT, targets_BT, pos_BT)[0]
+                )(p)
 
         return f(params)
 

@@ -21,7 +21,8 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from tests.workload.tpu_compile_child import _sharder  # noqa: E402
 from tpu_operator.api.contract import SplashSpec  # noqa: E402
@@ -42,11 +43,17 @@ def _walked(name: str, fn, *args) -> dict:
     path = hlo_costs.step_module(DUMP, f"*jit_hlo_costs_{name}.*")
     costs = hlo_costs.dump_costs(DUMP, f"*jit_hlo_costs_{name}.*")
     text = open(path).read()
-    return {**costs.summary(), "matmul_flops": costs.matmul_flops, "kernel_flops": costs.kernel_flops,
-            "ici_bytes": costs.ici_bytes, "dcn_bytes": costs.dcn_bytes, "kernel_calls": costs.kernel_calls,
-            "gathers": sorted(s.count for s in costs.top("ici", 50) if s.what.startswith("all-gather")),
-            "known_trip_count_in_module": "known_trip_count" in text,
-            "while_loops": text.count(" while(")}
+    return {
+        **costs.summary(),
+        "matmul_flops": costs.matmul_flops,
+        "kernel_flops": costs.kernel_flops,
+        "ici_bytes": costs.ici_bytes,
+        "dcn_bytes": costs.dcn_bytes,
+        "kernel_calls": costs.kernel_calls,
+        "gathers": sorted(s.count for s in costs.top("ici", 50) if s.what.startswith("all-gather")),
+        "known_trip_count_in_module": "known_trip_count" in text,
+        "while_loops": text.count(" while("),
+    }
 
 
 def _mesh(slices: int = 1, topology: str = "2x2x1") -> Mesh:
@@ -77,10 +84,12 @@ def nested() -> dict:
     def step(w, x):
         def block(x, w_j):
             return jax.lax.scan(lambda x, w_i: (jnp.tanh(x @ _gather(mesh, w_i)), None), x, w_j)[0], None
+
         return jax.lax.scan(block, x, w)[0].astype(jnp.float32).sum()
 
-    w = jax.ShapeDtypeStruct((OUTER, INNER, D, D), jnp.bfloat16,
-                             sharding=NamedSharding(mesh, P(None, None, "fsdp", None)))
+    w = jax.ShapeDtypeStruct(
+        (OUTER, INNER, D, D), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, None, "fsdp", None))
+    )
     x = jax.ShapeDtypeStruct((B, D), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp", None)))
     return _walked("nested", step, w, x)
 
@@ -132,8 +141,10 @@ def grouped_matmul() -> dict:
         def local(lhs, rhs):
             sizes = jnp.full((G,), M // G, jnp.int32)
             return jnp.square(moe.grouped_matmul(lhs, rhs, sizes, mm).astype(jnp.float32)).sum()[None]
-        return jax.shard_map(local, mesh=mesh, in_specs=(P(("data", "fsdp")), P()), out_specs=P(("data", "fsdp")),
-                             check_vma=False)(lhs, rhs).sum()
+
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(P(("data", "fsdp")), P()), out_specs=P(("data", "fsdp")), check_vma=False
+        )(lhs, rhs).sum()
 
     lhs = jax.ShapeDtypeStruct((8 * M, K_), jnp.bfloat16, sharding=NamedSharding(mesh, P(("data", "fsdp"))))
     rhs = jax.ShapeDtypeStruct((G, K_, N_), jnp.bfloat16, sharding=NamedSharding(mesh, P()))

@@ -29,9 +29,9 @@ def main(root: str, *cases: str) -> int:
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags
+    from tpu_workload.loop import train
     from tpu_workload.model import loss, moe
     from tpu_workload.performance import plan
-    from tpu_workload.loop import train
 
     # As at full size: the dense MLP in 4 slices of F, the experts in slices of F, the LM head in vocabulary
     # tiles (a sequence chunk's [512, 1024] activation, or [512, 2048 / tiles] f32 logits, past 256 KiB).

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from conftest import trainer_config
 
 pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it out

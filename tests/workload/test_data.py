@@ -30,8 +30,16 @@ def test_files_stream_across_files(tmp_path):
 
 
 def test_env_contract():
-    env = runtime.read_env({"TPUJOB_COORDINATOR_ADDRESS": "h:1", "TPUJOB_NUM_PROCESSES": "8",
-                            "TPUJOB_SLICE_ID": "1", "TPUJOB_HOST_ID": "2", "TPUJOB_HOSTS_PER_SLICE": "4",
-                            "TPUJOB_METRICS_PORT": "0", "TPUJOB_LINGER_SECONDS": "5"})
+    env = runtime.read_env(
+        {
+            "TPUJOB_COORDINATOR_ADDRESS": "h:1",
+            "TPUJOB_NUM_PROCESSES": "8",
+            "TPUJOB_SLICE_ID": "1",
+            "TPUJOB_HOST_ID": "2",
+            "TPUJOB_HOSTS_PER_SLICE": "4",
+            "TPUJOB_METRICS_PORT": "0",
+            "TPUJOB_LINGER_SECONDS": "5",
+        }
+    )
     assert (env.process_id, env.num_processes, env.metrics_port, env.linger_s) == (6, 8, 0, 5.0)
     assert runtime.read_env({"TPUJOB_PROCESS_ID": "3"}).process_id == 3

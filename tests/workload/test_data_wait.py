@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import trainer_config
+
 from tpu_operator.api import goodput as g
 from tpu_operator.api.lifecycle import Progress
 from tpu_workload.data import batches as data
@@ -35,8 +35,16 @@ def test_the_clock_takes_data_waits_out_of_the_step_they_fell_in():
 def test_the_ledger_counts_data_wait_as_badput_and_not_as_productive_time():
     ledger = g.start_attempt(g.Ledger(), 10.0, created=0.0)
     # First step done at 20 s, then 10 steps over 10 s of which the loop waited 2 s for data.
-    p = Progress(started_at=10.0, start_step=0, first_step_at=20.0, last_step_at=30.0, step=11,
-                 step_seconds=8.0, steps_timed=10, data_wait_seconds=2.0)
+    p = Progress(
+        started_at=10.0,
+        start_step=0,
+        first_step_at=20.0,
+        last_step_at=30.0,
+        step=11,
+        step_seconds=8.0,
+        steps_timed=10,
+        data_wait_seconds=2.0,
+    )
     ledger = g.reported(ledger, p, 30.0, 0.0)
     running = g.report(ledger, 0.0, 30.0)
     ledger = g.end_attempt(ledger, 30.0, "succeeded")
@@ -63,8 +71,7 @@ class SlowTokens(data.SyntheticTokens):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_run_on_a_slow_source_reports_its_data_wait(workers):
-    cfg = trainer_config("tiny", steps=4, batch=8, seq=32,
-                         mesh=dict(data=1, fsdp=8, context=1, expert=1, tensor=1))
+    cfg = trainer_config("tiny", steps=4, batch=8, seq=32, mesh=dict(data=1, fsdp=8, context=1, expert=1, tensor=1))
     run = train.setup(cfg, peak_flops_per_device=5e10)
     t = cfg.training
     source = SlowTokens(cfg.model.vocab, t.sequence_length, t.global_batch, t.seed, delay=0.05)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-
 from conftest import trainer_config
+
 from tpu_workload.loop import checkpoint, train
 from tpu_workload.model import sharding
 
@@ -18,7 +18,8 @@ TWO_SLICES = dict(data=2, fsdp=4, context=1, expert=1, tensor=1)
 def _two_slice_config(**kw):
     # Each slice one host of 4 devices; the batch is split over data x fsdp = 8 shards.
     return trainer_config("tiny", mesh=TWO_SLICES, batch=16, **kw).model_copy(
-        update={"slices": 2, "devices_per_host": 4})
+        update={"slices": 2, "devices_per_host": 4}
+    )
 
 
 def test_a_two_slice_checkpoint_restores_onto_one_slice_bit_for_bit(tmp_path):
@@ -65,11 +66,13 @@ def test_shrink_to_one_slice_and_grow_back_keeps_the_loss_curve(trainers, tmp_pa
     first = _losses(trainers.run(_two_slice_config(steps=3, checkpoint=ckpt, interval=3), processes=2, devices=4))
     assert first == {s: expected[s] for s in (1, 2, 3)}
     # One slice left: the same config file, told by the operator's $TPUJOB_SLICES that one slice runs.
-    shrunk = _losses(trainers.run(_two_slice_config(steps=6, checkpoint=ckpt, interval=3), processes=1, devices=4,
-                                  TPUJOB_SLICES=1))
+    shrunk = _losses(
+        trainers.run(_two_slice_config(steps=6, checkpoint=ckpt, interval=3), processes=1, devices=4, TPUJOB_SLICES=1)
+    )
     assert sorted(shrunk) == [4, 5, 6]
-    grown = _losses(trainers.run(_two_slice_config(steps=9, checkpoint=ckpt, interval=3), processes=2, devices=4,
-                                 TPUJOB_SLICES=2))
+    grown = _losses(
+        trainers.run(_two_slice_config(steps=9, checkpoint=ckpt, interval=3), processes=2, devices=4, TPUJOB_SLICES=2)
+    )
     assert sorted(grown) == [7, 8, 9]
     got = {**first, **shrunk, **grown}
     # Twice the microbatches of half the rows: the same mean loss and gradient, summed in another order.

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import trainer_config
+
 from tpu_operator.api.lifecycle import TerminationRecord
 from tpu_operator.local.pods import free_port
 
@@ -33,8 +33,13 @@ def test_a_bad_config_is_a_user_error(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"name": "x", "training": {"steps": 0}}))
     term = tmp_path / "termination"
-    result = subprocess.run([sys.executable, "-m", "tpu_workload", "--config", str(path)], capture_output=True,
-                            text=True, timeout=120, env={"TPUJOB_TERMINATION_LOG": str(term), "PATH": ""})
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_workload", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"TPUJOB_TERMINATION_LOG": str(term), "PATH": ""},
+    )
     assert result.returncode == 3, result.stderr[-2000:]
     record = TerminationRecord.parse(term.read_text())
     assert record.code == 3 and record.error.startswith("ValidationError: ") and "TrainerConfig" in record.error
@@ -43,12 +48,20 @@ def test_a_bad_config_is_a_user_error(tmp_path):
 def test_a_coordinator_that_never_answers_is_retryable(trainers):
     cfg = trainer_config("tiny", mesh=MESH4, steps=2)
     # Process 1 of 2, pointed at a coordinator nobody runs: start-up times out.
-    (proc,) = trainers.start(cfg, processes=1, devices=4, TPUJOB_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}",
-                             TPUJOB_NUM_PROCESSES=2, TPUJOB_PROCESS_ID=1, TPUJOB_INIT_TIMEOUT_SECONDS=3)
+    (proc,) = trainers.start(
+        cfg,
+        processes=1,
+        devices=4,
+        TPUJOB_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}",
+        TPUJOB_NUM_PROCESSES=2,
+        TPUJOB_PROCESS_ID=1,
+        TPUJOB_INIT_TIMEOUT_SECONDS=3,
+    )
     assert proc.wait(timeout=180) == 42, trainers.stderr(proc)
     record = _record(proc)
-    assert record.code == 42 and record.error == ("Retryable: joining the other processes (jax.distributed start-up) "
-                                                  "did not complete within 3 s"), record
+    assert record.code == 42 and record.error == (
+        "Retryable: joining the other processes (jax.distributed start-up) did not complete within 3 s"
+    ), record
 
 
 def test_an_injected_user_error_exits_3_with_its_line(trainers, tmp_path):

@@ -12,13 +12,12 @@ import json
 
 import jax
 import jax.numpy as jnp
-import pytest
+from conftest import trainer_config
 from flax import nnx
 
-from conftest import trainer_config
 from tpu_operator.api.contract import ModelDims
-from tpu_workload.model import decoder as model
 from tpu_workload.loop import train
+from tpu_workload.model import decoder as model
 
 
 def _eqns(jaxpr):
@@ -33,8 +32,9 @@ def _eqns(jaxpr):
 
 
 # One MoE layer wide enough for the Mosaic kernel (every dimension >= 128).
-WIDE_MOE = dict(layers=1, model_dim=128, heads=2, kv_heads=1, head_dim=64, mlp_dim=256, vocab=256, experts=4,
-                experts_per_token=2)
+WIDE_MOE = dict(
+    layers=1, model_dim=128, heads=2, kv_heads=1, head_dim=64, mlp_dim=256, vocab=256, experts=4, experts_per_token=2
+)
 
 
 def _moe_gradient_eqns(moe_matmul: str, precision: str) -> list:
@@ -50,8 +50,11 @@ def _moe_gradient_eqns(moe_matmul: str, precision: str) -> list:
 
 
 def _operand_types(eqns, primitive: str) -> list[tuple[str, ...]]:
-    return [tuple(sorted({v.aval.dtype.name for v in e.invars if "float" in v.aval.dtype.name}))
-            for e in eqns if e.primitive.name == primitive]
+    return [
+        tuple(sorted({v.aval.dtype.name for v in e.invars if "float" in v.aval.dtype.name}))
+        for e in eqns
+        if e.primitive.name == primitive
+    ]
 
 
 def test_fp8_reaches_the_reference_expert_matmuls():
@@ -73,9 +76,9 @@ def test_fp8_runs_the_mosaic_grouped_matmul_on_fp8_operands_forward_and_backward
 
 
 def test_fp8_moe_loss_falls(capsys):
-    cfg = trainer_config("tiny-moe", mesh=dict(data=1, fsdp=4, context=1, expert=2, tensor=1), steps=6,
-                         precision="fp8")
+    cfg = trainer_config("tiny-moe", mesh=dict(data=1, fsdp=4, context=1, expert=2, tensor=1), steps=6, precision="fp8")
     train.run(cfg, peak_flops_per_device=5e10)
-    losses = {r["step"]: r["loss"] for r in map(json.loads, capsys.readouterr().out.splitlines())
-              if not r.get("summary")}
+    losses = {
+        r["step"]: r["loss"] for r in map(json.loads, capsys.readouterr().out.splitlines()) if not r.get("summary")
+    }
     assert min(losses[5], losses[6]) < losses[1] - 0.5, losses  # measured: 6.07 -> 5.19, 4.62

@@ -8,8 +8,8 @@ import uuid
 import fsspec
 import numpy as np
 import pytest
-
 from conftest import trainer_config
+
 from tpu_workload.data import batches as data
 from tpu_workload.model import sharding
 
@@ -36,7 +36,7 @@ def test_shuffle_visits_every_window_once_per_pass_in_a_new_order(tmp_path):
     path = _write(tmp_path)
     src = data.FileTokens(path, "npy", vocab=1000, seq_len=16, batch=1, shuffle=True, seed=7)
     starts = [int(src.rows(s, range(0, 1))[0, 0]) // 16 for s in range(2 * src.windows)]
-    first, second = starts[:src.windows], starts[src.windows:]
+    first, second = starts[: src.windows], starts[src.windows :]
     assert sorted(first) == sorted(second) == list(range(src.windows))
     assert first != list(range(src.windows)) and first != second
     other_seed = data.FileTokens(path, "npy", vocab=1000, seq_len=16, batch=1, shuffle=True, seed=8)
@@ -52,8 +52,9 @@ def test_a_reader_built_at_step_k_reads_what_an_uninterrupted_reader_reads(tmp_p
     for a, b in zip(uninterrupted[6:], resumed, strict=True):
         np.testing.assert_array_equal(a, b)
     split = make()  # how the batch is split over processes does not change it
-    np.testing.assert_array_equal(np.concatenate([split.rows(7, range(0, 3)), split.rows(7, range(3, 8))]),
-                                  uninterrupted[7])
+    np.testing.assert_array_equal(
+        np.concatenate([split.rows(7, range(0, 3)), split.rows(7, range(3, 8))]), uninterrupted[7]
+    )
 
 
 @pytest.mark.parametrize("fmt", ["npy", "bin"])
@@ -69,7 +70,9 @@ def test_url_files_are_read_by_byte_range_like_local_ones(tmp_path, fmt):
     fs.pipe(f"{root}/notes.txt", b"ignored: another extension")
     ranged = []
     cat_file = fs.cat_file
-    fs.cat_file = lambda path, start=None, end=None, **kw: ranged.append(end - start) or cat_file(path, start, end, **kw)
+    fs.cat_file = lambda path, start=None, end=None, **kw: (
+        ranged.append(end - start) or cat_file(path, start, end, **kw)
+    )
     try:
         remote = data.FileTokens(root, fmt, vocab=1000, seq_len=16, batch=8, shuffle=True, seed=3)
         local = data.FileTokens(str(tmp_path), fmt, vocab=1000, seq_len=16, batch=8, shuffle=True, seed=3)
@@ -90,8 +93,11 @@ def test_no_files_and_too_few_tokens_are_clear_errors(tmp_path):
 
 def test_trainer_batches_come_from_the_grain_source(tmp_path):
     np.save(tmp_path / "tokens.npy", np.random.default_rng(0).integers(0, 256, 8 * 129 * 3, dtype=np.uint16))
-    cfg = trainer_config("tiny", mesh=dict(data=1, fsdp=4, context=2, expert=1, tensor=1),
-                         data=dict(source="files", path=str(tmp_path), format="npy"))
+    cfg = trainer_config(
+        "tiny",
+        mesh=dict(data=1, fsdp=4, context=2, expert=1, tensor=1),
+        data=dict(source="files", path=str(tmp_path), format="npy"),
+    )
     mesh = sharding.make_mesh(cfg.mesh.shape)
     batch_sharding = sharding.Sharder(mesh).named(("batch", "length"), (8, 128))
     src = data.make_source(cfg.training, cfg.model.vocab)

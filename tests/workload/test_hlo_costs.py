@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tpu_workload.performance import hlo_costs
 
@@ -41,7 +42,9 @@ def _walks(fn, *args) -> list[hlo_costs.Costs]:
 
 
 def _args(mesh, *shapes_specs):
-    return [jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec)) for shape, spec in shapes_specs]
+    return [
+        jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec)) for shape, spec in shapes_specs
+    ]
 
 
 def _gather(mesh, w):
@@ -50,10 +53,13 @@ def _gather(mesh, w):
 
 def _layers(mesh, layers: int):
     """A scan over `layers` FSDP-sharded [D, D] weights, each gathered in the loop body."""
+
     def step(w, x):
         def layer(x, w_i):
             return jnp.tanh(x @ _gather(mesh, w_i)), None
+
         return jax.lax.scan(layer, x, w)[0].sum()
+
     return step, _args(mesh, ((layers, D, D), P(None, "fsdp", None)), ((B, D), P("fsdp", None)))
 
 
@@ -96,15 +102,23 @@ def test_nested_loops_multiply_their_trip_counts(mesh):
             w_j, v_j = wv
             x = jax.lax.scan(lambda x, w_i: (jnp.tanh(x @ _gather(mesh, w_i)), None), x, w_j)[0]
             return x @ _gather(mesh, v_j), None  # once per outer iteration
+
         return jax.lax.scan(block, x, (w, v))[0].sum()
 
-    args = _args(mesh, ((outer, inner, D, D), P(None, None, "fsdp", None)), ((outer, D, D), P(None, "fsdp", None)),
-                 ((B, D), P("fsdp", None)))
+    args = _args(
+        mesh,
+        ((outer, inner, D, D), P(None, None, "fsdp", None)),
+        ((outer, D, D), P(None, "fsdp", None)),
+        ((B, D), P("fsdp", None)),
+    )
     for costs in _walks(step, *args):
         assert costs.unknown_loops == []
         assert costs.matmul_flops == (outer * inner + outer) * 2 * (B // DEVICES) * D * D
         assert costs.ici_bytes["all-gather"] == (outer * inner + outer) * D * D * F32
-        assert sorted(s.count for s in costs.top("ici", 20) if s.what.startswith("all-gather")) == [outer, outer * inner]
+        assert sorted(s.count for s in costs.top("ici", 20) if s.what.startswith("all-gather")) == [
+            outer,
+            outer * inner,
+        ]
 
 
 def test_the_backward_sums_each_layers_gradient_by_its_full_size(mesh):
@@ -146,14 +160,17 @@ def test_the_walk_reads_an_xla_dump_and_prints_a_table(tmp_path, mesh, capsys):
     assert summary["ici_gib"]["all-gather"] == round(4 * D * D * F32 / (1 << 30), 4)
 
 
-@pytest.mark.parametrize("text,groups", [
-    ("replica_groups={{0,1},{2,3}}, dimensions={0}", [[0, 1], [2, 3]]),
-    ("replica_groups=[2,2]<=[4], dimensions={0}", [[0, 1], [2, 3]]),
-    ("replica_groups=[2,2]<=[2,2]T(1,0), dimensions={0}", [[0, 2], [1, 3]]),
-    ("replica_groups=mesh['a'=2,'b'=2] {'b'}, dimensions={0}", [[0, 1], [2, 3]]),
-    ("replica_groups=mesh['a'=2,'b'=2] {'a'}, dimensions={0}", [[0, 2], [1, 3]]),
-    ("replica_groups=mesh['axis_0'=1,'axis_1'=8,'axis_2'=1] {'axis_1'}", [list(range(8))]),
-])
+@pytest.mark.parametrize(
+    "text,groups",
+    [
+        ("replica_groups={{0,1},{2,3}}, dimensions={0}", [[0, 1], [2, 3]]),
+        ("replica_groups=[2,2]<=[4], dimensions={0}", [[0, 1], [2, 3]]),
+        ("replica_groups=[2,2]<=[2,2]T(1,0), dimensions={0}", [[0, 2], [1, 3]]),
+        ("replica_groups=mesh['a'=2,'b'=2] {'b'}, dimensions={0}", [[0, 1], [2, 3]]),
+        ("replica_groups=mesh['a'=2,'b'=2] {'a'}, dimensions={0}", [[0, 2], [1, 3]]),
+        ("replica_groups=mesh['axis_0'=1,'axis_1'=8,'axis_2'=1] {'axis_1'}", [list(range(8))]),
+    ],
+)
 def test_replica_groups_in_each_of_xlas_spellings(text, groups):
     inst = hlo_costs.Instruction("ag", "all-gather", hlo_costs.Array("f32", (4,)), [], text, text)
     assert hlo_costs.replica_groups(inst) == groups

@@ -18,8 +18,9 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                reason="libtpu is not installed (bash scripts/setup.sh installs it)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed (bash scripts/setup.sh installs it)"
+)
 
 LAYERS, OUTER, INNER, B, D = 4, 2, 3, 256, 1024  # as in hlo_costs_child.py
 T, N, K, H = 1024, 8, 2, 128
@@ -30,8 +31,13 @@ BF16, F32 = 2, 4
 @pytest.fixture(scope="module")
 def found(tmp_path_factory) -> dict:
     dump = tmp_path_factory.mktemp("hlo")
-    child = subprocess.run([sys.executable, "-m", "tests.workload.hlo_costs_child", str(dump)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=900)
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.workload.hlo_costs_child", str(dump)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert child.returncode == 0, child.stderr[-4000:]
     return json.loads(child.stdout.strip().splitlines()[-1])
 
@@ -77,8 +83,11 @@ def test_what_crosses_slices_is_counted_as_dcn_bytes(found):
 
 def test_splash_kernels_are_counted_as_causal_attention_from_their_shapes(found):
     case = _case(found, "splash")
-    assert case["kernel_calls"] == {"splash_mha_fwd_residuals": 1, "splash_mha_dq_no_residuals": 1,
-                                    "splash_mha_dkv_no_residuals": 1}
+    assert case["kernel_calls"] == {
+        "splash_mha_fwd_residuals": 1,
+        "splash_mha_dq_no_residuals": 1,
+        "splash_mha_dkv_no_residuals": 1,
+    }
     one_matmul = 2 * 1 * N * T * T * H / 2  # one sequence a device, causal: half of the dense count
     assert case["kernel_flops"] == {"splash": (2 + 3 + 4) * one_matmul}
     assert case["matmul_flops"] == 0

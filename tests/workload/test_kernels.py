@@ -17,8 +17,16 @@ from tpu_operator.api.contract import SplashSpec
 from tpu_workload.model import attention, moe, sharding
 
 absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags
-BLOCKS = SplashSpec(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128, block_kv_dkv=128,
-                    block_kv_dkv_compute=128, block_q_dq=128, block_kv_dq=128)
+BLOCKS = SplashSpec(
+    block_q=128,
+    block_kv=128,
+    block_kv_compute=128,
+    block_q_dkv=128,
+    block_kv_dkv=128,
+    block_kv_dkv_compute=128,
+    block_q_dq=128,
+    block_kv_dq=128,
+)
 
 
 def _mesh(**axes):
@@ -80,7 +88,7 @@ def _packed_rows(B, T, context):
         while t < T - 40:
             n = int(rng.integers(10, 90))
             n = min(n, T - 40 - t)
-            seg[b, t:t + n], pos[b, t:t + n] = d, np.arange(n)
+            seg[b, t : t + n], pos[b, t : t + n] = d, np.arange(n)
             t, d = t + n, d + 1
         pos[b, t:] = np.arange(T - t)  # padding: segment 0
     order = attention.load_balance_order(T, context)
@@ -97,9 +105,10 @@ def test_packed_reference_attention_is_each_document_on_its_own():
     for b in range(B):
         for d in np.unique(np.asarray(seg[b])):
             at = np.flatnonzero(np.asarray(seg[b]) == d)
-            alone = attention.reference_attention(q[b:b + 1, at], k[b:b + 1, at], v[b:b + 1, at],
-                                                  pos[b:b + 1, at], pos[b:b + 1, at])
-            np.testing.assert_allclose(packed[b:b + 1, at], alone, atol=1e-5)
+            alone = attention.reference_attention(
+                q[b : b + 1, at], k[b : b + 1, at], v[b : b + 1, at], pos[b : b + 1, at], pos[b : b + 1, at]
+            )
+            np.testing.assert_allclose(packed[b : b + 1, at], alone, atol=1e-5)
 
 
 @pytest.mark.parametrize("context,build", [(1, "jax"), (2, "jax"), (2, "tokamax")])
@@ -118,8 +127,7 @@ def test_splash_with_segment_ids_matches_packed_reference(context, build):
             spec = BLOCKS if build == "jax" else BLOCKS.model_copy(update={"max_logit_const": 30.0})
             return attention.splash_attention(q, k, v, spec=spec, interpret=True, segments_BT=seg)
 
-    want = _value_and_grads(lambda q, k, v: attention.reference_attention(q, k, v, pos, pos, seg, seg), q, k, v,
-                            ct=ct)
+    want = _value_and_grads(lambda q, k, v: attention.reference_attention(q, k, v, pos, pos, seg, seg), q, k, v, ct=ct)
     _assert_close(_value_and_grads(splash, q, k, v, ct=ct), want, atol=1e-5)
 
 
@@ -142,6 +150,7 @@ def _experts_vs_reference(axes, **matmul):
             weights, experts, _ = moe.route(x, router, top)
             with sharding.use(sh):
                 return fn(x, weights, experts, gate, up, down)
+
         return f
 
     got = _value_and_grads(routed(lambda *a: moe.experts(*a, mm=mm)), x, gate, up, down, ct=ct)
@@ -150,9 +159,16 @@ def _experts_vs_reference(axes, **matmul):
 
 # Expert parallelism exchanges rows (expert 2 and 4); context 2 x expert 2 exchanges per context
 # shard; tensor 2 splits F (partial sums); none: one device runs every expert.
-@pytest.mark.parametrize("impl,axes", [("gmm", {}), ("gmm", dict(context=2, expert=2)),
-                                       ("gmm", dict(expert=4, tensor=2)), ("ragged_dot", dict(expert=2)),
-                                       ("ragged_dot", dict(expert=4))])
+@pytest.mark.parametrize(
+    "impl,axes",
+    [
+        ("gmm", {}),
+        ("gmm", dict(context=2, expert=2)),
+        ("gmm", dict(expert=4, tensor=2)),
+        ("ragged_dot", dict(expert=2)),
+        ("ragged_dot", dict(expert=4)),
+    ],
+)
 def test_grouped_matmul_matches_reference(impl, axes):
     _assert_close(*_experts_vs_reference(axes, impl=impl), atol=1e-4)
 
@@ -167,8 +183,15 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("impl,axes", [("ragged_dot", {}), ("gmm", dict(expert=2)),
-                                       ("ragged_dot", dict(context=2, expert=2)), ("gmm", dict(expert=4, tensor=2))])
+@pytest.mark.parametrize(
+    "impl,axes",
+    [
+        ("ragged_dot", {}),
+        ("gmm", dict(expert=2)),
+        ("ragged_dot", dict(context=2, expert=2)),
+        ("gmm", dict(expert=4, tensor=2)),
+    ],
+)
 def test_fp8_experts_close_to_reference(impl, axes):
     (out, grads), (out0, grads0) = _experts_vs_reference(axes, impl=impl, fp8=True)
     errors = [_rel(out, out0)] + [_rel(g, g0) for g, g0 in zip(grads, grads0, strict=True)]

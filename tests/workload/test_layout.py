@@ -31,7 +31,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 source = ".".join(base + ([node.module] if node.module else []))
             else:
                 source = node.module or ""
@@ -46,7 +46,7 @@ def test_no_import_cycle_among_the_trainers_modules():
 
     def visit(name: str, stack: list[str]) -> None:
         if name in stack:
-            raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(name):] + [name]))
+            raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(name) :] + [name]))
         if name in done:
             return
         for dep in sorted(graph[name]):
@@ -69,6 +69,11 @@ def test_every_package_docstring_lists_every_module_in_it():
 def test_the_operator_never_imports_the_trainer():
     for path in (ROOT / "operator").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             assert not any(n.split(".")[0] == "tpu_workload" for n in names), f"{path.relative_to(ROOT)} imports it"

@@ -15,11 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import loss_and_grads, trainer_config
+
 from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec
-from tpu_workload.model import loss, decoder as model_lib, sharding
 from tpu_workload.loop import train
+from tpu_workload.model import decoder as model_lib
+from tpu_workload.model import loss, sharding
 
 
 @pytest.mark.parametrize("context", [1, 2])
@@ -95,16 +96,23 @@ def test_masked_tokens_and_the_z_loss_have_the_gradient_of_their_definition(tile
 def test_tiles_then_chunks_bound_the_logits_and_the_weight_per_device():
     cfg = trainer_config("tiny", batch=8, seq=128)
     assert train.loss_tiling(cfg) == (1, 1)  # far under both bounds: the whole head
-    big = cfg.model_copy(update={
-        "model": cfg.model.model_copy(update={"vocab": 128256, "model_dim": 4096}),
-        "training": cfg.training.model_copy(update={"global_batch": 256, "sequence_length": 8192}),
-        "mesh": cfg.mesh.model_copy(update={"fsdp": 128})})
+    big = cfg.model_copy(
+        update={
+            "model": cfg.model.model_copy(update={"vocab": 128256, "model_dim": 4096}),
+            "training": cfg.training.model_copy(update={"global_batch": 256, "sequence_length": 8192}),
+            "mesh": cfg.mesh.model_copy(update={"fsdp": 128}),
+        }
+    )
     # Llama-3-8B on v7x 4x4x4: a device's 2 x 8192 tokens x 128256 words of f32 logits (7.8 GiB) in 16
     # vocabulary tiles of 8016 words (501 MiB), each over the whole sequence: no sequence chunks.
     assert train.loss_tiling(big) == (1, 16)
     # Tensor parallelism splits each tile's words: with the same tokens per device, 8 tiles do it.
-    tp = big.model_copy(update={"mesh": big.mesh.model_copy(update={"fsdp": 64, "tensor": 2}),
-                                "training": big.training.model_copy(update={"global_batch": 128})})
+    tp = big.model_copy(
+        update={
+            "mesh": big.mesh.model_copy(update={"fsdp": 64, "tensor": 2}),
+            "training": big.training.model_copy(update={"global_batch": 128}),
+        }
+    )
     assert train.loss_tiling(tp) == (1, 8)
     # A vocabulary the tiles cannot split further: chunks of the sequence then.
     odd = big.model_copy(update={"model": big.model.model_copy(update={"vocab": 128257})})

@@ -14,10 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import loss_and_grads
+
 from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec
-from tpu_workload.model import loss as loss_lib, decoder as model_lib, sharding
+from tpu_workload.model import decoder as model_lib
+from tpu_workload.model import loss as loss_lib
+from tpu_workload.model import sharding
 
 DIMS = ModelDims(layers=2, model_dim=64, heads=4, kv_heads=2, head_dim=16, mlp_dim=512, vocab=256)
 
@@ -34,8 +36,9 @@ def test_sliced_mlp_equals_the_whole_mlp(mesh, monkeypatch):
     monkeypatch.setattr(loss_lib, "HEAD_DTYPE", jnp.float32)
     _, exact = value_and_grad(mlp_chunks=1)
     np.testing.assert_allclose(float(loss4), float(loss1), rtol=1e-4)
-    for (path, g1), g4, g in zip(jax.tree_util.tree_flatten_with_path(grads1)[0], jax.tree.leaves(grads4),
-                                 jax.tree.leaves(exact)):
+    for (path, g1), g4, g in zip(
+        jax.tree_util.tree_flatten_with_path(grads1)[0], jax.tree.leaves(grads4), jax.tree.leaves(exact)
+    ):
         g1, g4, g = np.asarray(g1), np.asarray(g4), np.asarray(g)
         assert g4.shape == g1.shape
         whole, sliced = (np.linalg.norm(a - g) / np.linalg.norm(g) for a in (g1, g4))

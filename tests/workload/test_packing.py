@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
-
 from conftest import trainer_config
+
+from tpu_workload.data import batches as data
+from tpu_workload.data import packing, records
 from tpu_workload.model import attention, sharding
-from tpu_workload.data import batches as data, packing, records
 
 EOS = 99
 # Four documents, the last one without its EOS, the second across the two files.
@@ -58,8 +59,16 @@ def test_documents_are_whole_and_rows_repeat_for_the_same_seed_and_step(tmp_path
     rng = np.random.default_rng(0)
     docs = [np.append(rng.integers(1, 99, rng.integers(1, 40)), EOS) for _ in range(200)]
     np.save(tmp_path / "tokens.npy", np.concatenate(docs).astype(np.uint16))
-    make = lambda: data.PackedFiles(str(tmp_path), "npy", vocab=100, seq_len=24, batch=8, eos=EOS,  # noqa: E731
-                                    shuffle=True, seed=4)
+    make = lambda: data.PackedFiles(  # noqa: E731
+        str(tmp_path),
+        "npy",
+        vocab=100,
+        seq_len=24,
+        batch=8,
+        eos=EOS,
+        shuffle=True,
+        seed=4,
+    )
     src, again = make(), make()
     cut = {tuple(d[:25]) for d in docs}  # each document cut to sequenceLength + 1
     seen = set()
@@ -127,8 +136,15 @@ def test_a_packed_job_trains_with_accumulation(capsys):
     """The step takes the packed Batch whole (segments and mask too), through the microbatch split."""
     from tpu_workload.loop import train
 
-    cfg = trainer_config("tiny", steps=2, batch=8, seq=32, microbatches=2, data=dict(packing=True),
-                         mesh=dict(data=1, fsdp=4, context=2, expert=1, tensor=1))
+    cfg = trainer_config(
+        "tiny",
+        steps=2,
+        batch=8,
+        seq=32,
+        microbatches=2,
+        data=dict(packing=True),
+        mesh=dict(data=1, fsdp=4, context=2, expert=1, tensor=1),
+    )
     summary = train.run(cfg, peak_flops_per_device=5e10)
     assert summary.step == 2 and np.isfinite(summary.loss)
 

@@ -12,11 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import trainer_config
-from tpu_workload.process import metrics
-from tpu_workload.performance import profiling
+
 from tpu_workload.loop import train
+from tpu_workload.performance import profiling
+from tpu_workload.process import metrics
 
 MESH = dict(data=1, fsdp=8, context=1, expert=1, tensor=1)
 
@@ -30,7 +30,9 @@ def _train_step_runs(trace_dir: Path) -> int:
 
 
 def test_config_profile_traces_those_steps_into_the_tensorboard_dir(tmp_path, capsys):
-    cfg = trainer_config("tiny", mesh=MESH, steps=5, checkpoint=str(tmp_path / "ckpt")).model_copy(update={"profile_steps": "2-3"})
+    cfg = trainer_config("tiny", mesh=MESH, steps=5, checkpoint=str(tmp_path / "ckpt")).model_copy(
+        update={"profile_steps": "2-3"}
+    )
     status = metrics.Status(cfg.training.steps, 1)
     logdir = train.tensorboard_dir(cfg, None)
     profiler = profiling.for_config(cfg, logdir, status)
@@ -43,8 +45,14 @@ def test_config_profile_traces_those_steps_into_the_tensorboard_dir(tmp_path, ca
     assert len(traces) == 1 and traces[0].stat().st_size > 0
     assert _train_step_runs(traces[0].parent) == 2  # steps 2 and 3, nothing of 1, 4 or 5
     report = status.snapshot()["profile"]
-    assert report == {"requested": "2-3", "steps": "2-3", "state": "done", "directory": logdir,
-                      "path": str(traces[0]), "message": ""}
+    assert report == {
+        "requested": "2-3",
+        "steps": "2-3",
+        "state": "done",
+        "directory": logdir,
+        "path": str(traces[0]),
+        "message": "",
+    }
 
 
 @pytest.fixture
@@ -57,11 +65,19 @@ class _Run:  # only what Profiler.hooks reads of a hooks.Run
         self.start = start
 
 
-@pytest.mark.parametrize("steps,reason", [
-    ("5-2", "the first step (5) is after the last (2)"), ("0-3", "steps count from 1"),
-    ("90-101", "the job has 100 steps"), ("a-b", "is not a step range"), (7, "is not a step range"),
-    ("1-51", "a trace may hold at most 50 steps"), ("1-" + "9" * 5000, "is not a step range"),
-    ("x" * 4000, "is not a step range")])
+@pytest.mark.parametrize(
+    "steps,reason",
+    [
+        ("5-2", "the first step (5) is after the last (2)"),
+        ("0-3", "steps count from 1"),
+        ("90-101", "the job has 100 steps"),
+        ("a-b", "is not a step range"),
+        (7, "is not a step range"),
+        ("1-51", "a trace may hold at most 50 steps"),
+        ("1-" + "9" * 5000, "is not a step range"),
+        ("x" * 4000, "is not a step range"),
+    ],
+)
 def test_bad_ranges_are_refused_with_the_reason(profiler, steps, reason):
     code, answer = profiler.answer(json.dumps({"steps": steps}).encode())
     assert code == 400 and reason in answer["error"] and answer["state"] == "failed"

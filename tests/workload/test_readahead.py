@@ -6,9 +6,10 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-
 from conftest import trainer_config
-from tpu_workload.data import batches as data, readahead
+
+from tpu_workload.data import batches as data
+from tpu_workload.data import readahead
 from tpu_workload.model import sharding
 
 

@@ -20,21 +20,39 @@ from jax._src.interpreters import partial_eval as pe
 
 from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec, SplashSpec
 from tpu_operator.api.presets import PRESETS
-from tpu_workload.model import decoder as model, moe, sharding
+from tpu_workload.model import decoder as model
+from tpu_workload.model import moe, sharding
 
-BLOCKS = SplashSpec(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128, block_kv_dkv=128,
-                    block_kv_dkv_compute=128, block_q_dq=128, block_kv_dq=128)
-SPLASH_FWD, SPLASH_DKV, SPLASH_DQ = "splash_mha_fwd_residuals", "splash_mha_dkv_no_residuals", "splash_mha_dq_no_residuals"
+BLOCKS = SplashSpec(
+    block_q=128,
+    block_kv=128,
+    block_kv_compute=128,
+    block_q_dkv=128,
+    block_kv_dkv=128,
+    block_kv_dkv_compute=128,
+    block_q_dq=128,
+    block_kv_dq=128,
+)
+SPLASH_FWD, SPLASH_DKV, SPLASH_DQ = (
+    "splash_mha_fwd_residuals",
+    "splash_mha_dkv_no_residuals",
+    "splash_mha_dq_no_residuals",
+)
 # An MoE layer the Mosaic grouped matmul takes (every dimension >= 128), one layer.
-MOE = dict(layers=1, model_dim=128, heads=2, kv_heads=1, head_dim=64, mlp_dim=256, vocab=256, experts=4,
-           experts_per_token=2)
+MOE = dict(
+    layers=1, model_dim=128, heads=2, kv_heads=1, head_dim=64, mlp_dim=256, vocab=256, experts=4, experts_per_token=2
+)
 
 
 def kernel_runs(dims: dict, remat: RematSpec, mesh: dict, seq: int = 256) -> Counter:
     """Pallas kernels by name in the jaxpr of one step's loss and gradient, dead code removed; a kernel
     inside the scanned layer counts once (it runs once per layer)."""
-    cfg = model.ModelConfig(dims=ModelDims(**dims), remat=remat, interpret=True,
-                            kernels=KernelsSpec(attention="splash", splash=BLOCKS, moe_matmul="gmm"))
+    cfg = model.ModelConfig(
+        dims=ModelDims(**dims),
+        remat=remat,
+        interpret=True,
+        kernels=KernelsSpec(attention="splash", splash=BLOCKS, moe_matmul="gmm"),
+    )
     sh = sharding.Sharder(sharding.make_mesh(dict(data=1, fsdp=1, context=1, expert=1, tensor=1) | mesh))
     graphdef, params = nnx.split(model.Decoder(cfg, nnx.Rngs(0)))
     tokens = jnp.zeros((8, seq), jnp.int32)
@@ -66,15 +84,28 @@ def splash(runs: Counter) -> tuple[int, int, int]:
     return runs[SPLASH_FWD], runs[SPLASH_DKV], runs[SPLASH_DQ]
 
 
-@pytest.mark.parametrize("remat,forward", [
-    (RematSpec(policy="none"), 1),
-    (RematSpec(policy="full"), 2),
-    (RematSpec(policy="minimal"), 2),
-    (RematSpec(policy="custom", tensors={"attention_out": "device"}), 1),
-    (RematSpec(policy="custom", tensors={"decoder_layer_input": "device", "qkv_proj": "remat",
-                                         "attention_out": "device", "mlp_in": "remat"}), 1),
-    (RematSpec(policy="custom", tensors={"qkv_proj": "device"}), 2),
-])
+@pytest.mark.parametrize(
+    "remat,forward",
+    [
+        (RematSpec(policy="none"), 1),
+        (RematSpec(policy="full"), 2),
+        (RematSpec(policy="minimal"), 2),
+        (RematSpec(policy="custom", tensors={"attention_out": "device"}), 1),
+        (
+            RematSpec(
+                policy="custom",
+                tensors={
+                    "decoder_layer_input": "device",
+                    "qkv_proj": "remat",
+                    "attention_out": "device",
+                    "mlp_in": "remat",
+                },
+            ),
+            1,
+        ),
+        (RematSpec(policy="custom", tensors={"qkv_proj": "device"}), 2),
+    ],
+)
 def test_splash_forward_runs_once_per_layer_when_attention_is_kept(remat, forward):
     assert splash(kernel_runs(PRESETS["tiny"], remat, dict(fsdp=8))) == (forward, 1, 1)
 

@@ -23,8 +23,9 @@ class Endpoint:
             self.bodies.append(body)
             return 200, b'{"ok": true}', "application/json"
 
-        self.server = serving.serve_http(lambda path: (200, b"{}", "application/json"), 0, "127.0.0.1", accept,
-                                         **options)
+        self.server = serving.serve_http(
+            lambda path: (200, b"{}", "application/json"), 0, "127.0.0.1", accept, **options
+        )
         self.port = self.server.server_address[1]
 
     def connect(self) -> socket.socket:
@@ -63,17 +64,20 @@ def post(headers: str, body: bytes = b"") -> bytes:
     return f"POST /profile HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode() + body
 
 
-@pytest.mark.parametrize("headers, status", [
-    ("Content-Length: -1\r\n", b"400"),  # read as "to the end": 200 MiB were taken this way
-    ("Content-Length: abc\r\n", b"400"),
-    ("Content-Length: +5\r\n", b"400"),
-    ("Content-Length: 0x10\r\n", b"400"),
-    ("Content-Length: 5\r\nContent-Length: 6\r\n", b"400"),
-    ("", b"411"),
-    ("Transfer-Encoding: chunked\r\n", b"411"),
-    ("Content-Length: 209715200\r\n", b"413"),
-    (f"Content-Length: {serving.MAX_BODY_BYTES + 1}\r\n", b"413"),
-])
+@pytest.mark.parametrize(
+    "headers, status",
+    [
+        ("Content-Length: -1\r\n", b"400"),  # read as "to the end": 200 MiB were taken this way
+        ("Content-Length: abc\r\n", b"400"),
+        ("Content-Length: +5\r\n", b"400"),
+        ("Content-Length: 0x10\r\n", b"400"),
+        ("Content-Length: 5\r\nContent-Length: 6\r\n", b"400"),
+        ("", b"411"),
+        ("Transfer-Encoding: chunked\r\n", b"411"),
+        ("Content-Length: 209715200\r\n", b"413"),
+        (f"Content-Length: {serving.MAX_BODY_BYTES + 1}\r\n", b"413"),
+    ],
+)
 def test_a_body_its_headers_misdescribe_is_refused_unread(endpoint, headers, status):
     # The body is never sent: the answer must come from the headers alone, and the handler never runs.
     answer = endpoint.exchange(post(headers))

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from tpu_workload.process import runtime
 from tpu_workload.model import sharding
+from tpu_workload.process import runtime
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -38,8 +38,16 @@ def fake_slices(slices: int, chips: tuple[int, int, int], cores: int, kind: str)
     for s in range(slices):
         for i, (z, y, x) in enumerate(np.ndindex(chips[2], chips[1], chips[0])):
             for k in range(cores):
-                out.append(FakeTpu(id=len(out), slice_index=s, coords=(x, y, z), core_on_chip=k,
-                                   process_index=s * (int(np.prod(chips)) // 4) + i // 4, device_kind=kind))
+                out.append(
+                    FakeTpu(
+                        id=len(out),
+                        slice_index=s,
+                        coords=(x, y, z),
+                        core_on_chip=k,
+                        process_index=s * (int(np.prod(chips)) // 4) + i // 4,
+                        device_kind=kind,
+                    )
+                )
     return out
 
 
@@ -54,17 +62,20 @@ def assert_data_spans_slices(grid: np.ndarray, devices: list[FakeTpu], slices: i
     for i in range(grid.shape[0]):
         assert np.all(slice_of[i] == slice_of[i].flat[0]), f"data index {i} mixes slices {np.unique(slice_of[i])}"
     for s in range(slices):
-        assert {d.id for d in grid[s * per:(s + 1) * per].flat} == {d.id for d in devices if d.slice_index == s}
+        assert {d.id for d in grid[s * per : (s + 1) * per].flat} == {d.id for d in devices if d.slice_index == s}
     assert sorted(d.id for d in grid.flat) == [d.id for d in devices]  # each device exactly once
 
 
-@pytest.mark.parametrize("kind, chips, cores, dims, split", [
-    ("TPU7x", (2, 2, 1), 2, mesh_dims(data=2, fsdp=2, tensor=4), False),  # mesh_utils' v7x ring handler
-    ("TPU7x", (2, 2, 1), 2, mesh_dims(data=4, fsdp=4), False),  # two data indices inside each slice
-    ("TPU v4", (2, 2, 4), 1, mesh_dims(data=2, fsdp=4, tensor=4), False),  # generic torus assignment
-    # 2 x 2 x 2 x 2 over a 2x2x4 torus: the 4-long axis must be split (warned, not fatal)
-    ("TPU v4", (2, 2, 4), 1, mesh_dims(data=2, fsdp=2, context=2, expert=2, tensor=2), True),
-])
+@pytest.mark.parametrize(
+    "kind, chips, cores, dims, split",
+    [
+        ("TPU7x", (2, 2, 1), 2, mesh_dims(data=2, fsdp=2, tensor=4), False),  # mesh_utils' v7x ring handler
+        ("TPU7x", (2, 2, 1), 2, mesh_dims(data=4, fsdp=4), False),  # two data indices inside each slice
+        ("TPU v4", (2, 2, 4), 1, mesh_dims(data=2, fsdp=4, tensor=4), False),  # generic torus assignment
+        # 2 x 2 x 2 x 2 over a 2x2x4 torus: the 4-long axis must be split (warned, not fatal)
+        ("TPU v4", (2, 2, 4), 1, mesh_dims(data=2, fsdp=2, context=2, expert=2, tensor=2), True),
+    ],
+)
 def test_tpu_grid_puts_data_across_slices(kind, chips, cores, dims, split, caplog):
     devices = fake_slices(2, chips, cores, kind)
     grid = sharding.tpu_grid(dims, 2, devices)
@@ -134,6 +145,7 @@ def test_cpu_emulated_slices_keep_data_slowest():
 
 # --- joining the other processes ---------------------------------------------------------------------
 
+
 def no_nodes(pattern: str) -> list[str]:
     return []
 
@@ -152,47 +164,69 @@ def plan(env: dict, glob=no_nodes) -> runtime.Join:
 
 def test_explicit_coordinator_derives_process_id_from_slice_and_host():
     # What a rendered pod of slice 1, host 2 carries (MEGASCALE_* too, for a multi-slice job).
-    env = {**EXPLICIT, "TPUJOB_SLICE_ID": "1", "TPUJOB_HOST_ID": "2", "TPUJOB_HOSTS_PER_SLICE": "4",
-           "MEGASCALE_COORDINATOR_ADDRESS": "job-slice-0-0.job", "MEGASCALE_NUM_SLICES": "2",
-           "MEGASCALE_SLICE_ID": "1", "TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": "a,b,c,d"}
+    env = {
+        **EXPLICIT,
+        "TPUJOB_SLICE_ID": "1",
+        "TPUJOB_HOST_ID": "2",
+        "TPUJOB_HOSTS_PER_SLICE": "4",
+        "MEGASCALE_COORDINATOR_ADDRESS": "job-slice-0-0.job",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1",
+        "TPU_WORKER_ID": "2",
+        "TPU_WORKER_HOSTNAMES": "a,b,c,d",
+    }
     p = plan(env, glob=nodes("/dev/vfio/0"))
     assert p.kind == "explicit"
     assert p.kwargs == dict(coordinator_address="job-slice-0-0.job:8476", num_processes=8, process_id=6)
     assert plan({**EXPLICIT, "TPUJOB_PROCESS_ID": "3", "TPUJOB_PLATFORM": "cpu"}).kwargs["process_id"] == 3
 
 
-@pytest.mark.parametrize("env, message", [
-    (EXPLICIT, "needs TPUJOB_NUM_PROCESSES and TPUJOB_PROCESS_ID"),
-    ({"TPUJOB_COORDINATOR_ADDRESS": "h:1", "TPUJOB_PROCESS_ID": "0"}, "needs TPUJOB_NUM_PROCESSES"),
-    ({**EXPLICIT, "TPUJOB_SLICE_ID": "1", "TPUJOB_HOST_ID": "0"}, "TPUJOB_HOSTS_PER_SLICE is not"),
-    ({**EXPLICIT, "TPUJOB_PROCESS_ID": "8"}, r"process id 8 is outside 0\.\.7"),
-    ({**EXPLICIT, "TPUJOB_PROCESS_ID": "x"}, r"TPUJOB_PROCESS_ID='x' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (EXPLICIT, "needs TPUJOB_NUM_PROCESSES and TPUJOB_PROCESS_ID"),
+        ({"TPUJOB_COORDINATOR_ADDRESS": "h:1", "TPUJOB_PROCESS_ID": "0"}, "needs TPUJOB_NUM_PROCESSES"),
+        ({**EXPLICIT, "TPUJOB_SLICE_ID": "1", "TPUJOB_HOST_ID": "0"}, "TPUJOB_HOSTS_PER_SLICE is not"),
+        ({**EXPLICIT, "TPUJOB_PROCESS_ID": "8"}, r"process id 8 is outside 0\.\.7"),
+        ({**EXPLICIT, "TPUJOB_PROCESS_ID": "x"}, r"TPUJOB_PROCESS_ID='x' is not an integer"),
+    ],
+)
 def test_explicit_coordinator_needs_a_complete_contract(env, message):
     with pytest.raises(ValueError, match=message):
         plan(env)
 
 
-@pytest.mark.parametrize("env, glob, reason", [
-    ({"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_WORKER_ID": "1"}, no_nodes, "TPU_WORKER_HOSTNAMES, TPU_WORKER_ID"),
-    ({"TPU_PROCESS_ADDRESSES": "h0:8471,h1:8471"}, no_nodes, "TPU_PROCESS_ADDRESSES"),
-    ({"MEGASCALE_COORDINATOR_ADDRESS": "h0", "MEGASCALE_NUM_SLICES": "2"}, no_nodes,
-     "MEGASCALE_COORDINATOR_ADDRESS, MEGASCALE_NUM_SLICES"),
-    ({}, nodes("/dev/accel0", "/dev/accel1"), "/dev/accel0, /dev/accel1"),
-    ({}, nodes("/dev/vfio/vfio", "/dev/vfio/3"), "/dev/vfio/3"),
-    ({"TPUJOB_PLATFORM": "tpu,cpu"}, nodes("/dev/vfio/0"), "/dev/vfio/0"),
-])
+@pytest.mark.parametrize(
+    "env, glob, reason",
+    [
+        ({"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_WORKER_ID": "1"}, no_nodes, "TPU_WORKER_HOSTNAMES, TPU_WORKER_ID"),
+        ({"TPU_PROCESS_ADDRESSES": "h0:8471,h1:8471"}, no_nodes, "TPU_PROCESS_ADDRESSES"),
+        (
+            {"MEGASCALE_COORDINATOR_ADDRESS": "h0", "MEGASCALE_NUM_SLICES": "2"},
+            no_nodes,
+            "MEGASCALE_COORDINATOR_ADDRESS, MEGASCALE_NUM_SLICES",
+        ),
+        ({}, nodes("/dev/accel0", "/dev/accel1"), "/dev/accel0, /dev/accel1"),
+        ({}, nodes("/dev/vfio/vfio", "/dev/vfio/3"), "/dev/vfio/3"),
+        ({"TPUJOB_PLATFORM": "tpu,cpu"}, nodes("/dev/vfio/0"), "/dev/vfio/0"),
+    ],
+)
 def test_tpu_host_is_auto_detected(env, glob, reason):
     p = plan(env, glob)
     assert (p.kind, p.kwargs, p.reason) == ("tpu-auto", {}, reason)
 
 
-@pytest.mark.parametrize("env, glob", [
-    ({}, no_nodes),
-    ({}, nodes("/dev/vfio/vfio")),  # the VFIO container node: any host with the vfio module
-    ({"TPUJOB_PLATFORM": "cpu", "TPU_WORKER_HOSTNAMES": "h0,h1", "MEGASCALE_NUM_SLICES": "2"},
-     nodes("/dev/accel0")),
-])
+@pytest.mark.parametrize(
+    "env, glob",
+    [
+        ({}, no_nodes),
+        ({}, nodes("/dev/vfio/vfio")),  # the VFIO container node: any host with the vfio module
+        (
+            {"TPUJOB_PLATFORM": "cpu", "TPU_WORKER_HOSTNAMES": "h0,h1", "MEGASCALE_NUM_SLICES": "2"},
+            nodes("/dev/accel0"),
+        ),
+    ],
+)
 def test_otherwise_a_single_process(env, glob):
     assert plan(env, glob).kind == "single"
 
@@ -214,16 +248,28 @@ def recorded(monkeypatch):
 
 
 def test_start_records_explicit_initialize_call(recorded):
-    runtime.start(runtime.read_env({**EXPLICIT, "TPUJOB_PROCESS_ID": "5", "TPUJOB_PLATFORM": "cpu",
-                                    "TPUJOB_CPU_DEVICES": "4"}, glob=no_nodes))
-    assert recorded["initialize"] == [dict(coordinator_address=EXPLICIT["TPUJOB_COORDINATOR_ADDRESS"],
-                                           num_processes=8, process_id=5, initialization_timeout=330)]
+    runtime.start(
+        runtime.read_env(
+            {**EXPLICIT, "TPUJOB_PROCESS_ID": "5", "TPUJOB_PLATFORM": "cpu", "TPUJOB_CPU_DEVICES": "4"}, glob=no_nodes
+        )
+    )
+    assert recorded["initialize"] == [
+        dict(
+            coordinator_address=EXPLICIT["TPUJOB_COORDINATOR_ADDRESS"],
+            num_processes=8,
+            process_id=5,
+            initialization_timeout=330,
+        )
+    ]
     assert recorded["config"] == [("jax_platforms", "cpu"), ("jax_num_cpu_devices", 4)]
 
 
 def test_start_records_argless_initialize_call_on_tpu(recorded):
-    runtime.start(runtime.read_env({"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_WORKER_ID": "0",
-                                    "TPUJOB_INIT_TIMEOUT_SECONDS": "60"}, glob=no_nodes))
+    runtime.start(
+        runtime.read_env(
+            {"TPU_WORKER_HOSTNAMES": "h0,h1", "TPU_WORKER_ID": "0", "TPUJOB_INIT_TIMEOUT_SECONDS": "60"}, glob=no_nodes
+        )
+    )
     # JAX's own limit comes after the trainer's watchdog (exits.deadline), which exits 42 with a message.
     assert recorded["initialize"] == [{"initialization_timeout": 90}] and recorded["config"] == []
 

@@ -34,12 +34,24 @@ from tpu_operator.api.derived import Plan
 from tpu_operator.api.models import TPUTrainingJob
 from tpu_workload.performance import hlo_costs
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                reason="libtpu is not installed (bash scripts/setup.sh installs it)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed (bash scripts/setup.sh installs it)"
+)
 
 SMALL = dict(layers=3, modelDim=256, heads=2, kvHeads=1, headDim=128, mlpDim=1024, vocab=2048)
-BLOCKS = {k: 128 for k in ("blockQ", "blockKv", "blockKvCompute", "blockQDkv", "blockKvDkv", "blockKvDkvCompute",
-                           "blockQDq", "blockKvDq")}
+BLOCKS = {
+    k: 128
+    for k in (
+        "blockQ",
+        "blockKv",
+        "blockKvCompute",
+        "blockQDkv",
+        "blockKvDkv",
+        "blockKvDkvCompute",
+        "blockQDq",
+        "blockKvDq",
+    )
+}
 
 
 def scaled(example: str, remat: dict | None = None) -> TrainerConfig:
@@ -50,7 +62,11 @@ def scaled(example: str, remat: dict | None = None) -> TrainerConfig:
     spec["tpu"] = {"generation": "v7x", "topology": "2x2x2", "slices": min(spec["tpu"].get("slices", 1), 2)}
     spec["model"] = SMALL | ({"experts": 4, "expertsPerToken": 2} if moe else {})
     par = spec.get("parallelism", {})
-    spec["parallelism"] = {"fsdp": "auto", "context": min(par.get("context", 1), 2), "expert": min(par.get("expert", 1), 2)}
+    spec["parallelism"] = {
+        "fsdp": "auto",
+        "context": min(par.get("context", 1), 2),
+        "expert": min(par.get("expert", 1), 2),
+    }
     spec["kernels"] = {**spec.get("kernels", {}), "splash": BLOCKS}
     spec["kernels"].pop("tuningCache", None)
     training = spec["training"]
@@ -69,14 +85,19 @@ def gathered_per_pass(cfg: TrainerConfig) -> tuple[float, float]:
     dimension, split over tensor and, for experts, expert."""
     m, mesh = cfg.model, cfg.mesh
     dense = 1 if cfg.training.precision == "fp8" else 2  # the dense matmuls quantise before the gather
-    attention = dense * (2 * m.model_dim * m.heads * m.head_dim + 2 * m.model_dim * m.kv_heads * m.head_dim) / mesh.tensor
+    attention = (
+        dense * (2 * m.model_dim * m.heads * m.head_dim + 2 * m.model_dim * m.kv_heads * m.head_dim) / mesh.tensor
+    )
     if m.is_moe:
         mlp = 2 * (3 * m.experts // mesh.expert * m.model_dim * m.mlp_dim / mesh.tensor) + 2 * m.model_dim * m.experts
     else:
         mlp = dense * 3 * m.model_dim * m.mlp_dim / mesh.tensor
     per_device = cfg.training.global_batch // (mesh.data * mesh.fsdp * mesh.expert)
-    kv = (2 * 2 * per_device * cfg.training.sequence_length * m.kv_heads * m.head_dim / mesh.tensor
-          if mesh.context > 1 else 0)
+    kv = (
+        2 * 2 * per_device * cfg.training.sequence_length * m.kv_heads * m.head_dim / mesh.tensor
+        if mesh.context > 1
+        else 0
+    )
     return m.layers * (attention + kv), m.layers * mlp + 2 * m.model_dim * m.vocab / mesh.tensor
 
 
@@ -84,13 +105,16 @@ def gathered(costs: hlo_costs.Costs) -> float:
     """Bytes gathered per step: all-gathers of floating-point values (not the int32 token ids and group
     sizes), and the all-reduces of packed (u32) or fp8 values the compiler gathers fp8 weights with (not
     the partial sums and scales the other all-reduces add up; reduce-scatters are gradients)."""
+
     def counted(what: str) -> bool:
         kind, dtype = what.split()[0], what.split()[1]
         return (kind == "all-gather" and not dtype.startswith("s32")) or (
-            kind == "all-reduce" and dtype.startswith(("u32", "f8")))
+            kind == "all-reduce" and dtype.startswith(("u32", "f8"))
+        )
 
-    return sum(site.value for (category, what, _), site in costs.sites.items()
-               if category in ("ici", "dcn") and counted(what))
+    return sum(
+        site.value for (category, what, _), site in costs.sites.items() if category in ("ici", "dcn") and counted(what)
+    )
 
 
 CASES = {
@@ -112,8 +136,13 @@ def compiled(tmp_path_factory) -> dict[str, hlo_costs.Costs]:
         config = root / f"case{i}.json"
         config.write_text(scaled(*CASES[case]).model_dump_json(by_alias=True))
         args.append(f"case{i}={config}")
-    child = subprocess.run([sys.executable, "-m", "tests.workload.step_costs_child", str(root), *args], cwd=ROOT,
-                           capture_output=True, text=True, timeout=1200)
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.workload.step_costs_child", str(root), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert child.returncode == 0, (child.stdout + child.stderr)[-4000:]
     verdicts = json.loads(child.stdout.strip().splitlines()[-1])
     assert set(verdicts.values()) == {"Fits"}, verdicts
@@ -125,6 +154,13 @@ def test_each_layer_is_gathered_once_per_pass(case, compiled):
     cfg, costs = scaled(*CASES[case]), compiled[case]
     assert costs is not None and not costs.unknown_loops
     (attention, rest), got = gathered_per_pass(cfg), gathered(costs)
-    detail = json.dumps({"attention": attention, "mlp and head": rest, "gathered": got, "sites": {
-        f"{s.what} {s.op_name[-60:]}": [s.count, s.value] for s in costs.top("ici", 12)}}, indent=1)
+    detail = json.dumps(
+        {
+            "attention": attention,
+            "mlp and head": rest,
+            "gathered": got,
+            "sites": {f"{s.what} {s.op_name[-60:]}": [s.count, s.value] for s in costs.top("ici", 12)},
+        },
+        indent=1,
+    )
     assert 0.95 * (attention + rest) <= got <= 1.02 * (3 * attention + 2 * rest), detail

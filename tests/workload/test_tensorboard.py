@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import struct
 
+from conftest import trainer_config
 from tensorboardX.proto import event_pb2
 
-from conftest import trainer_config
 from tpu_workload.loop import train
 
 FSDP8 = dict(data=1, fsdp=8, context=1, expert=1, tensor=1)
@@ -19,8 +19,8 @@ def read_scalars(logdir) -> dict[str, dict[int, float]]:
     for path in sorted(logdir.rglob("events.out.tfevents.*")):
         buf, pos = path.read_bytes(), 0
         while pos < len(buf):
-            (length,) = struct.unpack("<Q", buf[pos:pos + 8])
-            event = event_pb2.Event.FromString(buf[pos + 12:pos + 12 + length])
+            (length,) = struct.unpack("<Q", buf[pos : pos + 8])
+            event = event_pb2.Event.FromString(buf[pos + 12 : pos + 12 + length])
             pos += 12 + length + 4
             for v in event.summary.value:
                 scalars.setdefault(v.tag, {})[event.step] = v.simple_value

@@ -17,20 +17,26 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import trainer_config
+
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                reason="libtpu is not installed (bash scripts/setup.sh installs it)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed (bash scripts/setup.sh installs it)"
+)
 
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> dict:
     config = tmp_path_factory.mktemp("tpu") / "trainer.json"
     config.write_text(trainer_config().model_dump_json())
-    child = subprocess.run([sys.executable, "-m", "tests.workload.tpu_compile_child", str(config)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=900)
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.workload.tpu_compile_child", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert child.returncode == 0, child.stderr[-4000:]
     found = json.loads(child.stdout.strip().splitlines()[-1])
     assert found["devices"]["kinds"] == ["TPU7x"] * 8, found["devices"]

@@ -7,8 +7,8 @@ import json
 import jax
 import numpy as np
 import pytest
-
 from conftest import trainer_config
+
 from tpu_workload.loop import checkpoint, train
 from tpu_workload.model import sharding
 
@@ -34,15 +34,22 @@ def test_resume_onto_a_different_mesh(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_fp8_loss_falls(capsys):
-    losses = _run(trainer_config("tiny", mesh=dict(data=1, fsdp=4, context=1, expert=1, tensor=2), steps=8,
-                                 precision="fp8"), capsys)
+    losses = _run(
+        trainer_config("tiny", mesh=dict(data=1, fsdp=4, context=1, expert=1, tensor=2), steps=8, precision="fp8"),
+        capsys,
+    )
     assert min(losses[6], losses[7], losses[8]) < losses[1] - 0.5
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("remat", [
-    dict(policy="minimal"), dict(policy="none"),
-    dict(policy="custom", tensors=dict(qkv_proj="device", mlp_in="offload", out_proj="remat"))])
+@pytest.mark.parametrize(
+    "remat",
+    [
+        dict(policy="minimal"),
+        dict(policy="none"),
+        dict(policy="custom", tensors=dict(qkv_proj="device", mlp_in="offload", out_proj="remat")),
+    ],
+)
 def test_remat_policies_match_full(remat):
     mesh = sharding.make_mesh(dict(data=1, fsdp=8, context=1, expert=1, tensor=1))
 
@@ -76,10 +83,18 @@ def test_parameters_sharded_as_planned_and_mismatch_is_reported():
     assert checkpoint.abstract_like(state, t.state_shardings)["step"].shape == ()
 
 
-@pytest.mark.parametrize("preset,axes", [
-    ("tiny", dict(fsdp=8)), ("tiny", dict(fsdp=4, context=2)), ("tiny", dict(fsdp=2, context=4)),
-    ("tiny-moe", dict(fsdp=4, expert=2)), ("tiny-moe", dict(fsdp=2, expert=4)),
-    ("tiny-moe", dict(fsdp=2, context=2, expert=2)), ("tiny", dict(fsdp=4, tensor=2))])
+@pytest.mark.parametrize(
+    "preset,axes",
+    [
+        ("tiny", dict(fsdp=8)),
+        ("tiny", dict(fsdp=4, context=2)),
+        ("tiny", dict(fsdp=2, context=4)),
+        ("tiny-moe", dict(fsdp=4, expert=2)),
+        ("tiny-moe", dict(fsdp=2, expert=4)),
+        ("tiny-moe", dict(fsdp=2, context=2, expert=2)),
+        ("tiny", dict(fsdp=4, tensor=2)),
+    ],
+)
 def test_state_is_split_over_every_slice_axis(preset, axes, caplog):
     """Parameters and Adam moments are split over fsdp, context, expert and tensor alike: one device holds
     an eighth of the state on any of these meshes (the norm scales, 64 floats a layer, are not split),
@@ -101,8 +116,11 @@ def test_a_state_not_split_as_planned_is_refused():
     state = t.init()
     whole = jax.device_put(state["params"]["embed"], sharding.Sharder(t.sharder.mesh).named(()))
     with pytest.raises(RuntimeError, match="not sharded as planned"):
-        sharding.check_state_bytes(dict(state, params=dict(state["params"], embed=whole)),
-                                   sharding.state_bytes(t.abstract_state, t.sharder.mesh), t.sharder.mesh)
+        sharding.check_state_bytes(
+            dict(state, params=dict(state["params"], embed=whole)),
+            sharding.state_bytes(t.abstract_state, t.sharder.mesh),
+            t.sharder.mesh,
+        )
 
 
 @pytest.mark.parametrize("preset,axes", [("tiny", dict(fsdp=8)), ("tiny-moe", dict(fsdp=4, expert=2))])

@@ -8,7 +8,6 @@ import re
 import urllib.request
 
 import pytest
-
 from conftest import trainer_config
 
 pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it out

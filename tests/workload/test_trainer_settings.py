@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-
 from conftest import trainer_config
+
 from tpu_operator.api.contract import TrainingSpec
-from tpu_workload.process import exits
 from tpu_workload.loop import train
+from tpu_workload.process import exits
 
 FSDP8 = dict(data=1, fsdp=8, context=1, expert=1, tensor=1)
 
@@ -26,8 +26,9 @@ def _records(cfg, capsys, peak=5e10):
 
 def test_evaluation_reports_held_out_loss_and_never_changes_training(capsys):
     plain = _records(trainer_config("tiny", mesh=FSDP8, steps=5), capsys)
-    evaluated = _records(trainer_config("tiny", mesh=FSDP8, steps=5, log_every=2,
-                                        eval=dict(interval=2, batches=2)), capsys)
+    evaluated = _records(
+        trainer_config("tiny", mesh=FSDP8, steps=5, log_every=2, eval=dict(interval=2, batches=2)), capsys
+    )
     # Reported at every second step and the last; logEvery 2 would skip step 5, an evaluation does not.
     assert [r["step"] for r in evaluated] == [2, 4, 5]
     assert all(r["eval_loss"] is not None for r in evaluated)
@@ -39,8 +40,14 @@ def test_evaluation_reports_held_out_loss_and_never_changes_training(capsys):
 
 
 def test_every_step_reports_its_parts_rate_and_throughput(capsys):
-    cfg = trainer_config("tiny-moe", mesh=dict(data=1, fsdp=4, context=1, expert=2, tensor=1), steps=3,
-                         lr=1e-2, z_loss_weight=1e-3, moe_aux_loss_weight=0.05)
+    cfg = trainer_config(
+        "tiny-moe",
+        mesh=dict(data=1, fsdp=4, context=1, expert=2, tensor=1),
+        steps=3,
+        lr=1e-2,
+        z_loss_weight=1e-3,
+        moe_aux_loss_weight=0.05,
+    )
     cfg = cfg.model_copy(update={"peak_bf16_flops_per_device": cfg.peak_flops_per_device / 2})
     records = _records(cfg, capsys)
     for r in records:
@@ -59,9 +66,15 @@ def test_without_a_different_bf16_peak_no_second_mfu(capsys):
 
 
 def test_adam_settings_reach_the_update():
-    spec = TrainingSpec(steps=10, global_batch=1, sequence_length=2, grad_clip=0, weight_decay=0,
-                        learning_rate=dict(peak=0.1, schedule="constant"),
-                        adam=dict(beta1=0.5, beta2=0.75, epsilon=0.25))
+    spec = TrainingSpec(
+        steps=10,
+        global_batch=1,
+        sequence_length=2,
+        grad_clip=0,
+        weight_decay=0,
+        learning_rate=dict(peak=0.1, schedule="constant"),
+        adam=dict(beta1=0.5, beta2=0.75, epsilon=0.25),
+    )
     tx = train.optimizer(spec)
     params = {"w": jnp.array([1.0])}
     state = tx.init(params)
@@ -69,7 +82,7 @@ def test_adam_settings_reach_the_update():
         updates, state = tx.update({"w": jnp.array([g])}, state, params)
     # Adam by hand: m = 0.5 m + 0.5 g, v = 0.75 v + 0.25 g^2, bias-corrected, lr m / (sqrt(v) + eps).
     m, v = 0.0, 0.0
-    for t, g in enumerate((2.0, -1.0), 1):
+    for _t, g in enumerate((2.0, -1.0), 1):
         m, v = 0.5 * m + 0.5 * g, 0.75 * v + 0.25 * g * g
     want = -0.1 * (m / (1 - 0.5**2)) / (math.sqrt(v / (1 - 0.75**2)) + 0.25)
     np.testing.assert_allclose(np.asarray(updates["w"]), [want], rtol=1e-6)
@@ -82,8 +95,9 @@ def test_a_resume_onto_changed_data_is_refused_naming_the_field(tmp_path, capsys
     changed = trainer_config("tiny", mesh=FSDP8, steps=4, batch=16, checkpoint=str(tmp_path), interval=1)
     with pytest.raises(exits.UserError, match=r"spec\.training\.globalBatch: 8 at the checkpoint, 16 now.*allowChange"):
         _records(changed, capsys)
-    allowed = trainer_config("tiny", mesh=FSDP8, steps=4, batch=16, checkpoint=str(tmp_path), interval=1,
-                             data=dict(allow_change=True))
+    allowed = trainer_config(
+        "tiny", mesh=FSDP8, steps=4, batch=16, checkpoint=str(tmp_path), interval=1, data=dict(allow_change=True)
+    )
     assert [r["step"] for r in _records(allowed, capsys)] == [3, 4]
     # The checkpoints from here on record the new order: a plain resume of it is accepted.
     more = trainer_config("tiny", mesh=FSDP8, steps=5, batch=16, checkpoint=str(tmp_path), interval=1)
@@ -116,7 +130,7 @@ def test_a_trace_reads_by_layer_and_block():
         batch = data_lib.Batches(data_lib.make_source(cfg.training, cfg.model.vocab), trainer.batch_sharding, 1)(0)
         text = trainer.step.lower(trainer.abstract_state, batch).as_text(debug_info=True)
         # e.g. "jit(train_step)/jvp(embed)/shard_map", ".../checkpoint/layer/attention/dot_general"
-        names = set(re.findall(r'[(/](embed|layer/attention|layer/' + block + r'|lm_head_loss)[)/]', text))
+        names = set(re.findall(r"[(/](embed|layer/attention|layer/" + block + r"|lm_head_loss)[)/]", text))
         assert names == {"embed", "layer/attention", f"layer/{block}", "lm_head_loss"}, preset
 
 
@@ -138,8 +152,9 @@ def test_a_packed_row_trains_as_its_documents_would_alone():
     pos = np.concatenate([np.arange(40), np.arange(25), np.zeros(15, int)])
     mask = np.concatenate([np.ones(39), [0], np.ones(24), [0], np.zeros(15)])
     as_row = lambda x, dtype=jnp.int32: jnp.asarray(x, dtype)[None]  # noqa: E731
-    packed, parts = model_lib.loss_fn(model, as_row(row[:80]), as_row(row[1:]), as_row(pos), as_row(seg),
-                                      as_row(mask, jnp.float32))
+    packed, parts = model_lib.loss_fn(
+        model, as_row(row[:80]), as_row(row[1:]), as_row(pos), as_row(seg), as_row(mask, jnp.float32)
+    )
 
     def alone(doc):
         n = len(doc) - 1

@@ -8,12 +8,12 @@ import uuid
 
 import fsspec
 import fsspec.implementations.memory
-from fsspec.registry import _registry
 import jax
 import pytest
 import tune_jax
-
 from conftest import trainer_config
+from fsspec.registry import _registry
+
 from tpu_operator.api.contract import GmmSpec, GmmTiles, KernelsSpec, SplashSpec
 from tpu_workload.loop import train
 from tpu_workload.performance import tuning
@@ -25,8 +25,9 @@ KIND = jax.devices()[0].device_kind
 def splash_config(cache: str, seq: int = 128, mesh=FSDP8, **splash):
     """The tiny preset with Splash attention, `splash` block sizes (default: all defaults), a cache."""
     cfg = trainer_config("tiny", mesh=mesh, attention="splash", seq=seq)
-    return cfg.model_copy(update={"kernels": KernelsSpec(attention="splash", splash=SplashSpec(**splash),
-                                                         tuning_cache=cache)})
+    return cfg.model_copy(
+        update={"kernels": KernelsSpec(attention="splash", splash=SplashSpec(**splash), tuning_cache=cache)}
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +49,9 @@ def test_the_search_runs_only_the_sizes_each_pass_reads(tmp_path, monkeypatch):
     tuning.tune_splash(shape, cache_dir=str(tmp_path))
     assert seen == [["block_kv", "block_q"], ["block_kv_dkv", "block_q_dkv"], ["block_kv_dq", "block_q_dq"]]
     search = tuning.splash_search(shape)
-    assert sum(len(s["block_q" if stage == "forward" else f"block_q_{stage}"]) ** 2 for stage, s in search.items()) == 27
+    assert (
+        sum(len(s["block_q" if stage == "forward" else f"block_q_{stage}"]) ** 2 for stage, s in search.items()) == 27
+    )
     seen.clear()
     fused = tuning.SplashShape(seq=256, context=1, heads=1, head_dim=128, fused_backward=True)
     tuning.tune_splash(fused, cache_dir=str(tmp_path), max_logit_const=30.0)
@@ -78,8 +81,10 @@ def test_a_context_shard_is_timed_on_its_own_queries(tmp_path):
 
 def test_the_cache_key_names_every_degree_that_changes_the_kernels_shapes():
     base = dict(data=1, fsdp=2, context=1, expert=1, tensor=1)
-    keys = {tuning.SplashShape.of(splash_config("/c", seq=256, mesh=dict(base, **change))).key(KIND)
-            for change in ({}, dict(fsdp=1, context=2), dict(fsdp=1, tensor=2))}
+    keys = {
+        tuning.SplashShape.of(splash_config("/c", seq=256, mesh=dict(base, **change))).key(KIND)
+        for change in ({}, dict(fsdp=1, context=2), dict(fsdp=1, tensor=2))
+    }
     assert len(keys) == 3, keys  # fsdp changes nothing a device's kernel sees; context and tensor do
     moe = trainer_config("tiny-moe", mesh=dict(base, fsdp=1, expert=2))
     assert tuning.GmmShape.of(moe) == tuning.GmmShape(rows=2 * 512 * 2, d=64, f=128, experts=2)
@@ -112,7 +117,9 @@ def test_gmm_tiles_tuned_per_pass_and_used_where_the_job_leaves_the_defaults(tmp
     cfg = trainer_config("tiny-moe", moe="gmm")
     cfg = cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"tuning_cache": str(tmp_path)})})
     tuning._write(str(tmp_path), tuning.GmmShape.of(cfg).key(KIND), tiles)
-    assert train.model_config(cfg, interpret=True).kernels.gmm == GmmSpec(**{p: GmmTiles(**t) for p, t in tiles.items()})
+    assert train.model_config(cfg, interpret=True).kernels.gmm == GmmSpec(
+        **{p: GmmTiles(**t) for p, t in tiles.items()}
+    )
     mine = cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"gmm": GmmSpec(forward=GmmTiles(m=256))})})
     assert train.model_config(mine, interpret=True).kernels.gmm.forward.m == 256  # the user's
 
@@ -138,7 +145,7 @@ def test_cli_tunes_the_configs_shape_into_a_url_cache(tmp_path, monkeypatch, cap
     path = tmp_path / "config.json"
     path.write_text(cfg.model_dump_json(by_alias=True))
     assert tuning.main(["--config", str(path)]) == 0
-    (key, blocks), = json.loads(capsys.readouterr().out).items()
+    ((key, blocks),) = json.loads(capsys.readouterr().out).items()
     assert blocks["block_q"] == blocks["block_kv"] == 128
     assert set(tuning._read(cache)) == {"other-chip|splash|seq=1", key}  # merged
     assert train.model_config(cfg, interpret=True).kernels.splash.block_kv_compute == 128

@@ -18,7 +18,8 @@ import traceback
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tpu_operator.api.catalogue import generation
 from tpu_operator.api.contract import SplashSpec, TrainerConfig
@@ -44,9 +45,11 @@ def _sharder(**axes) -> sharding.Sharder:
 
 def _compiled(lowered) -> dict:
     text = lowered.as_text()  # (the compiled module's text is not asked for: libtpu 0.0.52 fails a RET_CHECK)
-    return {"custom_call": "tpu_custom_call" in text,  # the Mosaic kernels, not an XLA fallback
-            "temp_bytes": lowered.compile().memory_analysis().temp_size_in_bytes,
-            "ragged_all_to_all": "ragged_all_to_all" in text}
+    return {
+        "custom_call": "tpu_custom_call" in text,  # the Mosaic kernels, not an XLA fallback
+        "temp_bytes": lowered.compile().memory_analysis().temp_size_in_bytes,
+        "ragged_all_to_all": "ragged_all_to_all" in text,
+    }
 
 
 def _splash(spec: SplashSpec, T: int) -> dict:

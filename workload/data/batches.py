@@ -28,8 +28,8 @@ import jax
 import numpy as np
 
 from ..model import attention
-from . import packing, readahead, records
 from . import files as files_lib
+from . import packing, readahead, records
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class TokenStream:
         while length > 0:
             i = int(np.searchsorted(self.offsets, pos, side="right")) - 1
             local = pos - int(self.offsets[i])
-            piece = np.asarray(self.arrays[i][local:local + length])
+            piece = np.asarray(self.arrays[i][local : local + length])
             out.append(piece)
             pos, length = pos + len(piece), length - len(piece)
         return np.concatenate(out).astype(np.int32)
@@ -107,8 +107,9 @@ class RemoteTokens:
         if fmt == "npy":
             with fs.open(path, "rb") as f:
                 version = np.lib.format.read_magic(f)
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                    np.lib.format.read_array_header_2_0
+                read_header = (
+                    np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                )
                 shape, _fortran, self.dtype = read_header(f)
                 self.offset, self.length = f.tell(), int(np.prod(shape))
         else:
@@ -129,8 +130,10 @@ def _open_token_files(path: str, fmt: str, dtype) -> tuple[str, list]:
     (gs://bucket/dir, or any fsspec protocol) read by byte range."""
     fs, pattern, files = files_lib.matching(path, fmt)
     if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
-        return pattern, [np.load(f, mmap_mode="r").reshape(-1) if fmt == "npy" else np.memmap(f, dtype=dtype, mode="r")
-                         for f in files]
+        return pattern, [
+            np.load(f, mmap_mode="r").reshape(-1) if fmt == "npy" else np.memmap(f, dtype=dtype, mode="r")
+            for f in files
+        ]
     return pattern, [RemoteTokens(fs, f, fmt, dtype) for f in files]
 
 
@@ -164,8 +167,9 @@ class _Indexed:
 class FileTokens(_Indexed):
     """The token windows of flat files (TokenWindows)."""
 
-    def __init__(self, path: str, fmt: str, vocab: int, seq_len: int, batch: int, *, shuffle: bool = False,
-                 seed: int = 0):
+    def __init__(
+        self, path: str, fmt: str, vocab: int, seq_len: int, batch: int, *, shuffle: bool = False, seed: int = 0
+    ):
         pattern, arrays = _open_token_files(path, fmt, _token_dtype(vocab))
         self.seq_len, self.batch = seq_len, batch
         self.source = TokenWindows(TokenStream(arrays), seq_len)
@@ -181,8 +185,18 @@ class PackedFiles(_Indexed):
 
     packed = True
 
-    def __init__(self, path: str, fmt: str, vocab: int, seq_len: int, batch: int, *, eos: int | None = None,
-                 shuffle: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        path: str,
+        fmt: str,
+        vocab: int,
+        seq_len: int,
+        batch: int,
+        *,
+        eos: int | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+    ):
         t0 = time.perf_counter()
         self.seq_len, self.batch = seq_len, batch
         if fmt == "arrayrecord":
@@ -197,8 +211,13 @@ class PackedFiles(_Indexed):
             raise ValueError(f"{path}: no tokens")
         self.source = packing.PlannedRows(read, lengths, seq_len + 1)
         fill = self.source.lengths.sum() / (len(self.source) * (seq_len + 1))
-        log.info("packed %d documents into %d sequences (%.0f%% tokens, the rest padding) in %.1fs",
-                 len(lengths), len(self.source), 100 * fill, time.perf_counter() - t0)
+        log.info(
+            "packed %d documents into %d sequences (%.0f%% tokens, the rest padding) in %.1fs",
+            len(lengths),
+            len(self.source),
+            100 * fill,
+            time.perf_counter() - t0,
+        )
         self._index(self.source, shuffle, seed)
 
 
@@ -232,8 +251,9 @@ def make_source(training, vocab: int):
     if d.source == "synthetic":
         return (SyntheticDocuments if d.packing else SyntheticTokens)(vocab, t.sequence_length, t.global_batch, t.seed)
     if d.packing:
-        return PackedFiles(d.path, d.format, vocab, t.sequence_length, t.global_batch, eos=d.eos_id,
-                           shuffle=d.shuffle, seed=t.seed)
+        return PackedFiles(
+            d.path, d.format, vocab, t.sequence_length, t.global_batch, eos=d.eos_id, shuffle=d.shuffle, seed=t.seed
+        )
     return FileTokens(d.path, d.format, vocab, t.sequence_length, t.global_batch, shuffle=d.shuffle, seed=t.seed)
 
 
@@ -253,16 +273,18 @@ def abstract_batch(training, sharding: jax.sharding.NamedSharding) -> Batch:
     shape = (training.global_batch, training.sequence_length)
     of = lambda dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)  # noqa: E731
     packed = training.data.packing
-    return Batch(of(np.int32), of(np.int32), of(np.int32), of(np.int32) if packed else None,
-                 of(np.float32) if packed else None)
+    return Batch(
+        of(np.int32), of(np.int32), of(np.int32), of(np.int32) if packed else None, of(np.float32) if packed else None
+    )
 
 
 class Batches:
     """The Batch of a step. Each process builds only the rows its devices hold; the rows of file
     sources are read ahead by `workers` threads, `prefetch` steps ahead (readahead.ReadAhead)."""
 
-    def __init__(self, source, sharding: jax.sharding.NamedSharding, context: int, *, workers: int = 0,
-                 prefetch: int = 1):
+    def __init__(
+        self, source, sharding: jax.sharding.NamedSharding, context: int, *, workers: int = 0, prefetch: int = 1
+    ):
         self.source, self.sharding = source, sharding
         self.shape = (source.batch, source.seq_len)
         self.order = attention.load_balance_order(source.seq_len, context).astype(np.int32)
@@ -272,17 +294,21 @@ class Batches:
         self.reader = None
         if workers and source.reads:
             rows = [r for a, b in self.blocks for r in range(a, b)]
-            self.reader = readahead.ReadAhead(lambda step, r: source.rows(step, range(r, r + 1)), rows, workers,
-                                             prefetch)
+            self.reader = readahead.ReadAhead(
+                lambda step, r: source.rows(step, range(r, r + 1)), rows, workers, prefetch
+            )
 
     def _rows(self, step: int) -> dict:
         if self.reader is None:
             return {(a, b): self.source.rows(step, range(a, b)) for a, b in self.blocks}
         rows, out, at = self.reader(step), {}, 0
         for a, b in self.blocks:
-            block, at = rows[at:at + b - a], at + b - a
-            out[(a, b)] = packing.Packed(*(np.concatenate(x) for x in zip(*block))) if self.source.packed \
+            block, at = rows[at : at + b - a], at + b - a
+            out[(a, b)] = (
+                packing.Packed(*(np.concatenate(x) for x in zip(*block)))
+                if self.source.packed
                 else np.concatenate(block)
+            )
         return out
 
     def _parts(self, seq) -> tuple[np.ndarray, ...]:
@@ -300,6 +326,7 @@ class Batches:
         def array(i):
             def cb(index):
                 return np.ascontiguousarray(parts[index[0].indices(self.shape[0])[:2]][i][:, index[1]])
+
             return jax.make_array_from_callback(self.shape, self.sharding, cb)
 
         return Batch(*(array(i) for i in range(5 if self.source.packed else 3)))

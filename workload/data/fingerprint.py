@@ -24,8 +24,12 @@ NOT_ORDER = ("allowChange", "workers", "prefetch")
 def of(training: TrainingSpec, files: list[tuple[str, int]] | None = None) -> dict:
     """The fingerprint of `training`'s data order; `files`: (name, bytes) of every file read, in order."""
     data = training.data.model_dump(by_alias=True, mode="json")
-    fp = {"seed": training.seed, "globalBatch": training.global_batch, "sequenceLength": training.sequence_length,
-          **{f"data.{k}": v for k, v in data.items() if k not in NOT_ORDER}}
+    fp = {
+        "seed": training.seed,
+        "globalBatch": training.global_batch,
+        "sequenceLength": training.sequence_length,
+        **{f"data.{k}": v for k, v in data.items() if k not in NOT_ORDER},
+    }
     if files is not None:
         fp["data.files"] = [[name, size] for name, size in files]
     return fp

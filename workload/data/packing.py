@@ -39,7 +39,7 @@ def separated_documents(arrays: list, offsets: np.ndarray, eos: int) -> tuple[np
     ends = []
     for base, a in zip(offsets, arrays):
         for c in range(0, len(a), SCAN_TOKENS):
-            chunk = np.asarray(a[c:c + SCAN_TOKENS])
+            chunk = np.asarray(a[c : c + SCAN_TOKENS])
             ends.append(np.flatnonzero(chunk == eos).astype(np.int64) + int(base) + c + 1)
     total = int(offsets[-1])
     ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
@@ -81,7 +81,7 @@ def assemble(documents: list[np.ndarray], capacity: int) -> tuple[np.ndarray, np
     tokens, segments = np.zeros(capacity, np.int32), np.zeros(capacity, np.int32)
     at = 0
     for i, doc in enumerate(documents, start=1):
-        tokens[at:at + len(doc)], segments[at:at + len(doc)] = doc, i
+        tokens[at : at + len(doc)], segments[at : at + len(doc)] = doc, i
         at += len(doc)
     return tokens, segments
 
@@ -99,7 +99,7 @@ class PlannedRows:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        docs = self.order[self.offsets[i]:self.offsets[i + 1]]
+        docs = self.order[self.offsets[i] : self.offsets[i + 1]]
         return assemble([self.read(int(d), int(self.lengths[d])) for d in docs], self.capacity)
 
 

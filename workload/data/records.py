@@ -15,6 +15,7 @@ import numpy as np
 
 from . import files as files_lib
 
+
 def encode(document, dtype) -> bytes:
     """A record of `document` (how files for `format: arrayrecord` are written)."""
     return np.asarray(document, np.dtype(dtype).newbyteorder("<")).tobytes()
@@ -38,8 +39,9 @@ class Documents:
     def lengths(self) -> np.ndarray:
         """Every document's length in tokens (reads every record once)."""
         size = self.dtype.itemsize
-        return np.fromiter((len(self.source[i]) // size for i in range(len(self.source))), np.int64,
-                           count=len(self.source))
+        return np.fromiter(
+            (len(self.source[i]) // size for i in range(len(self.source))), np.int64, count=len(self.source)
+        )
 
     def read(self, i: int, length: int) -> np.ndarray:
         """Document i's first `length` tokens."""

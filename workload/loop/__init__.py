@@ -1,10 +1,10 @@
 """The training loop: the step built once, a run set up once, and the hooks the loop calls.
 
-  train        the train step (`build`), the run's set-up (`setup`), the loop (`train`), its reporting hooks
-  hooks        what the loop and its hooks share: `Trainer`, `Run`, the `Hook` protocol, `StepRecord`, `Summary`
-  evaluation   held-out cross entropy and perplexity every `eval.interval` steps (a hook)
-  checkpoint   Orbax checkpoints: asynchronous saves, keep K, resume onto the current mesh
-  preemption   SIGTERM: the step in flight finishes and is checkpointed on every process, then exit 143 (a hook)
-  faults       test-only fault injection (TPUJOB_TEST_*): fail or hang at a step (hooks)
-  progress     the trainer's clock that goodput and hang detection read (`lifecycle.Progress`)
+train        the train step (`build`), the run's set-up (`setup`), the loop (`train`), its reporting hooks
+hooks        what the loop and its hooks share: `Trainer`, `Run`, the `Hook` protocol, `StepRecord`, `Summary`
+evaluation   held-out cross entropy and perplexity every `eval.interval` steps (a hook)
+checkpoint   Orbax checkpoints: asynchronous saves, keep K, resume onto the current mesh
+preemption   SIGTERM: the step in flight finishes and is checkpointed on every process, then exit 143 (a hook)
+faults       test-only fault injection (TPUJOB_TEST_*): fail or hang at a step (hooks)
+progress     the trainer's clock that goodput and hang detection read (`lifecycle.Progress`)
 """

@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 class Checkpointer:
     def __init__(self, directory: str, keep: int, fingerprint: dict | None = None):
         self.manager = ocp.CheckpointManager(
-            directory, options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, enable_async_checkpointing=True, create=True))
+            directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True),
+        )
         self._complete = self.manager.latest_step()
         self.fingerprint = fingerprint or {}  # what every save records
 
@@ -36,14 +37,18 @@ class Checkpointer:
         the fingerprint it recorded)."""
         step = self.manager.latest_step()
         log.info("restoring checkpoint step %d from %s", step, self.manager.directory)
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
+        )
         return restored["state"], restored["data"]
 
     def save(self, step: int, state) -> None:
         """Start an asynchronous save of `state` at `step` (the caller decides which steps)."""
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        data=ocp.args.JsonSave(self.fingerprint)), force=True)
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(self.fingerprint)),
+            force=True,
+        )
 
     def last_complete_step(self) -> int | None:
         """Step of the newest checkpoint whose save has finished (never one still being written)."""

@@ -34,14 +34,17 @@ class Evaluator:
         self.cfg, self.trainer = cfg, trainer
         self.first = 0 if spec.data is not None else HELD_OUT_STEP
         held_out = t.model_copy(update={"data": spec.data or t.data})
-        self.batches = data_lib.Batches(data_lib.make_source(held_out, cfg.model.vocab), trainer.batch_sharding,
-                                        cfg.mesh.context)
+        self.batches = data_lib.Batches(
+            data_lib.make_source(held_out, cfg.model.vocab), trainer.batch_sharding, cfg.mesh.context
+        )
         self.done: dict[int, dict] = {}
 
     def evaluate(self, step: int, state: dict) -> None:
         """Evaluate `state` (after `step`) and wait for the result."""
-        sums = [self.trainer.eval_step(state["params"], self.batches(self.first + i))
-                for i in range(self.cfg.training.eval.batches)]
+        sums = [
+            self.trainer.eval_step(state["params"], self.batches(self.first + i))
+            for i in range(self.cfg.training.eval.batches)
+        ]
         total, count = (sum(float(v) for v in vs) for vs in zip(*jax.device_get(sums)))
         loss = total / max(count, 1.0)
         self.done[step] = {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0))}

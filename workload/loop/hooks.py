@@ -77,10 +77,14 @@ class Summary:
 
     def as_dict(self) -> dict:
         if self.already_complete:
-            return {"summary": True, "step": self.step, "already_complete": True,
-                    "last_checkpoint_step": self.last_checkpoint_step,
-                    "message": f"already complete: the checkpoint at step {self.last_checkpoint_step} is the "
-                               f"last step; nothing was trained"}
+            return {
+                "summary": True,
+                "step": self.step,
+                "already_complete": True,
+                "last_checkpoint_step": self.last_checkpoint_step,
+                "message": f"already complete: the checkpoint at step {self.last_checkpoint_step} is the "
+                f"last step; nothing was trained",
+            }
         return {"summary": True, **{k: v for k, v in dataclasses.asdict(self).items() if k != "already_complete"}}
 
 
@@ -132,10 +136,16 @@ class Run:
         self.clock.step_done(step, step_time_s, last_checkpoint)
         flops_per_s = self.flops_per_step / step_time_s
         waited, self.data_wait_s = self.data_wait_s, 0.0
-        return StepRecord(step=step, step_time_s=step_time_s, data_wait_s=waited,
-                          global_tokens_per_s=self.tokens_per_step / step_time_s,
-                          tflops_per_device=flops_per_s / self.devices / 1e12, mfu=flops_per_s / self.peak_flops,
-                          mfu_bf16=flops_per_s / self.peak_bf16_flops if self.peak_bf16_flops else None,
-                          last_checkpoint_step=last_checkpoint, progress=self.clock.snapshot().model_dump(),
-                          **{k: values[k] for k in ("loss", "ce", "aux", "z_loss", "grad_norm", "learning_rate")},
-                          **(extra or {}))
+        return StepRecord(
+            step=step,
+            step_time_s=step_time_s,
+            data_wait_s=waited,
+            global_tokens_per_s=self.tokens_per_step / step_time_s,
+            tflops_per_device=flops_per_s / self.devices / 1e12,
+            mfu=flops_per_s / self.peak_flops,
+            mfu_bf16=flops_per_s / self.peak_bf16_flops if self.peak_bf16_flops else None,
+            last_checkpoint_step=last_checkpoint,
+            progress=self.clock.snapshot().model_dump(),
+            **{k: values[k] for k in ("loss", "ce", "aux", "z_loss", "grad_norm", "learning_rate")},
+            **(extra or {}),
+        )

@@ -17,7 +17,8 @@ import signal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ..process.exits import Stopped
 from .hooks import Hook, Run, StepRecord

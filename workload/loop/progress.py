@@ -43,13 +43,17 @@ class Clock:
         else:
             spent = max(0.0, step_time_s - self._blocked_in_step)
             self._recent.append(spent)
-            update.update(step_seconds=p.step_seconds + spent, steps_timed=p.steps_timed + 1,
-                          median_step_seconds=statistics.median(self._recent))
+            update.update(
+                step_seconds=p.step_seconds + spent,
+                steps_timed=p.steps_timed + 1,
+                median_step_seconds=statistics.median(self._recent),
+            )
         self._blocked_in_step = 0.0
         self._set(**update)
 
     def timed(self, fn: Callable[..., T], bucket: str = "checkpoint") -> Callable[..., T]:
         """`fn` with its (blocking) time counted as `bucket` time (checkpoint, eval), not step time."""
+
         def run(*args, **kwargs):
             t0 = time.perf_counter()
             try:
@@ -59,6 +63,7 @@ class Clock:
                 self._blocked_in_step += spent
                 field = f"{bucket}_seconds"
                 self._set(**{field: getattr(self._p, field) + spent})
+
         return run
 
     def data_waited(self, seconds: float) -> None:

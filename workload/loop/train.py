@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tpu_operator.api.contract import TrainerConfig, TrainingSpec
 
@@ -58,13 +59,17 @@ def mlp_chunks(cfg: TrainerConfig) -> int:
     each slice's bf16 [tokens, F / slices] activation per device under MLP_CHUNK_BYTES, every slice
     split evenly over `tensor` and at least 128 wide (the MXU's tile)."""
     m, t, remat = cfg.mesh, cfg.training, cfg.training.remat
-    recomputed = remat.policy == "full" or (remat.policy == "custom" and remat.tensors.get("mlp_in", "remat") == "remat")
+    recomputed = remat.policy == "full" or (
+        remat.policy == "custom" and remat.tensors.get("mlp_in", "remat") == "remat"
+    )
     if cfg.model.is_moe or not recomputed:
         return 1
     batch = -(-t.microbatch // (m.data * m.fsdp * m.expert))
     tokens, width = batch * (t.sequence_length // m.context), cfg.model.mlp_dim // m.tensor
     chunks = 1
-    while tokens * (width // chunks) * 2 > MLP_CHUNK_BYTES and width % (2 * chunks) == 0 and width // (2 * chunks) >= 128:
+    while (
+        tokens * (width // chunks) * 2 > MLP_CHUNK_BYTES and width % (2 * chunks) == 0 and width // (2 * chunks) >= 128
+    ):
         chunks *= 2
     return chunks
 
@@ -79,9 +84,16 @@ def model_config(cfg: TrainerConfig, interpret: bool, device_kind: str | None = 
         gmm = tuning.resolve_gmm(kernels.gmm, tuning.GmmShape.of(cfg), kernels.tuning_cache, device_kind)
         kernels = kernels.model_copy(update={"gmm": gmm})
     chunks, tiles = loss_tiling(cfg)
-    return model_lib.ModelConfig(dims=cfg.model, kernels=kernels, precision=cfg.training.precision,
-                                 remat=cfg.training.remat, interpret=interpret, loss_chunks=chunks,
-                                 vocab_tiles=tiles, mlp_chunks=mlp_chunks(cfg))
+    return model_lib.ModelConfig(
+        dims=cfg.model,
+        kernels=kernels,
+        precision=cfg.training.precision,
+        remat=cfg.training.remat,
+        interpret=interpret,
+        loss_chunks=chunks,
+        vocab_tiles=tiles,
+        mlp_chunks=mlp_chunks(cfg),
+    )
 
 
 def learning_rate(t: TrainingSpec) -> optax.Schedule:
@@ -102,16 +114,22 @@ def learning_rate(t: TrainingSpec) -> optax.Schedule:
 def optimizer(t: TrainingSpec) -> optax.GradientTransformation:
     """AdamW with warm-up + schedule and global-norm clipping; no decay on norm scales."""
     decay_mask = lambda params: jax.tree_util.tree_map_with_path(  # noqa: E731
-        lambda path, _: "norm" not in jax.tree_util.keystr(path), params)
-    adamw = optax.adamw(learning_rate(t), b1=t.adam.beta1, b2=t.adam.beta2, eps=t.adam.epsilon,
-                        weight_decay=t.weight_decay, mask=decay_mask)
+        lambda path, _: "norm" not in jax.tree_util.keystr(path), params
+    )
+    adamw = optax.adamw(
+        learning_rate(t),
+        b1=t.adam.beta1,
+        b2=t.adam.beta2,
+        eps=t.adam.epsilon,
+        weight_decay=t.weight_decay,
+        mask=decay_mask,
+    )
     return optax.chain(optax.clip_by_global_norm(t.grad_clip), adamw) if t.grad_clip > 0 else adamw
 
 
 def _state_shardings(abstract_state, param_shardings, replicated):
     """Optimizer moments mirror their parameter's sharding (matched by path suffix)."""
-    by_path = {jax.tree_util.keystr(p): s for p, s in
-               jax.tree_util.tree_flatten_with_path(param_shardings)[0]}
+    by_path = {jax.tree_util.keystr(p): s for p, s in jax.tree_util.tree_flatten_with_path(param_shardings)[0]}
 
     def pick(path, _):
         for i in range(len(path)):
@@ -133,8 +151,12 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
     graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: model_lib.Decoder(mcfg, nnx.Rngs(0))))
     logical = nnx.get_partition_spec(abstract_params).to_pure_dict()
     abstract_params = abstract_params.to_pure_dict()
-    param_shardings = jax.tree.map(lambda spec, a: sharder.named(tuple(spec), a.shape), logical, abstract_params,
-                                   is_leaf=lambda x: isinstance(x, P))
+    param_shardings = jax.tree.map(
+        lambda spec, a: sharder.named(tuple(spec), a.shape),
+        logical,
+        abstract_params,
+        is_leaf=lambda x: isinstance(x, P),
+    )
 
     def init_state():
         params = nnx.state(model_lib.Decoder(mcfg, nnx.Rngs(cfg.training.seed))).to_pure_dict()
@@ -157,8 +179,15 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
 
     def loss_and_grads(params, batch):
         def loss_of(params):
-            return model_lib.loss_fn(nnx.merge(graphdef, params), batch.inputs, batch.targets, batch.positions,
-                                     batch.segments, batch.mask, weights=weights)
+            return model_lib.loss_fn(
+                nnx.merge(graphdef, params),
+                batch.inputs,
+                batch.targets,
+                batch.positions,
+                batch.segments,
+                batch.mask,
+                weights=weights,
+            )
 
         return jax.value_and_grad(loss_of, has_aux=True)(params)
 
@@ -169,11 +198,12 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         micro_batches = microbatches_of(batch)
         counts_M = jnp.ones((micro,)) if batch.mask is None else jnp.sum(micro_batches.mask, axis=(1, 2))
         shares_M = counts_M / jnp.maximum(jnp.sum(counts_M), 1.0)
-        micro_batch = jax.tree.map(lambda a: a[:cfg.training.microbatch], batch)
+        micro_batch = jax.tree.map(lambda a: a[: cfg.training.microbatch], batch)
         (loss_parts, _) = jax.eval_shape(loss_and_grads, params, micro_batch)
         # The gradient sum is sharded as the parameters are (left free, XLA may replicate it).
-        grads = jax.tree.map(lambda p, s: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), s),
-                             params, param_shardings)
+        grads = jax.tree.map(
+            lambda p, s: jax.lax.with_sharding_constraint(jnp.zeros(p.shape, jnp.float32), s), params, param_shardings
+        )
         zeros = (jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), loss_parts), grads)
 
         def one(acc, xs):
@@ -187,11 +217,13 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
     def eval_step(params, batch):
         """A held-out global batch's summed cross entropy and the tokens it counts (no aux or z-loss), one
         microbatch at a time (the memory of a training microbatch, forward only)."""
+
         def one(sums, mb):
             mb = jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, micro_sharding), mb)
             with sharding.use(sharder):
-                _, parts = model_lib.loss_fn(nnx.merge(graphdef, params), mb.inputs, mb.targets, mb.positions,
-                                             mb.segments, mb.mask)
+                _, parts = model_lib.loss_fn(
+                    nnx.merge(graphdef, params), mb.inputs, mb.targets, mb.positions, mb.segments, mb.mask
+                )
             count = jnp.float32(mb.targets.size) if mb.mask is None else jnp.sum(mb.mask)
             return (sums[0] + parts["ce"] * count, sums[1] + count), None
 
@@ -203,17 +235,25 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
             (loss, parts), grads = step_grads(state["params"], batch)
             updates, opt = tx.update(grads, state["opt"], state["params"])
             params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, **parts, "grad_norm": optax.tree.norm(grads),
-                   "learning_rate": schedule(state["step"])}
+        metrics = {"loss": loss, **parts, "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state["step"])}
         return {"params": params, "opt": opt, "step": state["step"] + 1}, metrics
 
     return Trainer(
-        cfg=cfg, sharder=sharder, param_shardings=param_shardings, state_shardings=state_shardings,
-        abstract_state=abstract_like(abstract_state, state_shardings), batch_sharding=batch_sharding,
+        cfg=cfg,
+        sharder=sharder,
+        param_shardings=param_shardings,
+        state_shardings=state_shardings,
+        abstract_state=abstract_like(abstract_state, state_shardings),
+        batch_sharding=batch_sharding,
         init=jax.jit(init_state, out_shardings=state_shardings),
         eval_step=jax.jit(eval_step, out_shardings=(replicated, replicated)),
-        step=jax.jit(train_step, in_shardings=(state_shardings, batch_sharding),  # every array of the Batch
-                     out_shardings=(state_shardings, replicated), donate_argnums=0))
+        step=jax.jit(
+            train_step,
+            in_shardings=(state_shardings, batch_sharding),  # every array of the Batch
+            out_shardings=(state_shardings, replicated),
+            donate_argnums=0,
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,9 +275,11 @@ def check_data_unchanged(saved: dict, now: dict, allow_change: bool, step: int) 
         return
     what = "; ".join(f"spec.training.{line}" for line in changed)
     if not allow_change:
-        raise exits.UserError(f"the checkpoint at step {step} was trained on another data order: {what}. "
-                              "Resuming would read other data than the interrupted run; restore the settings, "
-                              "or set spec.training.data.allowChange: true to resume with the new data order")
+        raise exits.UserError(
+            f"the checkpoint at step {step} was trained on another data order: {what}. "
+            "Resuming would read other data than the interrupted run; restore the settings, "
+            "or set spec.training.data.allowChange: true to resume with the new data order"
+        )
     log.warning("resuming at step %d with a changed data order (data.allowChange): %s", step, what)
 
 
@@ -247,8 +289,11 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | No
     mesh = sharding.make_mesh(cfg.mesh.shape, cfg.slices)
     log.info("mesh %s over %d devices (%d processes)", cfg.mesh, mesh.size, jax.process_count())
     trainer = build(cfg, mesh)
-    ckpt = (Checkpointer(cfg.checkpoint.directory, cfg.checkpoint.keep, data_fingerprint(t))
-            if cfg.checkpoint.directory else None)
+    ckpt = (
+        Checkpointer(cfg.checkpoint.directory, cfg.checkpoint.keep, data_fingerprint(t))
+        if cfg.checkpoint.directory
+        else None
+    )
     if ckpt and cfg.checkpoint.resume and ckpt.latest_step() is not None:
         state, saved = ckpt.restore(trainer.abstract_state)
         check_data_unchanged(saved, ckpt.fingerprint, t.data.allow_change, ckpt.latest_step())
@@ -260,22 +305,38 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | No
     log.info("starting at step %d of %d", start, t.steps)
     clock = clock or Clock()
     clock.start(start)
-    batches = data_lib.Batches(data_lib.make_source(t, cfg.model.vocab), trainer.batch_sharding, cfg.mesh.context,
-                               workers=t.data.workers, prefetch=t.data.prefetch)
+    batches = data_lib.Batches(
+        data_lib.make_source(t, cfg.model.vocab),
+        trainer.batch_sharding,
+        cfg.mesh.context,
+        workers=t.data.workers,
+        prefetch=t.data.prefetch,
+    )
     # The bf16 peak in proportion to the one given (which a CPU run or TPUJOB_PEAK_FLOPS_PER_DEVICE sets).
     bf16 = cfg.peak_bf16_flops_per_device
-    return Run(cfg=cfg, trainer=trainer, state=state, start=start, batches=batches, ckpt=ckpt,
-               flops_per_step=flops_lib.flops_per_step(cfg.model, t), devices=mesh.size,
-               peak_flops=peak_flops_per_device * mesh.size, clock=clock,
-               peak_bf16_flops=peak_flops_per_device * mesh.size * bf16 / cfg.peak_flops_per_device if bf16 else None)
+    return Run(
+        cfg=cfg,
+        trainer=trainer,
+        state=state,
+        start=start,
+        batches=batches,
+        ckpt=ckpt,
+        flops_per_step=flops_lib.flops_per_step(cfg.model, t),
+        devices=mesh.size,
+        peak_flops=peak_flops_per_device * mesh.size,
+        clock=clock,
+        peak_bf16_flops=peak_flops_per_device * mesh.size * bf16 / cfg.peak_flops_per_device if bf16 else None,
+    )
 
 
 def reporting_hooks(run: Run, status: metrics_lib.Status, tb: metrics_lib.TensorBoard, main: bool) -> list[Hook]:
     """Evaluation every `eval.interval` steps, the stdout JSON line (process 0), /status and TensorBoard
     every `logEvery` steps, and the checkpoint every `interval` steps."""
     every = run.cfg.training.log_every
-    hooks = [Hook(every, on_record=lambda r: status.update(**r.as_dict())),
-             Hook(every, on_record=lambda r: tb.scalars(r.step, r.as_dict()))]
+    hooks = [
+        Hook(every, on_record=lambda r: status.update(**r.as_dict())),
+        Hook(every, on_record=lambda r: tb.scalars(r.step, r.as_dict())),
+    ]
     if main:
         hooks.append(Hook(every, on_record=lambda r: metrics_lib.emit(r.as_dict())))
     if run.ckpt:
@@ -310,13 +371,20 @@ def train(run: Run, hooks: list[Hook]) -> Summary:
     last = run.clock.finish_checkpoints(run.ckpt) if run.ckpt else None
     timed = times[1:] or times
     median = statistics.median(timed)
-    return Summary(step=total, last_checkpoint_step=last, loss=record.loss, step_time_s=median,
-                   global_tokens_per_s=run.tokens_per_step / median,
-                   mfu=run.flops_per_step / median / run.peak_flops, steps_timed=len(timed))
+    return Summary(
+        step=total,
+        last_checkpoint_step=last,
+        loss=record.loss,
+        step_time_s=median,
+        global_tokens_per_s=run.tokens_per_step / median,
+        mfu=run.flops_per_step / median / run.peak_flops,
+        steps_timed=len(timed),
+    )
 
 
-def _report(run: Run, hooks: list[Hook], step: int, metrics: dict, t_prev: float,
-            times: list[float]) -> tuple[StepRecord, float]:
+def _report(
+    run: Run, hooks: list[Hook], step: int, metrics: dict, t_prev: float, times: list[float]
+) -> tuple[StepRecord, float]:
     values = {k: float(v) for k, v in jax.device_get(metrics).items()}  # blocks until step `step` is done
     now = time.perf_counter()
     times.append(now - t_prev)
@@ -335,9 +403,15 @@ def tensorboard_dir(cfg: TrainerConfig, run_dir: str | None) -> str | None:
     return f"{base.rstrip('/')}/tensorboard" if base else None
 
 
-def run(cfg: TrainerConfig, *, peak_flops_per_device: float, run_dir: str | None = None,
-        status: metrics_lib.Status | None = None, clock: Clock | None = None,
-        extra_hooks: Callable[[Run], list[Hook]] | None = None) -> Summary:
+def run(
+    cfg: TrainerConfig,
+    *,
+    peak_flops_per_device: float,
+    run_dir: str | None = None,
+    status: metrics_lib.Status | None = None,
+    clock: Clock | None = None,
+    extra_hooks: Callable[[Run], list[Hook]] | None = None,
+) -> Summary:
     """Train `cfg` on all global devices; every process returns the summary, process 0 prints it.
     `extra_hooks(run)` run before the reporting and checkpoint hooks (SIGTERM handling, test faults)."""
     main = jax.process_index() == 0
@@ -352,8 +426,7 @@ def run(cfg: TrainerConfig, *, peak_flops_per_device: float, run_dir: str | None
         prepared.batches.close()
         if prepared.ckpt:
             prepared.ckpt.close()
-    status.update(**{k: getattr(summary, k) for k in metrics_lib.STEP_KEYS if hasattr(summary, k)},
-                  state="completed")
+    status.update(**{k: getattr(summary, k) for k in metrics_lib.STEP_KEYS if hasattr(summary, k)}, state="completed")
     if main:
         metrics_lib.emit(summary.as_dict())
     return summary

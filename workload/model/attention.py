@@ -45,8 +45,7 @@ def reference_attention(q_BTNH, k_BSKH, v_BSKH, q_pos_BT, kv_pos_BS, q_seg_BT=No
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-    logits_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH,
-                              preferred_element_type=jnp.float32) * H**-0.5
+    logits_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32) * H**-0.5
     mask_BTS = q_pos_BT[:, :, None] >= kv_pos_BS[:, None, :]
     if q_seg_BT is not None:
         mask_BTS = mask_BTS & (q_seg_BT[:, :, None] == kv_seg_BS[:, None, :])
@@ -85,6 +84,7 @@ def _tokamax_splash():
     # and the interpret-mode reference tests hold its behaviour.
     from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as kernel
     from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as mask
+
     return kernel, mask
 
 
@@ -134,11 +134,16 @@ def fitted_blocks(spec, seq_len: int, context: int) -> dict[str, int]:
     fq = lambda b: _fit_block(b, q_len)  # noqa: E731
     fk = lambda b: _fit_block(b, seq_len)  # noqa: E731
     block_kv, block_kv_dkv = fk(spec.block_kv), fk(spec.block_kv_dkv)
-    return dict(block_q=fq(spec.block_q), block_kv=block_kv,
-                block_kv_compute=_fit_block(spec.block_kv_compute, block_kv),
-                block_q_dkv=fq(spec.block_q_dkv), block_kv_dkv=block_kv_dkv,
-                block_kv_dkv_compute=_fit_block(spec.block_kv_dkv_compute, block_kv_dkv),
-                block_q_dq=fq(spec.block_q_dq), block_kv_dq=fk(spec.block_kv_dq))
+    return dict(
+        block_q=fq(spec.block_q),
+        block_kv=block_kv,
+        block_kv_compute=_fit_block(spec.block_kv_compute, block_kv),
+        block_q_dkv=fq(spec.block_q_dkv),
+        block_kv_dkv=block_kv_dkv,
+        block_kv_dkv_compute=_fit_block(spec.block_kv_dkv_compute, block_kv_dkv),
+        block_q_dq=fq(spec.block_q_dq),
+        block_kv_dq=fk(spec.block_kv_dq),
+    )
 
 
 @functools.cache
@@ -157,15 +162,20 @@ def _make_splash_kernel(seq_len: int, context: int, heads: int, spec, interpret:
     if spec.max_logit_const is None:
         splash, mask_lib = _jax_splash()
         mask = mask_lib.MultiHeadMask([_causal_mask(mask_lib, seq_len, context)] * heads)
-        return splash.make_splash_mha(mask, block_sizes=splash.BlockSizes(**blocks), head_shards=1,
-                                      q_seq_shards=context, residual_checkpoint_name=RESIDUALS,
-                                      interpret=interpret)
+        return splash.make_splash_mha(
+            mask,
+            block_sizes=splash.BlockSizes(**blocks),
+            head_shards=1,
+            q_seq_shards=context,
+            residual_checkpoint_name=RESIDUALS,
+            interpret=interpret,
+        )
     kernel_lib, mask_lib = _tokamax_splash()
     del blocks["block_q_dq"], blocks["block_kv_dq"]  # tokamax's backward is fused: no dQ pass
-    config = kernel_lib.SplashConfig(**blocks, max_logit_const=spec.max_logit_const,
-                                     residual_checkpoint_name=RESIDUALS, interpret=interpret)
-    return kernel_lib.make_splash_mha(_causal_mask(mask_lib, seq_len, context), config=config,
-                                      q_seq_shards=context)
+    config = kernel_lib.SplashConfig(
+        **blocks, max_logit_const=spec.max_logit_const, residual_checkpoint_name=RESIDUALS, interpret=interpret
+    )
+    return kernel_lib.make_splash_mha(_causal_mask(mask_lib, seq_len, context), config=config, q_seq_shards=context)
 
 
 def _kernel_sharding(mesh, q_axes, spec) -> jax.sharding.NamedSharding:
@@ -214,8 +224,13 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool, segments_
     kernel_spec = kernel.manual_sharding_spec(_kernel_sharding(sh.mesh, sh.spec(("length",))[0], spec))
     seg_specs = (None, None) if segments_BT is None else (P(*q_spec[:2]), P(*kv_spec[:2]))
 
-    @functools.partial(jax.shard_map, mesh=sh.mesh, in_specs=(kernel_spec, q_spec, kv_spec, kv_spec, *seg_specs),
-                       out_specs=q_spec, check_vma=False)
+    @functools.partial(
+        jax.shard_map,
+        mesh=sh.mesh,
+        in_specs=(kernel_spec, q_spec, kv_spec, kv_spec, *seg_specs),
+        out_specs=q_spec,
+        check_vma=False,
+    )
     def run(kernel, q_BTNH, k_BSKH, v_BSKH, q_seg_BT, kv_seg_BS):
         q_BNTH = jnp.swapaxes(q_BTNH * H**-0.5, 1, 2)
         k_BNSH, v_BNSH = jnp.swapaxes(k_BSKH, 1, 2), jnp.swapaxes(v_BSKH, 1, 2)
@@ -224,7 +239,8 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool, segments_
         else:
             segment_ids = _segment_ids_cls(spec)
             out_BNTH = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=segment_ids(qs, ks)))(
-                q_BNTH, k_BNSH, v_BNSH, q_seg_BT, kv_seg_BS)
+                q_BNTH, k_BNSH, v_BNSH, q_seg_BT, kv_seg_BS
+            )
         return jnp.swapaxes(out_BNTH, 1, 2).astype(q_BTNH.dtype)
 
     return run(kernel, q_BTNH, k_BSKH, v_BSKH, segments_BT, segments_BT)
@@ -233,4 +249,3 @@ def splash_attention(q_BTNH, k_BSKH, v_BSKH, *, spec, interpret: bool, segments_
 def _segment_ids_cls(spec):
     """The Splash build's SegmentIds(q, kv) (each kernel module exports its own)."""
     return (_jax_splash() if spec.max_logit_const is None else _tokamax_splash())[0].SegmentIds
-

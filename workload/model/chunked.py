@@ -30,9 +30,17 @@ import numpy as np
 from .sharding import constrain, current
 
 
-def sum_over_slices(fn: Callable, args: tuple, weights: tuple, axes: tuple[int, ...], slices: int,
-                    like_weight: Callable | None = None, like_out: Callable | None = None,
-                    recompute: bool = True, groups: int = 1):
+def sum_over_slices(
+    fn: Callable,
+    args: tuple,
+    weights: tuple,
+    axes: tuple[int, ...],
+    slices: int,
+    like_weight: Callable | None = None,
+    like_out: Callable | None = None,
+    recompute: bool = True,
+    groups: int = 1,
+):
     """`fn(*args, *weights)`, for a function linear in a hidden dimension that the weights share (each
     at its own axis in `axes`), computed as the sum over `slices` slices of that dimension. The hidden
     dimension is split in `groups` equal blocks (its shards, where it is sharded over `tensor`), and
@@ -61,21 +69,22 @@ def sum_over_slices(fn: Callable, args: tuple, weights: tuple, axes: tuple[int, 
 
 def _blocks(shape: tuple, axis: int, slices: int, groups: int) -> tuple:
     """`shape` with dimension `axis` as [groups, slices, rest]."""
-    return shape[:axis] + (groups, slices, shape[axis] // (groups * slices)) + shape[axis + 1:]
+    return shape[:axis] + (groups, slices, shape[axis] // (groups * slices)) + shape[axis + 1 :]
 
 
 def _slice(w, axis: int, slices: int, groups: int, j):
     """Slice j of `w` along `axis`: the j-th part of each of its `groups` blocks."""
-    part = jax.lax.dynamic_index_in_dim(w.reshape(_blocks(w.shape, axis, slices, groups)), j, axis=axis + 1,
-                                        keepdims=False)
-    return part.reshape(w.shape[:axis] + (w.shape[axis] // slices,) + w.shape[axis + 1:])
+    part = jax.lax.dynamic_index_in_dim(
+        w.reshape(_blocks(w.shape, axis, slices, groups)), j, axis=axis + 1, keepdims=False
+    )
+    return part.reshape(w.shape[:axis] + (w.shape[axis] // slices,) + w.shape[axis + 1 :])
 
 
 def _unslice_into(acc, w, axis: int, slices: int, groups: int, j):
     """`acc` (shaped like the weight) with slice j set to `w`, in place: the gradient is assembled in
     the weight's own layout."""
     blocks = _blocks(acc.shape, axis, slices, groups)
-    part = w.reshape(blocks[:axis + 1] + blocks[axis + 2:])
+    part = w.reshape(blocks[: axis + 1] + blocks[axis + 2 :])
     return jax.lax.dynamic_update_index_in_dim(acc.reshape(blocks), part, j, axis=axis + 1).reshape(acc.shape)
 
 
@@ -118,14 +127,20 @@ def _sum_backward(fns, split, residuals, dy):
 
         _, pull = jax.vjp(f, [args[i] for i in floats], *_slices_of(fns, split, weights, j))
         dfloats, *dws = pull(dy)
-        dargs = [like_out(d + e.astype(jnp.float32)) if args[i].shape == dy.shape else d + e.astype(jnp.float32)
-                 for i, d, e in zip(floats, dargs, dfloats)]
-        dweights = [like_weight(i, _unslice_into(acc, d.astype(acc.dtype), a, slices, groups, j))
-                    for i, (acc, d, a) in enumerate(zip(dweights, dws, axes))]
+        dargs = [
+            like_out(d + e.astype(jnp.float32)) if args[i].shape == dy.shape else d + e.astype(jnp.float32)
+            for i, d, e in zip(floats, dargs, dfloats)
+        ]
+        dweights = [
+            like_weight(i, _unslice_into(acc, d.astype(acc.dtype), a, slices, groups, j))
+            for i, (acc, d, a) in enumerate(zip(dweights, dws, axes))
+        ]
         return (dargs, dweights), None
 
-    zeros = ([jnp.zeros(args[i].shape, jnp.float32) for i in floats],
-             [like_weight(i, jnp.zeros(w.shape, w.dtype)) for i, w in enumerate(weights)])
+    zeros = (
+        [jnp.zeros(args[i].shape, jnp.float32) for i in floats],
+        [like_weight(i, jnp.zeros(w.shape, w.dtype)) for i, w in enumerate(weights)],
+    )
     (dfloats, dweights), _ = jax.lax.scan(one, zeros, jnp.arange(slices))
     dargs = [np.zeros(a.shape, jax.dtypes.float0) for a in args]  # integer inputs have no gradient
     for i, d in zip(floats, dfloats):

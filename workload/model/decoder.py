@@ -66,8 +66,11 @@ def _fp8_dot_general():
     from qwix._src.core import dot_general_qt
 
     qt = dot_general_qt.DotGeneralQtConfig(
-        lhs_qtype=jnp.float8_e4m3fn, rhs_qtype=jnp.float8_e4m3fn,
-        dlhs_grad_qtype=jnp.float8_e5m2, drhs_grad_qtype=jnp.float8_e5m2)
+        lhs_qtype=jnp.float8_e4m3fn,
+        rhs_qtype=jnp.float8_e4m3fn,
+        dlhs_grad_qtype=jnp.float8_e5m2,
+        drhs_grad_qtype=jnp.float8_e5m2,
+    )
 
     def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **_):
         out = dot_general_qt.dot_general_qt(lhs, rhs, dimension_numbers, qt)
@@ -144,8 +147,9 @@ class Attention(nnx.Module):
         self.wq = _param(rngs, (d.model_dim, d.heads, d.head_dim), ("embed", "heads", "head_dim"), std)
         self.wk = _param(rngs, (d.model_dim, d.kv_heads, d.head_dim), ("embed", "kv_heads", "head_dim"), std)
         self.wv = _param(rngs, (d.model_dim, d.kv_heads, d.head_dim), ("embed", "kv_heads", "head_dim"), std)
-        self.wo = _param(rngs, (d.heads, d.head_dim, d.model_dim), ("heads", "head_dim", "embed"),
-                         (d.heads * d.head_dim) ** -0.5)
+        self.wo = _param(
+            rngs, (d.heads, d.head_dim, d.model_dim), ("heads", "head_dim", "embed"), (d.heads * d.head_dim) ** -0.5
+        )
 
     def __call__(self, x_BTD, pos_BT, seg_BT=None):
         """`seg_BT` (packed rows): each token's document, 0 on padding; a token attends only within its
@@ -162,11 +166,13 @@ class Attention(nnx.Module):
         if cfg.kernels.attention == "splash":
             # The kernel names its own residuals (output and logsumexp) "attention_out", inside its
             # shard_map: a policy that keeps them never reruns the kernel's forward pass.
-            out_BTNH = attention.splash_attention(q_BTNH, k_BTKH, v_BTKH, spec=cfg.kernels.splash,
-                                                  interpret=cfg.interpret, segments_BT=seg_BT)
+            out_BTNH = attention.splash_attention(
+                q_BTNH, k_BTKH, v_BTKH, spec=cfg.kernels.splash, interpret=cfg.interpret, segments_BT=seg_BT
+            )
         else:
-            out_BTNH = checkpoint_name(attention.reference_attention(q_BTNH, k_BTKH, v_BTKH, pos_BT, pos_BT,
-                                                                     seg_BT, seg_BT), "attention_out")
+            out_BTNH = checkpoint_name(
+                attention.reference_attention(q_BTNH, k_BTKH, v_BTKH, pos_BT, pos_BT, seg_BT, seg_BT), "attention_out"
+            )
         out_BTD = _einsum(cfg, "btnh,nhd->btd", out_BTNH, self.wo[...])
         return checkpoint_name(out_BTD, "out_proj")
 
@@ -192,8 +198,16 @@ class MLP(nnx.Module):
         axes = (("embed", "mlp"), ("embed", "mlp"), ("mlp", "embed"))
         like_w = (lambda i, a: constrain(a, axes[i])) if sh else None
         like_x = (lambda a: constrain(a, ("batch", "length", "act_embed"))) if sh else None
-        y_BTD = chunked.sum_over_slices(self.swiglu, (x_BTD,), weights, (1, 1, 0), self.cfg.mlp_chunks, like_w, like_x,
-                                        groups=sh.degree("mlp") if sh else 1)
+        y_BTD = chunked.sum_over_slices(
+            self.swiglu,
+            (x_BTD,),
+            weights,
+            (1, 1, 0),
+            self.cfg.mlp_chunks,
+            like_w,
+            like_x,
+            groups=sh.degree("mlp") if sh else 1,
+        )
         return checkpoint_name(y_BTD, "mlp_out"), 0.0
 
     def swiglu(self, x_BTD, gate_DF, up_DF, down_FD):
@@ -219,8 +233,13 @@ class MoE(nnx.Module):
         cfg = self.cfg
         weights_BTk, experts_BTk, aux = moe.route(x_BTD, self.router[...], cfg.dims.experts_per_token)
         x_BTD = checkpoint_name(x_BTD, "mlp_in")
-        mm = moe.Matmul(impl=cfg.kernels.moe_matmul, tiles=cfg.kernels.gmm, interpret=cfg.interpret,
-                        fp8=cfg.precision == "fp8", recompute=cfg.remat.policy != "none")
+        mm = moe.Matmul(
+            impl=cfg.kernels.moe_matmul,
+            tiles=cfg.kernels.gmm,
+            interpret=cfg.interpret,
+            fp8=cfg.precision == "fp8",
+            recompute=cfg.remat.policy != "none",
+        )
         y_BTD = moe.experts(x_BTD, weights_BTk, experts_BTk, self.gate[...], self.up[...], self.down[...], mm=mm)
         return checkpoint_name(y_BTD, "mlp_out"), aux
 
@@ -264,14 +283,21 @@ def embed_tokens(table_VD, tokens_BT):
     if not set(group) <= set(sharding.spec_axes(tok_spec[0]) + sharding.spec_axes(tok_spec[1])):
         return constrain(jnp.take(table_VD, tokens_BT, axis=0), ("batch", "length", "act_embed"))
 
-    @functools.partial(jax.shard_map, mesh=sh.mesh, in_specs=(table_spec, tok_spec),
-                       out_specs=sh.spec(("batch", "length", None), (*tokens_BT.shape, 0)), check_vma=False)
+    @functools.partial(
+        jax.shard_map,
+        mesh=sh.mesh,
+        in_specs=(table_spec, tok_spec),
+        out_specs=sh.spec(("batch", "length", None), (*tokens_BT.shape, 0)),
+        check_vma=False,
+    )
     def lookup(table_vd, tokens_bt):
         ids_nbt = jax.lax.all_gather(tokens_bt, group) if group else tokens_bt[None]
         if vocab:  # this shard's words only; the others come from the other tensor shards
             ids_nbt = ids_nbt - jax.lax.axis_index(vocab) * table_vd.shape[0]
             mine = (ids_nbt >= 0) & (ids_nbt < table_vd.shape[0])
-            rows_nbtd = jnp.where(mine[..., None], jnp.take(table_vd, jnp.clip(ids_nbt, 0, table_vd.shape[0] - 1), 0), 0)
+            rows_nbtd = jnp.where(
+                mine[..., None], jnp.take(table_vd, jnp.clip(ids_nbt, 0, table_vd.shape[0] - 1), 0), 0
+            )
             rows_nbtd = jax.lax.psum(rows_nbtd, vocab)
         else:
             rows_nbtd = jnp.take(table_vd, ids_nbt, axis=0)
@@ -298,8 +324,11 @@ def remat_policy(spec: RematSpec, offload_ok: bool):
     if not offload_ok:  # no host-offload memory space (CPU): keep them on device instead
         keep, offload = keep + offload, []
     return cp.save_and_offload_only_these_names(
-        names_which_can_be_saved=keep, names_which_can_be_offloaded=offload,
-        offload_src="device", offload_dst="pinned_host")
+        names_which_can_be_saved=keep,
+        names_which_can_be_offloaded=offload,
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
 
 
 class Decoder(nnx.Module):
@@ -360,12 +389,20 @@ class LossWeights:
     z_loss: float = 0.0
 
 
-def loss_fn(model: Decoder, tokens_BT, targets_BT, pos_BT, seg_BT=None, mask_BT=None,
-            weights: LossWeights = LossWeights()):
+def loss_fn(
+    model: Decoder, tokens_BT, targets_BT, pos_BT, seg_BT=None, mask_BT=None, weights: LossWeights = LossWeights()
+):
     """The training loss and its parts: the next-token cross entropy (mean over the tokens `mask_BT`
     counts; all without a mask), plus the weighted z-loss and MoE load-balancing loss."""
     x_BTD, aux = model.hidden(tokens_BT, pos_BT, seg_BT)
     with jax.named_scope("lm_head_loss"):
-        ce, z = loss.cross_entropy(x_BTD, targets_BT, model.unembed[...], chunks=model.cfg.loss_chunks,
-                                   tiles=model.cfg.vocab_tiles, mask_BT=mask_BT, z_loss=weights.z_loss > 0)
+        ce, z = loss.cross_entropy(
+            x_BTD,
+            targets_BT,
+            model.unembed[...],
+            chunks=model.cfg.loss_chunks,
+            tiles=model.cfg.vocab_tiles,
+            mask_BT=mask_BT,
+            z_loss=weights.z_loss > 0,
+        )
     return ce + weights.moe_aux * aux + weights.z_loss * z, {"ce": ce, "aux": aux, "z_loss": z}

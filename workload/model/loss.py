@@ -68,8 +68,11 @@ def tiling(batch: int, local_seq: int, model_dim: int, vocab: int, tensor: int =
         return batch * (local_seq // chunks) * (per_device // tiles) * 4 > LOGITS_TILE_BYTES
 
     tiles = 1
-    while ((model_dim * vocab // tiles * 2 > WEIGHT_TILE_BYTES or logits_too_big(tiles, 1))
-           and vocab % (2 * tiles * tensor) == 0 and per_device // (2 * tiles) >= 128):
+    while (
+        (model_dim * vocab // tiles * 2 > WEIGHT_TILE_BYTES or logits_too_big(tiles, 1))
+        and vocab % (2 * tiles * tensor) == 0
+        and per_device // (2 * tiles) >= 128
+    ):
         tiles *= 2
     chunks = 1
     while logits_too_big(tiles, chunks) and local_seq % (2 * chunks) == 0 and local_seq // (2 * chunks) >= 128:
@@ -97,8 +100,9 @@ def _gathered(w_DV):
 
 
 def _logits(x_BtD, w_Dv):
-    return constrain(jnp.einsum("btd,dv->btv", x_BtD, w_Dv, preferred_element_type=jnp.float32),
-                     ("batch", "length", "act_vocab"))
+    return constrain(
+        jnp.einsum("btd,dv->btv", x_BtD, w_Dv, preferred_element_type=jnp.float32), ("batch", "length", "act_vocab")
+    )
 
 
 def _tile(w_DV, j, tiles: int):
@@ -147,8 +151,11 @@ def _ce_backward(tiles: int, z_loss: bool, residuals, gs):
     g, g_z = gs
     D, V = w_DV.shape
     sh = current()
-    as_param = ((lambda a: jax.lax.with_sharding_constraint(a, sh.named(("embed", "vocab"), a.shape)))
-                if sh is not None else (lambda a: a))
+    as_param = (
+        (lambda a: jax.lax.with_sharding_constraint(a, sh.named(("embed", "vocab"), a.shape)))
+        if sh is not None
+        else (lambda a: a)
+    )
 
     def tile(dx_NBtD, j):
         w_Dv = _tile(w_DV, j, tiles)
@@ -174,8 +181,9 @@ def _ce_backward(tiles: int, z_loss: bool, residuals, gs):
             dw = as_param(jnp.einsum("btd,btv->dv", x_BtD, dlogits_Btv))
             return dw_Dv + dw.astype(jnp.float32), dx_BtD
 
-        dw_Dv, dx_NBtD = jax.lax.scan(chunk, as_param(jnp.zeros((D, V // tiles), jnp.float32)),
-                                      (x_NBtD, targets_NBt, mask_NBt, logz_NBt, dx_NBtD))
+        dw_Dv, dx_NBtD = jax.lax.scan(
+            chunk, as_param(jnp.zeros((D, V // tiles), jnp.float32)), (x_NBtD, targets_NBt, mask_NBt, logz_NBt, dx_NBtD)
+        )
         return dx_NBtD, dw_Dv
 
     dx_NBtD, dw_JDv = jax.lax.scan(tile, jnp.zeros(x_NBtD.shape, jnp.float32), jnp.arange(tiles))

@@ -41,8 +41,7 @@ from . import chunked, sharding
 
 def route(x_BTD, router_DE, k: int):
     """Top-k routing: weights (renormalised over the k choices), expert ids, load-balancing loss."""
-    logits_BTE = jnp.einsum("btd,de->bte", x_BTD, router_DE.astype(x_BTD.dtype),
-                            preferred_element_type=jnp.float32)
+    logits_BTE = jnp.einsum("btd,de->bte", x_BTD, router_DE.astype(x_BTD.dtype), preferred_element_type=jnp.float32)
     probs_BTE = jax.nn.softmax(logits_BTE, axis=-1)
     weights_BTk, experts_BTk = jax.lax.top_k(probs_BTE, k)
     weights_BTk = weights_BTk / jnp.sum(weights_BTk, axis=-1, keepdims=True)
@@ -85,7 +84,8 @@ def _mosaic_ops(tiles: GmmSpec, m: int, k: int, n: int, interpret: bool, fp8: bo
     # in _src. Pinned (pyproject); the interpret-mode reference tests and the Mosaic compile tests hold
     # them. supported_on is widened: tokamax asks the process's default device, which is a CPU both
     # in interpret mode and when compiling ahead of time for a TPU (tpu_workload.performance.plan).
-    from tokamax._src.ops.ragged_dot import base, pallas_mosaic_tpu as mosaic
+    from tokamax._src.ops.ragged_dot import base
+    from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as mosaic
 
     class Op(mosaic.PallasMosaicTpuRaggedDot):
         def supported_on(self, device) -> bool:
@@ -132,8 +132,9 @@ def grouped_matmul(lhs_RD, rhs_XDF, group_sizes_X, mm: Matmul):
         import tokamax
 
         op = _mosaic_ops(mm.tiles, R, D, rhs_XDF.shape[2], mm.interpret, mm.fp8)
-        out = tokamax.ragged_dot(lhs_RD, rhs_XDF, group_sizes_X, preferred_element_type=lhs_RD.dtype,
-                                 implementation=(op,))
+        out = tokamax.ragged_dot(
+            lhs_RD, rhs_XDF, group_sizes_X, preferred_element_type=lhs_RD.dtype, implementation=(op,)
+        )
     elif mm.impl != "ragged_dot":
         raise ValueError(f"unknown moe matmul {mm.impl!r}")
     elif mm.fp8:
@@ -152,8 +153,12 @@ def _fp8_ragged_dot(lhs_RD, rhs_XDF, group_sizes_X):
     # Private, as in model._fp8_dot_general: the trainable fp8 ragged_dot is not exported (pinned qwix).
     from qwix._src.core import ragged_dot_qt
 
-    qt = ragged_dot_qt.RaggedDotQtConfig(lhs_qtype=jnp.float8_e4m3fn, rhs_qtype=jnp.float8_e4m3fn,
-                                         dlhs_grad_qtype=jnp.float8_e5m2, drhs_grad_qtype=jnp.float8_e5m2)
+    qt = ragged_dot_qt.RaggedDotQtConfig(
+        lhs_qtype=jnp.float8_e4m3fn,
+        rhs_qtype=jnp.float8_e4m3fn,
+        dlhs_grad_qtype=jnp.float8_e5m2,
+        drhs_grad_qtype=jnp.float8_e5m2,
+    )
     f32 = jnp.float32
     return ragged_dot_qt.ragged_dot_qt(lhs_RD.astype(f32), rhs_XDF.astype(f32), group_sizes_X, qt, None, f32)
 
@@ -187,8 +192,9 @@ def _swiglu_in_slices(x_CD, w_C, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm: 
     if slices == 1:
         return _swiglu(x_CD, w_C, group_sizes_X, gate_XDF, up_XDF, down_XFD, mm)
     swiglu = functools.partial(_swiglu, mm=mm)
-    return chunked.sum_over_slices(swiglu, (x_CD, w_C, group_sizes_X), (gate_XDF, up_XDF, down_XFD), (2, 2, 1),
-                                   slices, recompute=mm.recompute)
+    return chunked.sum_over_slices(
+        swiglu, (x_CD, w_C, group_sizes_X), (gate_XDF, up_XDF, down_XFD), (2, 2, 1), slices, recompute=mm.recompute
+    )
 
 
 def hidden_slices(rows: int, share: int, hidden: int, itemsize: int = 2) -> int:
@@ -225,8 +231,7 @@ def _combine(y_RD, order_R, k: int):
     return jnp.sum(y_MkD.astype(jnp.float32), axis=1)
 
 
-def _local_experts(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, first_expert, num_experts,
-                   mm: Matmul):
+def _local_experts(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, first_expert, num_experts, mm: Matmul):
     """Run local experts [first_expert, first_expert + X) on the rows routed to them; others give 0."""
     X = gate_XDF.shape[0]
     x_RD, w_R, order_R, sizes_E = _sort_rows(x_MD, weights_Mk, experts_Mk, num_experts)
@@ -263,19 +268,26 @@ def _exchange(sizes_E, peers: int, axis) -> Exchange:
     def before(a, axis):  # exclusive prefix sum
         return jnp.cumsum(a, axis=axis) - a
 
-    return Exchange(send_P=rows_PP[me], send_offset_P=before(rows_PP[me], 0), recv_P=rows_PP[:, me],
-                    recv_offset_P=before(rows_PP[:, me], 0), remote_offset_P=before(rows_PP, 0)[me],
-                    home_offset_P=before(rows_PP, 1)[:, me],
-                    local_PX=jax.lax.dynamic_slice_in_dim(sizes_PE, me * X, X, axis=1))
+    return Exchange(
+        send_P=rows_PP[me],
+        send_offset_P=before(rows_PP[me], 0),
+        recv_P=rows_PP[:, me],
+        recv_offset_P=before(rows_PP[:, me], 0),
+        remote_offset_P=before(rows_PP, 0)[me],
+        home_offset_P=before(rows_PP, 1)[:, me],
+        local_PX=jax.lax.dynamic_slice_in_dim(sizes_PE, me * X, X, axis=1),
+    )
 
 
-def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis,
-                       max_rows: int, ragged: bool):
+def _ragged_all_to_all(
+    operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis, max_rows: int, ragged: bool
+):
     """jax.lax.ragged_all_to_all; or (`ragged` False: XLA:CPU has none) the same exchange as a dense
     all-to-all of per-peer blocks of `max_rows` rows (at least any send size), placed as it places them."""
     if ragged:
-        return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-                                         axis_name=axis)
+        return jax.lax.ragged_all_to_all(
+            operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis_name=axis
+        )
     i = jnp.arange(max_rows)
     take_PI = jnp.clip(input_offsets[:, None] + i, 0, operand.shape[0] - 1)
     blocks = jnp.where((i < send_sizes[:, None])[..., None], operand[take_PI], 0)
@@ -309,8 +321,21 @@ def receive_rows(tokens: int, k: int, local_experts: int, peers: int) -> int:
     return peers * tokens * min(k, local_experts) if peers > 1 else tokens * k
 
 
-def _expert_parallel(x_MD, weights_Mk, experts_Mk, gate_XDF, up_XDF, down_XFD, *, num_experts, ex, mlp,
-                     peers: int, mm: Matmul, ragged: bool):
+def _expert_parallel(
+    x_MD,
+    weights_Mk,
+    experts_Mk,
+    gate_XDF,
+    up_XDF,
+    down_XFD,
+    *,
+    num_experts,
+    ex,
+    mlp,
+    peers: int,
+    mm: Matmul,
+    ragged: bool,
+):
     """This device's tokens through the experts spread over the `ex` axes (see module docstring)."""
     M, D = x_MD.shape
     k, X = experts_Mk.shape[1], gate_XDF.shape[0]
@@ -342,9 +367,17 @@ def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, mm: 
     sh = sharding.current()
     if sh is None:  # single device: every expert is local
         B, T, D = x_BTD.shape
-        y = _local_experts(x_BTD.reshape(B * T, D), weights_BTk.reshape(B * T, -1),
-                           experts_BTk.reshape(B * T, -1), gate_EDF, up_EDF, down_EFD, first_expert=0,
-                           num_experts=E, mm=mm)
+        y = _local_experts(
+            x_BTD.reshape(B * T, D),
+            weights_BTk.reshape(B * T, -1),
+            experts_BTk.reshape(B * T, -1),
+            gate_EDF,
+            up_EDF,
+            down_EFD,
+            first_expert=0,
+            num_experts=E,
+            mm=mm,
+        )
         return y.reshape(B, T, D).astype(x_BTD.dtype)
     tok = sh.spec(("batch", "length", None), x_BTD.shape)
     # Weights enter whole along embed (gathered over fsdp/context): experts over `exp`, F over `mlp` axes.
@@ -357,14 +390,16 @@ def experts(x_BTD, weights_BTk, experts_BTk, gate_EDF, up_EDF, down_EFD, *, mm: 
     exchanges = bool(ex) and set(ex) <= set(sharding.spec_axes(tok[0]))
     ragged = sh.mesh.devices.flat[0].platform == "tpu"
 
-    @functools.partial(jax.shard_map, mesh=sh.mesh, in_specs=(tok, tok, tok, w_in, w_in, w_out),
-                       out_specs=tok, check_vma=False)
+    @functools.partial(
+        jax.shard_map, mesh=sh.mesh, in_specs=(tok, tok, tok, w_in, w_in, w_out), out_specs=tok, check_vma=False
+    )
     def run(x_btD, w_btk, e_btk, gate, up, down):
         b, t, D = x_btD.shape
         x_MD, w_Mk, e_Mk = x_btD.reshape(b * t, D), w_btk.reshape(b * t, -1), e_btk.reshape(b * t, -1)
         if exchanges:
-            y = _expert_parallel(x_MD, w_Mk, e_Mk, gate, up, down, num_experts=E, ex=ex, mlp=mlp,
-                                 peers=sh.size(ex), mm=mm, ragged=ragged)
+            y = _expert_parallel(
+                x_MD, w_Mk, e_Mk, gate, up, down, num_experts=E, ex=ex, mlp=mlp, peers=sh.size(ex), mm=mm, ragged=ragged
+            )
         else:
             first = jax.lax.axis_index(ex) * gate.shape[0] if ex else 0
             y = _local_experts(x_MD, w_Mk, e_Mk, gate, up, down, first_expert=first, num_experts=E, mm=mm)

@@ -14,11 +14,12 @@ import collections
 import contextlib
 import dataclasses
 import logging
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tpu_operator.api.contract import MESH_AXES
 
@@ -86,8 +87,9 @@ class Sharder:
             if shape is not None:
                 size = int(np.prod([self.mesh.shape[a] for a in axes])) if axes else 1
                 if shape[i] % size:
-                    log.warning("logical axis %s (size %d) not divisible by mesh axes %s; replicated",
-                                name, shape[i], axes)
+                    log.warning(
+                        "logical axis %s (size %d) not divisible by mesh axes %s; replicated", name, shape[i], axes
+                    )
                     axes = ()
             used.update(axes)
             out.append(axes[0] if len(axes) == 1 else (axes or None))
@@ -151,8 +153,10 @@ def check_mesh(dims: Sequence[int], slices: int, n_devices: int) -> None:
     if int(np.prod(dims)) != n_devices:
         raise ValueError(f"mesh {named} needs {int(np.prod(dims))} devices, but there are {n_devices}")
     if slices < 1 or dims[0] % slices:
-        raise ValueError(f"mesh data={dims[0]} must be a multiple of slices={slices}: only `data` "
-                         "spans slices (DCN); every other axis stays inside one slice")
+        raise ValueError(
+            f"mesh data={dims[0]} must be a multiple of slices={slices}: only `data` "
+            "spans slices (DCN); every other axis stays inside one slice"
+        )
 
 
 def tpu_grid(dims: Sequence[int], slices: int, devices: Sequence) -> np.ndarray:
@@ -168,8 +172,10 @@ def tpu_grid(dims: Sequence[int], slices: int, devices: Sequence) -> np.ndarray:
     check_mesh(dims, slices, len(devices))
     sizes = collections.Counter(getattr(d, "slice_index", None) for d in devices)
     if len(sizes) != slices or (slices > 1 and None in sizes):
-        raise ValueError(f"the config says {slices} slice(s) but the devices report slice_index "
-                         f"{sorted(sizes, key=str)}: are MEGASCALE_NUM_SLICES / MEGASCALE_SLICE_ID set on every host?")
+        raise ValueError(
+            f"the config says {slices} slice(s) but the devices report slice_index "
+            f"{sorted(sizes, key=str)}: are MEGASCALE_NUM_SLICES / MEGASCALE_SLICE_ID set on every host?"
+        )
     if len(set(sizes.values())) > 1:
         raise ValueError(f"slices must be equal; devices per slice_index: {dict(sorted(sizes.items()))}")
     ici = (dims[0] // slices,) + tuple(dims[1:])
@@ -183,8 +189,11 @@ def tpu_grid(dims: Sequence[int], slices: int, devices: Sequence) -> np.ndarray:
     try:
         return build(False)
     except NotImplementedError as e:  # mesh_utils' signal that no whole-axis assignment exists
-        log.warning("mesh %s does not map onto whole torus axes of a slice; splitting physical axes (%s)",
-                    dict(zip(MESH_AXES, ici)), str(e).split(".")[0])
+        log.warning(
+            "mesh %s does not map onto whole torus axes of a slice; splitting physical axes (%s)",
+            dict(zip(MESH_AXES, ici)),
+            str(e).split(".")[0],
+        )
         return build(True)
 
 
@@ -214,8 +223,10 @@ class StateBytes:
         return self.per_device * self.split / max(self.total, 1)
 
     def __str__(self) -> str:
-        return (f"{self.per_device / 2**20:.2f} MiB per device of {self.total / 2**20:.2f} MiB "
-                f"({self.ratio:.2f}x an even split over {self.split} devices)")
+        return (
+            f"{self.per_device / 2**20:.2f} MiB per device of {self.total / 2**20:.2f} MiB "
+            f"({self.ratio:.2f}x an even split over {self.split} devices)"
+        )
 
 
 def _shard_bytes(a) -> int:
@@ -229,8 +240,11 @@ def state_bytes(tree, mesh: jax.sharding.Mesh) -> StateBytes:
     """Per-device and total bytes of `tree` (arrays, or ShapeDtypeStructs with shardings)."""
     leaves = jax.tree.leaves(tree)
     split = int(np.prod([mesh.shape[a] for a in MESH_AXES if a != "data"]))
-    return StateBytes(per_device=sum(_shard_bytes(a) for a in leaves),
-                      total=sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in leaves), split=split)
+    return StateBytes(
+        per_device=sum(_shard_bytes(a) for a in leaves),
+        total=sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in leaves),
+        split=split,
+    )
 
 
 # Above this many times an even split, the start-up check names the parameters that are not split.
@@ -243,14 +257,18 @@ def check_state_bytes(tree, planned: StateBytes, mesh: jax.sharding.Mesh) -> Sta
     least, when it passes STATE_SPLIT_WARN (a dimension the mesh does not divide is replicated)."""
     got = state_bytes(tree, mesh)
     if got.per_device != planned.per_device:
-        raise RuntimeError(f"the state is not sharded as planned: {got.per_device} bytes on one device, "
-                           f"planned {planned.per_device}")
+        raise RuntimeError(
+            f"the state is not sharded as planned: {got.per_device} bytes on one device, planned {planned.per_device}"
+        )
     if got.ratio > STATE_SPLIT_WARN:
         flat, _ = jax.tree_util.tree_flatten_with_path(tree)
         excess = lambda a: _shard_bytes(a) - a.nbytes / got.split  # noqa: E731
         worst = sorted(flat, key=lambda pa: -excess(pa[1]))[:3]
-        log.warning("state: %s; least split: %s", got, ", ".join(
-            f"{jax.tree_util.keystr(p)} {a.sharding.spec}" for p, a in worst))
+        log.warning(
+            "state: %s; least split: %s",
+            got,
+            ", ".join(f"{jax.tree_util.keystr(p)} {a.sharding.spec}" for p, a in worst),
+        )
     else:
         log.info("state: %s", got)
     return got

@@ -52,27 +52,87 @@ import os
 import re
 import sys
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "ragged-all-to-all", "collective-permute")
 GIB = 1 << 30
 
-_BYTES = {"pred": 1, "s2": 0.25, "u2": 0.25, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4,
-          "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16, "token": 0,
-          "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3b11fnuz": 1, "f8e3m4": 1,
-          "f8e8m0fnu": 1, "f4e2m1fn": 0.5}
+_BYTES = {
+    "pred": 1,
+    "s2": 0.25,
+    "u2": 0.25,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "s32": 4,
+    "u32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f16": 2,
+    "bf16": 2,
+    "f32": 4,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "token": 0,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "f8e4m3b11fnuz": 1,
+    "f8e3m4": 1,
+    "f8e8m0fnu": 1,
+    "f4e2m1fn": 0.5,
+}
 _FP8 = {k for k in _BYTES if k.startswith("f8")}
 
 # Opcodes that neither read nor write memory of their own (bookkeeping, aliases, control).
-_NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call", "conditional",
-               "after-all", "partition-id", "replica-id", "async-start", "async-update", "async-done",
-               "opt-barrier", "add-dependency", "domain", "send", "recv", "send-done", "recv-done"}
-_COLLECTIVES = {"all-gather": "all-gather", "all-gather-start": "all-gather", "reduce-scatter": "reduce-scatter",
-                "all-reduce": "all-reduce", "all-reduce-start": "all-reduce", "all-to-all": "all-to-all",
-                "ragged-all-to-all": "ragged-all-to-all", "collective-permute": "collective-permute",
-                "collective-permute-start": "collective-permute", "collective-broadcast": "all-gather"}
-_MEGASCALE_KINDS = {"ALL_REDUCE": "all-reduce", "ALL_GATHER": "all-gather", "REDUCE_SCATTER": "reduce-scatter",
-                    "ALL_TO_ALL": "all-to-all", "ONE_TO_ONE": "collective-permute"}
+_NO_TRAFFIC = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "while",
+    "call",
+    "conditional",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "async-start",
+    "async-update",
+    "async-done",
+    "opt-barrier",
+    "add-dependency",
+    "domain",
+    "send",
+    "recv",
+    "send-done",
+    "recv-done",
+}
+_COLLECTIVES = {
+    "all-gather": "all-gather",
+    "all-gather-start": "all-gather",
+    "reduce-scatter": "reduce-scatter",
+    "all-reduce": "all-reduce",
+    "all-reduce-start": "all-reduce",
+    "all-to-all": "all-to-all",
+    "ragged-all-to-all": "ragged-all-to-all",
+    "collective-permute": "collective-permute",
+    "collective-permute-start": "collective-permute",
+    "collective-broadcast": "all-gather",
+}
+_MEGASCALE_KINDS = {
+    "ALL_REDUCE": "all-reduce",
+    "ALL_GATHER": "all-gather",
+    "REDUCE_SCATTER": "reduce-scatter",
+    "ALL_TO_ALL": "all-to-all",
+    "ONE_TO_ONE": "collective-permute",
+}
 # Matmuls per Splash call: forward QKᵀ and PV; dQ recomputes S and forms dP and dQ; dK/dV adds dV and dK.
 _SPLASH_MATMULS = (("dkv", 4), ("dq", 3), ("bwd", 5), ("fwd", 2))
 
@@ -199,16 +259,16 @@ def _instruction(text: str) -> tuple[bool, Instruction] | None:
     head = _INSTRUCTION.match(text)
     if not head:
         return None
-    rest = text[head.end():]
+    rest = text[head.end() :]
     # The shape: a balanced parenthesised tuple, or one token.
     if rest.startswith("("):
         depth = 0
-        for i, ch in enumerate(rest):
+        for i, ch in enumerate(rest):  # noqa: B007 (i is read after the loop)
             depth += ch in "([{"
             depth -= ch in ")]}"
             if depth == 0:
                 break
-        shape_text, rest = rest[:i + 1], rest[i + 1:].lstrip()
+        shape_text, rest = rest[: i + 1], rest[i + 1 :].lstrip()
     else:
         shape_text, _, rest = rest.partition(" ")
     m = re.match(r"([\w\-]+)\(", rest)
@@ -221,9 +281,10 @@ def _instruction(text: str) -> tuple[bool, Instruction] | None:
         depth -= blank[j] in ")]}"
         if depth == 0:
             break
-    operands = re.findall(r"%([\w.\-]+)", _skip_comments(rest[i + 1:j]))
-    return bool(head.group(1)), Instruction(head.group(2), opcode, parse_shape(shape_text), operands,
-                                            blank[j + 1:], text)
+    operands = re.findall(r"%([\w.\-]+)", _skip_comments(rest[i + 1 : j]))
+    return bool(head.group(1)), Instruction(
+        head.group(2), opcode, parse_shape(shape_text), operands, blank[j + 1 :], text
+    )
 
 
 def parse_module(text: str) -> Module:
@@ -302,8 +363,11 @@ def _unfuse(module: Module, comp: Computation, inst: Instruction) -> tuple[Compu
     fused = module.computations.get(inst.attr("calls") or "")
     if inst.opcode != "fusion" or fused is None or fused.root is None:
         return comp, inst, {}
-    return fused, fused.instructions[fused.root], {fused.params[i]: op for i, op in enumerate(inst.operands)
-                                                    if i in fused.params}
+    return (
+        fused,
+        fused.instructions[fused.root],
+        {fused.params[i]: op for i, op in enumerate(inst.operands) if i in fused.params},
+    )
 
 
 def _compare(module: Module, cond: Computation) -> tuple[int, int, str] | None:
@@ -381,8 +445,13 @@ def trip_count(module: Module, comp: Computation, loop: Instruction) -> int | No
     start, step = _constant(module, comp, init.operands[index]), _step(module, body, index)
     if start is None or not step:
         return None
-    span = {"LT": bound - start, "LE": bound - start + step, "GT": bound - start, "GE": bound - start + step,
-            "NE": bound - start}.get(direction)
+    span = {
+        "LT": bound - start,
+        "LE": bound - start + step,
+        "GT": bound - start,
+        "GE": bound - start + step,
+        "NE": bound - start,
+    }.get(direction)
     if span is None or (span > 0) != (step > 0):
         return 0 if span is not None else None
     return max(0, -(-span // step))
@@ -412,7 +481,7 @@ def replica_groups(inst: Instruction) -> list[list[int]] | None:
         order = [i for i, n in enumerate(names) if n not in chosen] + [names.index(c) for c in chosen]
         size = math.prod(sizes[names.index(c)] for c in chosen)
         flat = _transpose(ids, sizes, order)
-        return [flat[i:i + size] for i in range(0, len(flat), size)]
+        return [flat[i : i + size] for i in range(0, len(flat), size)]
     return None
 
 
@@ -426,12 +495,12 @@ def _iota_array(dims_text: str, perm_text: str | None, total: int) -> list[int]:
 
 def _iota(dims_text: str, perm_text: str | None, size: int) -> list[list[int]]:
     ids = _iota_array(dims_text, perm_text, math.prod(int(x) for x in dims_text.split(",")))
-    return [ids[i:i + size] for i in range(0, len(ids), size)]
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
 
 
 def _transpose(flat: list[int], dims: list[int], perm: list[int]) -> list[int]:
     """`flat` as a row-major array of `dims`, transposed by `perm`, flattened again."""
-    strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    strides = [math.prod(dims[i + 1 :]) for i in range(len(dims))]
     new_dims = [dims[p] for p in perm]
     out = []
     for idx in range(math.prod(dims)):
@@ -485,18 +554,25 @@ class Costs:
     @property
     def collective_bytes(self) -> dict[str, float]:
         """ICI + DCN bytes by kind."""
-        return {k: self.ici_bytes.get(k, 0.0) + self.dcn_bytes.get(k, 0.0) for k in KINDS
-                if k in self.ici_bytes or k in self.dcn_bytes}
+        return {
+            k: self.ici_bytes.get(k, 0.0) + self.dcn_bytes.get(k, 0.0)
+            for k in KINDS
+            if k in self.ici_bytes or k in self.dcn_bytes
+        }
 
-    def add(self, other: "Costs", times: float) -> None:
+    def add(self, other: Costs, times: float) -> None:
         self.matmul_flops += other.matmul_flops * times
         self.fp8_matmul_flops += other.fp8_matmul_flops * times
         self.fp8_kernel_flops += other.fp8_kernel_flops * times
         self.ici_wire_bytes += other.ici_wire_bytes * times
         self.dcn_wire_bytes += other.dcn_wire_bytes * times
         self.hbm_bytes += other.hbm_bytes * times
-        for mine, theirs in ((self.kernel_flops, other.kernel_flops), (self.kernel_calls, other.kernel_calls),
-                             (self.ici_bytes, other.ici_bytes), (self.dcn_bytes, other.dcn_bytes)):
+        for mine, theirs in (
+            (self.kernel_flops, other.kernel_flops),
+            (self.kernel_calls, other.kernel_calls),
+            (self.ici_bytes, other.ici_bytes),
+            (self.dcn_bytes, other.dcn_bytes),
+        ):
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0.0) + v * times
         self.unknown_loops += [u for u in other.unknown_loops if u not in self.unknown_loops]
@@ -517,13 +593,20 @@ class Costs:
     def summary(self) -> dict:
         """Per device per step, in plain units (TFLOP, GiB), for JSON."""
         gib = lambda d: {k: round(v / GIB, 4) for k, v in d.items()}  # noqa: E731
-        return {"matmul_tflop": round(self.flops / 1e12, 4), "xla_matmul_tflop": round(self.matmul_flops / 1e12, 4),
-                "kernel_tflop": {k: round(v / 1e12, 4) for k, v in self.kernel_flops.items()},
-                "fp8_tflop": round(self.fp8_flops / 1e12, 4), "kernel_calls": {k: int(v) for k, v in self.kernel_calls.items()},
-                "ici_gib": gib(self.ici_bytes), "dcn_gib": gib(self.dcn_bytes),
-                "collective_gib": gib(self.collective_bytes),
-                "ici_wire_gib": round(self.ici_wire_bytes / GIB, 4), "dcn_wire_gib": round(self.dcn_wire_bytes / GIB, 4),
-                "hbm_traffic_gib": round(self.hbm_bytes / GIB, 3), "unknown_loops": self.unknown_loops}
+        return {
+            "matmul_tflop": round(self.flops / 1e12, 4),
+            "xla_matmul_tflop": round(self.matmul_flops / 1e12, 4),
+            "kernel_tflop": {k: round(v / 1e12, 4) for k, v in self.kernel_flops.items()},
+            "fp8_tflop": round(self.fp8_flops / 1e12, 4),
+            "kernel_calls": {k: int(v) for k, v in self.kernel_calls.items()},
+            "ici_gib": gib(self.ici_bytes),
+            "dcn_gib": gib(self.dcn_bytes),
+            "collective_gib": gib(self.collective_bytes),
+            "ici_wire_gib": round(self.ici_wire_bytes / GIB, 4),
+            "dcn_wire_gib": round(self.dcn_wire_bytes / GIB, 4),
+            "hbm_traffic_gib": round(self.hbm_bytes / GIB, 3),
+            "unknown_loops": self.unknown_loops,
+        }
 
 
 def _short(op_name: str) -> str:
@@ -570,11 +653,13 @@ def _valid_taps(n_in: int, n_out: int, window: int, stride: int, pad_lo: int, lh
     for k in range(window):
         offset = k * rhs_dil - pad_lo  # input position of output 0
         if lhs_dil == 1:
-            first = max(0, -(-(-offset) // stride))  # smallest o with o*stride + offset >= 0
+            first = max(0, -(offset // stride))  # smallest o with o*stride + offset >= 0
             last = min(n_out - 1, (span - 1 - offset) // stride)
             total += max(0, last - first + 1)
         else:
-            total += sum(1 for o in range(n_out) if 0 <= o * stride + offset < span and (o * stride + offset) % lhs_dil == 0)
+            total += sum(
+                1 for o in range(n_out) if 0 <= o * stride + offset < span and (o * stride + offset) % lhs_dil == 0
+            )
     return total
 
 
@@ -588,8 +673,14 @@ def _dot_flops(comp: Computation, inst: Instruction) -> float:
 
 
 def _is_fp8(comp: Computation, inst: Instruction, operands: list[Array] | None = None) -> bool:
-    ops = operands or [s for o in inst.operands[:2] for s in [comp.instructions.get(o)] if s is not None
-                       for s in [s.shape] if isinstance(s, Array)]
+    ops = operands or [
+        s
+        for o in inst.operands[:2]
+        for s in [comp.instructions.get(o)]
+        if s is not None
+        for s in [s.shape]
+        if isinstance(s, Array)
+    ]
     return len(ops) >= 2 and all(a.dtype in _FP8 for a in ops[:2])
 
 
@@ -644,8 +735,10 @@ def _collective(comp: Computation, inst: Instruction, costs: Costs, kind: str, w
     groups = replica_groups(inst)
     n = len(groups[0]) if groups else 0
     if inst.opcode.startswith("collective-permute"):
-        pairs = re.findall(r"\{(\d+),(\d+)\}", (re.search(r"source_target_pairs=\{(.*?)\}\}", inst.attrs) or
-                                                 re.search("()", "")).group(1) + "}")
+        pairs = re.findall(
+            r"\{(\d+),(\d+)\}",
+            (re.search(r"source_target_pairs=\{(.*?)\}\}", inst.attrs) or re.search("()", "")).group(1) + "}",
+        )
         wire = size if any(a != b for a, b in pairs) else 0.0
     else:
         if kind == "all-gather":
@@ -657,7 +750,9 @@ def _collective(comp: Computation, inst: Instruction, costs: Costs, kind: str, w
     costs.ici_bytes[kind] = costs.ici_bytes.get(kind, 0.0) + size
     costs.ici_wire_bytes += wire
     shape = next(iter(arrays(inst.shape)), None) if not inst.opcode.endswith("start") else None
-    what = f"{kind} {shape or ', '.join(str(a) for s in ops for a in arrays(s))}" + (" (windowed einsum)" if windowed else "")
+    what = f"{kind} {shape or ', '.join(str(a) for s in ops for a in arrays(s))}" + (
+        " (windowed einsum)" if windowed else ""
+    )
     costs.note("ici", what, _short(inst.op_name), size)
 
 
@@ -687,8 +782,12 @@ def _layout_only(module: Module, inst: Instruction) -> bool:
     if inst.opcode in _LAYOUT_ONLY:
         return True
     fused = module.computations.get(inst.attr("calls") or "") if inst.opcode == "fusion" else None
-    return fused is not None and len(fused.params) == 1 and len(inst.operands) == 1 and all(
-        i.opcode in _LAYOUT_ONLY or i.opcode == "parameter" for i in fused.instructions.values())
+    return (
+        fused is not None
+        and len(fused.params) == 1
+        and len(inst.operands) == 1
+        and all(i.opcode in _LAYOUT_ONLY or i.opcode == "parameter" for i in fused.instructions.values())
+    )
 
 
 def _fusion_traffic(module: Module, comp: Computation, inst: Instruction) -> float:
@@ -696,8 +795,9 @@ def _fusion_traffic(module: Module, comp: Computation, inst: Instruction) -> flo
     its result once (the update, where it updates an operand in place)."""
     fused = module.computations.get(inst.attr("calls") or "")
     if fused is None:
-        return sum(hbm_bytes(comp.instructions[o].shape) for o in inst.operands if o in comp.instructions) + \
-            hbm_bytes(inst.shape)
+        return sum(hbm_bytes(comp.instructions[o].shape) for o in inst.operands if o in comp.instructions) + hbm_bytes(
+            inst.shape
+        )
     users: dict[str, list[Instruction]] = defaultdict(list)
     for i in fused.instructions.values():
         for o in i.operands:
@@ -720,7 +820,9 @@ def _fusion_traffic(module: Module, comp: Computation, inst: Instruction) -> flo
         return inst_
 
     root = fused.instructions.get(fused.root or "")
-    roots = [through(o) for o in root.operands] if root is not None and root.opcode == "tuple" else [through(fused.root)]
+    roots = (
+        [through(o) for o in root.operands] if root is not None and root.opcode == "tuple" else [through(fused.root)]
+    )
     written = 0.0
     for r in roots:
         if r is not None and r.opcode == "dynamic-update-slice" and len(r.operands) > 1:
@@ -778,8 +880,9 @@ class Walker:
                 costs.add(self.computation(body, False, inner), trips if trips is not None else 1)
                 continue
             if op == "conditional":
-                branches = inst.called("branch_computations") or \
-                    [b for b in (inst.attr("true_computation"), inst.attr("false_computation")) if b]
+                branches = inst.called("branch_computations") or [
+                    b for b in (inst.attr("true_computation"), inst.attr("false_computation")) if b
+                ]
                 walked = [self.computation(b, False, windowed) for b in branches]
                 if walked:
                     costs.add(max(walked, key=lambda c: (c.flops, c.hbm_bytes)), 1)
@@ -805,8 +908,9 @@ class Walker:
             operands = " x ".join(str(comp.instructions[o].shape) for o in inst.operands[:2] if o in comp.instructions)
             costs.note("flops", f"{op} {operands} -> {inst.shape}", _short(inst.op_name), flops)
         elif op == "custom-call" and inst.string("custom_call_target") == "tpu_custom_call":
-            operands = _layout_constraints(inst) or [a for o in inst.operands if o in comp.instructions
-                                                     for a in arrays(comp.instructions[o].shape)]
+            operands = _layout_constraints(inst) or [
+                a for o in inst.operands if o in comp.instructions for a in arrays(comp.instructions[o].shape)
+            ]
             family, flops = kernel_flops(inst, operands)
             name = kernel_name(inst)
             costs.kernel_calls[name] = costs.kernel_calls.get(name, 0.0) + 1
@@ -814,8 +918,12 @@ class Walker:
                 costs.kernel_flops[family] = costs.kernel_flops.get(family, 0.0) + flops
                 if _is_fp8(comp, inst, [a for a in operands if len(a.dims) >= 2][-2:]):
                     costs.fp8_kernel_flops += flops
-            costs.note("kernel", f"{name} {', '.join(str(a) for a in operands if len(a.dims) >= 2)}",
-                       _short(inst.op_name), flops)
+            costs.note(
+                "kernel",
+                f"{name} {', '.join(str(a) for a in operands if len(a.dims) >= 2)}",
+                _short(inst.op_name),
+                flops,
+            )
         elif op in _COLLECTIVES:
             _collective(comp, inst, costs, _COLLECTIVES[op], windowed if op.startswith("collective-permute") else None)
         elif op == "send" and inst.string("_xla_megascale_transfer_type"):
@@ -833,12 +941,14 @@ class Walker:
         elif op == "dynamic-update-slice" and len(inst.operands) > 1 and inst.operands[1] in comp.instructions:
             traffic = 2 * hbm_bytes(comp.instructions[inst.operands[1]].shape)
         else:
-            traffic = sum(hbm_bytes(comp.instructions[o].shape) for o in inst.operands if o in comp.instructions) + \
-                hbm_bytes(inst.shape)
+            traffic = sum(
+                hbm_bytes(comp.instructions[o].shape) for o in inst.operands if o in comp.instructions
+            ) + hbm_bytes(inst.shape)
         costs.hbm_bytes += traffic
         if traffic:
-            costs.note("hbm", f"{op} {inst.shape if isinstance(inst.shape, Array) else 'tuple'}",
-                       _short(inst.op_name), traffic)
+            costs.note(
+                "hbm", f"{op} {inst.shape if isinstance(inst.shape, Array) else 'tuple'}", _short(inst.op_name), traffic
+            )
 
 
 def module_costs(text: str) -> Costs:
@@ -865,25 +975,35 @@ def dump_costs(dump_dir: str, pattern: str = "*train_step*") -> Costs | None:
 
 def table(costs: Costs, top: int = 8) -> list[str]:
     """The costs as `python -m tpu_workload.performance.hlo_costs` prints them."""
-    out = [f"matmul FLOPs per device per step: {costs.flops / 1e12:,.2f} TFLOP "
-           f"(XLA dots/convolutions {costs.matmul_flops / 1e12:,.2f}"
-           + "".join(f", {k} kernels {v / 1e12:,.2f}" for k, v in sorted(costs.kernel_flops.items()))
-           + (f"; fp8 {costs.fp8_flops / 1e12:,.2f}" if costs.fp8_flops else "") + ")",
-           f"kernel calls per step: {int(sum(costs.kernel_calls.values()))}"
-           + "".join(f", {k} {int(v)}" for k, v in sorted(costs.kernel_calls.items())),
-           "collective bytes per device per step (GiB):",
-           f"  {'kind':20} {'ICI':>10} {'DCN':>10}"]
+    out = [
+        f"matmul FLOPs per device per step: {costs.flops / 1e12:,.2f} TFLOP "
+        f"(XLA dots/convolutions {costs.matmul_flops / 1e12:,.2f}"
+        + "".join(f", {k} kernels {v / 1e12:,.2f}" for k, v in sorted(costs.kernel_flops.items()))
+        + (f"; fp8 {costs.fp8_flops / 1e12:,.2f}" if costs.fp8_flops else "")
+        + ")",
+        f"kernel calls per step: {int(sum(costs.kernel_calls.values()))}"
+        + "".join(f", {k} {int(v)}" for k, v in sorted(costs.kernel_calls.items())),
+        "collective bytes per device per step (GiB):",
+        f"  {'kind':20} {'ICI':>10} {'DCN':>10}",
+    ]
     for kind in KINDS:
         if kind in costs.ici_bytes or kind in costs.dcn_bytes:
-            out.append(f"  {kind:20} {costs.ici_bytes.get(kind, 0) / GIB:10.3f} {costs.dcn_bytes.get(kind, 0) / GIB:10.3f}")
-    out.append(f"  {'total':20} {sum(costs.ici_bytes.values()) / GIB:10.3f} {sum(costs.dcn_bytes.values()) / GIB:10.3f}"
-               f"   (sent per device: ICI {costs.ici_wire_bytes / GIB:.3f}, DCN {costs.dcn_wire_bytes / GIB:.3f})")
+            out.append(
+                f"  {kind:20} {costs.ici_bytes.get(kind, 0) / GIB:10.3f} {costs.dcn_bytes.get(kind, 0) / GIB:10.3f}"
+            )
+    out.append(
+        f"  {'total':20} {sum(costs.ici_bytes.values()) / GIB:10.3f} {sum(costs.dcn_bytes.values()) / GIB:10.3f}"
+        f"   (sent per device: ICI {costs.ici_wire_bytes / GIB:.3f}, DCN {costs.dcn_wire_bytes / GIB:.3f})"
+    )
     out.append(f"HBM traffic per device per step (estimate): {costs.hbm_bytes / GIB:,.2f} GiB")
     if costs.unknown_loops:
         out.append(f"loops of unknown trip count, counted once: {', '.join(costs.unknown_loops)}")
-    for category, title, unit, scale in (("ici", "largest collectives", "GiB", GIB), ("dcn", "DCN transfers", "GiB", GIB),
-                                         ("flops", "largest matmuls", "TFLOP", 1e12),
-                                         ("kernel", "kernels", "TFLOP", 1e12)):
+    for category, title, unit, scale in (
+        ("ici", "largest collectives", "GiB", GIB),
+        ("dcn", "DCN transfers", "GiB", GIB),
+        ("flops", "largest matmuls", "TFLOP", 1e12),
+        ("kernel", "kernels", "TFLOP", 1e12),
+    ):
         sites = costs.top(category, top)
         if sites and top:
             out.append(f"{title} (per step: times run, total {unit}):")
@@ -892,7 +1012,9 @@ def table(costs: Costs, top: int = 8) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpu_workload.performance.hlo_costs", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tpu_workload.performance.hlo_costs", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("module", help="an optimized HLO module's text, or an XLA dump directory (its train step)")
     parser.add_argument("--top", type=int, default=8, help="list the N costliest ops of each kind (default 8)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")

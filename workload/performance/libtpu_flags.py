@@ -32,8 +32,9 @@ topo = topologies.get_topology_desc(platform="tpu", topology_name=sys.argv[1], c
                                     chips_per_host_bounds=bounds, num_slices=1, wrap=(False, False, False))
 print("{SENTINEL}", topo.devices[0].device_kind, flush=True)
 """
-ERROR = re.compile(r"^ERROR: (Unknown command line flag '([^']+)'.*|Illegal value '.*' specified for flag '([^']+)'.*)$",
-                   re.M)
+ERROR = re.compile(
+    r"^ERROR: (Unknown command line flag '([^']+)'.*|Illegal value '.*' specified for flag '([^']+)'.*)$", re.M
+)
 # A small slice of each generation as libtpu names it (plan.py), and its chips-per-host bounds.
 SMALLEST = {"v7x": ("tpu7x:1x1x1", "1x1x1"), "v6e": ("v6e:1x1", "1x1x1"), "v5p": ("v5p:2x2x1", "2x2x1")}
 
@@ -44,11 +45,11 @@ def _name(flag: str) -> str:
 
 def _try(flags: Sequence[str], topology: tuple[str, str], timeout_s: float) -> tuple[bool, dict[str, str], str]:
     """(accepted, {flag name: libtpu's message}, stderr's error lines) of one child."""
-    env = {**os.environ, "LIBTPU_INIT_ARGS": " ".join(flags), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
-           "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "LIBTPU_INIT_ARGS": " ".join(flags), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "JAX_PLATFORMS": "cpu"}
     try:
-        p = subprocess.run([sys.executable, "-c", CHILD, *topology], env=env, capture_output=True, text=True,
-                           timeout=timeout_s)
+        p = subprocess.run(
+            [sys.executable, "-c", CHILD, *topology], env=env, capture_output=True, text=True, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired:
         return False, {}, f"the check did not finish in {timeout_s:.0f} s"
     named = {m.group(2) or m.group(3): m.group(0) for m in ERROR.finditer(p.stderr)}
@@ -58,8 +59,11 @@ def _try(flags: Sequence[str], topology: tuple[str, str], timeout_s: float) -> t
 
 def rejected(flags: Sequence[str], generation: str = "v7x", timeout_s: float = 120) -> list[RejectedFlag]:
     """The flags of `flags` that libtpu refuses (empty: all accepted), with libtpu's words."""
-    out = [RejectedFlag(flag=f, message="not a flag (no leading -): libtpu would silently ignore it")
-           for f in flags if not f.startswith("-")]
+    out = [
+        RejectedFlag(flag=f, message="not a flag (no leading -): libtpu would silently ignore it")
+        for f in flags
+        if not f.startswith("-")
+    ]
     topology = SMALLEST.get(generation, SMALLEST["v7x"])
 
     def bisect(group: list[str]) -> None:
@@ -75,8 +79,8 @@ def rejected(flags: Sequence[str], generation: str = "v7x", timeout_s: float = 1
         elif len(group) == 1:
             out.append(RejectedFlag(flag=group[0], message=tail))
         else:
-            bisect(group[:len(group) // 2])
-            bisect(group[len(group) // 2:])
+            bisect(group[: len(group) // 2])
+            bisect(group[len(group) // 2 :])
 
     bisect([f for f in flags if f.startswith("-")])
     return out

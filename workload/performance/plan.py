@@ -64,9 +64,13 @@ def topology_devices(generation: str, topology: str, slices: int) -> list:
     padded = dims + [1] * (3 - len(dims))
     bounds = tuple(min(b, d) for b, d in zip(CHIPS_PER_HOST, padded))  # 1x1x1 is a 1-chip host
     topo = topologies.get_topology_desc(
-        platform="tpu", topology_name=f"{LIBTPU_NAMES.get(generation, generation)}:{topology}",
-        chip_config_name="default", chips_per_host_bounds=bounds, num_slices=slices,
-        wrap=tuple(d >= 4 for d in padded))
+        platform="tpu",
+        topology_name=f"{LIBTPU_NAMES.get(generation, generation)}:{topology}",
+        chip_config_name="default",
+        chips_per_host_bounds=bounds,
+        num_slices=slices,
+        wrap=tuple(d >= 4 for d in padded),
+    )
     return list(topo.devices)
 
 
@@ -85,7 +89,7 @@ class Memory:
     host_temp: int = 0
 
     @classmethod
-    def of(cls, stats) -> "Memory":
+    def of(cls, stats) -> Memory:
         return cls(*(getattr(stats, f"{f.name}_size_in_bytes") for f in dataclasses.fields(cls)))
 
     @property
@@ -113,7 +117,9 @@ def build_step(cfg: TrainerConfig, devices: list):
 
     mesh = sharding.make_mesh(cfg.mesh.shape, cfg.slices, devices)
     trainer = train.build(cfg, mesh, interpret=False)
-    return trainer.step.lower(trainer.abstract_state, data.abstract_batch(cfg.training, trainer.batch_sharding)), trainer
+    return trainer.step.lower(
+        trainer.abstract_state, data.abstract_batch(cfg.training, trainer.batch_sharding)
+    ), trainer
 
 
 # --- what went wrong ------------------------------------------------------------------------------
@@ -162,10 +168,13 @@ def hbm_advice(cfg: TrainerConfig, state: int, limit: float) -> list[str]:
 def vmem_summary(text: str) -> str:
     """The kernel and the numbers of a VMEM overflow, without the HLO instruction the compiler quotes."""
     kernel = re.search(r"for %([\w.-]+) =|HLO :: ([\w.-]+)", text)
-    numbers = re.search(r"Scoped allocation with size [\d.]+\w+ and limit [\d.]+\w+ exceeded [^.]*\.\d*\w*|"
-                        r"Used [\d.]+\w+ of [\d.]+\w+ vmem\. Exceeded vmem capacity by [\d.]+\w+", text)
+    numbers = re.search(
+        r"Scoped allocation with size [\d.]+\w+ and limit [\d.]+\w+ exceeded [^.]*\.\d*\w*|"
+        r"Used [\d.]+\w+ of [\d.]+\w+ vmem\. Exceeded vmem capacity by [\d.]+\w+",
+        text,
+    )
     name = next((g for g in kernel.groups() if g), "") if kernel else ""
-    return ((f"{name}: " if name else "") + (numbers.group(0) if numbers else _first_line(text)))
+    return (f"{name}: " if name else "") + (numbers.group(0) if numbers else _first_line(text))
 
 
 def vmem_advice(text: str) -> list[str]:
@@ -176,8 +185,7 @@ def vmem_advice(text: str) -> list[str]:
 
 def largest_allocations(dump_dir: str | None, n: int = LARGEST) -> list[str]:
     """The n largest HBM allocations of XLA's memory-usage report of the step ('size: shapes')."""
-    files = sorted(glob.glob(os.path.join(dump_dir or "", "*train_step*memory-usage-report.txt")),
-                   key=os.path.getsize)
+    files = sorted(glob.glob(os.path.join(dump_dir or "", "*train_step*memory-usage-report.txt")), key=os.path.getsize)
     if not files:
         return []
     with open(files[-1]) as f:
@@ -211,28 +219,47 @@ def step_resources(cfg: TrainerConfig, dump_dir: str | None, devices: int) -> St
         return None
     gib = lambda d: {k: _figure(v / GIB) for k, v in d.items()}  # noqa: E731
     return StepResources(
-        matmul_tflop=_figure(costs.flops / 1e12), fp8_tflop=_figure(costs.fp8_flops / 1e12),
+        matmul_tflop=_figure(costs.flops / 1e12),
+        fp8_tflop=_figure(costs.fp8_flops / 1e12),
         model_tflop=_figure(flops.flops_per_step(cfg.model, cfg.training) / devices / 1e12),
-        kernel_calls=int(sum(costs.kernel_calls.values())), ici_gib=gib(costs.ici_bytes), dcn_gib=gib(costs.dcn_bytes),
-        ici_sent_gib=_figure(costs.ici_wire_bytes / GIB), dcn_sent_gib=_figure(costs.dcn_wire_bytes / GIB),
-        hbm_traffic_gib=_figure(costs.hbm_bytes / GIB), unknown_loops=len(costs.unknown_loops))
+        kernel_calls=int(sum(costs.kernel_calls.values())),
+        ici_gib=gib(costs.ici_bytes),
+        dcn_gib=gib(costs.dcn_bytes),
+        ici_sent_gib=_figure(costs.ici_wire_bytes / GIB),
+        dcn_sent_gib=_figure(costs.dcn_wire_bytes / GIB),
+        hbm_traffic_gib=_figure(costs.hbm_bytes / GIB),
+        unknown_loops=len(costs.unknown_loops),
+    )
 
 
-def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dump_dir: str | None = None,
-         host_capacity_gib: float | None = None) -> PlanResult:
+def plan(
+    cfg: TrainerConfig,
+    *,
+    capacity_gib: float | None,
+    headroom: float,
+    dump_dir: str | None = None,
+    host_capacity_gib: float | None = None,
+) -> PlanResult:
     """Compile `cfg`'s step for its slice and judge it against `capacity_gib` of HBM per device (and
     `host_capacity_gib` of host memory, for offloaded activations) less `headroom`. In this process:
     LIBTPU_INIT_ARGS must be set, and accepted (`libtpu_flags`), before."""
     from ..model import sharding
 
-    base = dict(hbm_capacity_gib=capacity_gib, host_capacity_gib=host_capacity_gib, headroom=headroom,
-                libtpu_version=libtpu_version())
+    base = dict(
+        hbm_capacity_gib=capacity_gib,
+        host_capacity_gib=host_capacity_gib,
+        headroom=headroom,
+        libtpu_version=libtpu_version(),
+    )
     where = f"{cfg.generation} {cfg.topology} x {cfg.slices} slice(s)"
     try:
         devices = topology_devices(cfg.generation, cfg.topology, cfg.slices)
     except Exception as exc:  # noqa: BLE001 -- libtpu's INVALID_ARGUMENT for a name it does not know
-        return PlanResult(verdict="Unsupported", message=f"libtpu {base['libtpu_version']} cannot make a {where}: "
-                          f"{_first_line(exc)}", **base)
+        return PlanResult(
+            verdict="Unsupported",
+            message=f"libtpu {base['libtpu_version']} cannot make a {where}: {_first_line(exc)}",
+            **base,
+        )
     base |= dict(device_kind=devices[0].device_kind, devices=len(devices))
     try:
         lowered, trainer = build_step(cfg, devices)
@@ -247,69 +274,117 @@ def plan(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float, dum
         seconds = round(time.perf_counter() - start, 1)
         kind, first = oom_kind(exc), _first_line(exc)
         if kind == "vmem":
-            return PlanResult(verdict="VmemOverflow", compile_seconds=seconds, change=vmem_advice(str(exc)), **base,
-                              message=f"a Mosaic kernel does not fit VMEM on {devices[0].device_kind}: "
-                                      f"{vmem_summary(str(exc))}")
+            return PlanResult(
+                verdict="VmemOverflow",
+                compile_seconds=seconds,
+                change=vmem_advice(str(exc)),
+                **base,
+                message=f"a Mosaic kernel does not fit VMEM on {devices[0].device_kind}: {vmem_summary(str(exc))}",
+            )
         if kind == "hbm":
             limit = (capacity_gib or 0) * (1 - headroom) * GIB
-            return PlanResult(verdict="DoesNotFit", compile_seconds=seconds, state_gib=_gib(state), **base,
-                              change=hbm_advice(cfg, state, limit), largest=largest_allocations(dump_dir),
-                              message=f"does not fit HBM on a {where}: {first} Parameters and optimizer state alone "
-                                      f"are {_gib(state)} GiB per device")
+            return PlanResult(
+                verdict="DoesNotFit",
+                compile_seconds=seconds,
+                state_gib=_gib(state),
+                **base,
+                change=hbm_advice(cfg, state, limit),
+                largest=largest_allocations(dump_dir),
+                message=f"does not fit HBM on a {where}: {first} Parameters and optimizer state alone "
+                f"are {_gib(state)} GiB per device",
+            )
         log.error("compile failed: %s", exc)
-        return PlanResult(verdict="CompileError", compile_seconds=seconds, **base,
-                          message=f"the TPU compiler failed: {first}")
+        return PlanResult(
+            verdict="CompileError", compile_seconds=seconds, **base, message=f"the TPU compiler failed: {first}"
+        )
     seconds = round(time.perf_counter() - start, 1)
     memory = Memory.of(compiled.memory_analysis())
-    numbers = dict(hbm_per_device_gib=_gib(memory.total), state_gib=_gib(memory.state),
-                   temporaries_gib=_gib(memory.temporaries), host_per_device_gib=_gib(memory.host),
-                   compile_seconds=seconds, largest=largest_allocations(dump_dir),
-                   resources=step_resources(cfg, dump_dir, len(devices)))
-    said = (f"{_gib(memory.total)} GiB per device ({_gib(memory.state)} state + {_gib(memory.temporaries)} "
-            f"temporaries) on a {where}") + (f", {_gib(memory.host)} GiB offloaded to host" if memory.host else "")
+    numbers = dict(
+        hbm_per_device_gib=_gib(memory.total),
+        state_gib=_gib(memory.state),
+        temporaries_gib=_gib(memory.temporaries),
+        host_per_device_gib=_gib(memory.host),
+        compile_seconds=seconds,
+        largest=largest_allocations(dump_dir),
+        resources=step_resources(cfg, dump_dir, len(devices)),
+    )
+    said = (
+        f"{_gib(memory.total)} GiB per device ({_gib(memory.state)} state + {_gib(memory.temporaries)} "
+        f"temporaries) on a {where}"
+    ) + (f", {_gib(memory.host)} GiB offloaded to host" if memory.host else "")
     if host_capacity_gib is not None and memory.host / GIB > host_capacity_gib * (1 - headroom):
-        return PlanResult(verdict="DoesNotFit", change=["training.remat.tensors", "training.globalBatch"], **numbers,
-                          **base, message=f"does not fit host memory: {said}, more than {host_capacity_gib:g} GiB "
-                                          f"of host memory per device less {headroom:.0%} headroom")
+        return PlanResult(
+            verdict="DoesNotFit",
+            change=["training.remat.tensors", "training.globalBatch"],
+            **numbers,
+            **base,
+            message=f"does not fit host memory: {said}, more than {host_capacity_gib:g} GiB "
+            f"of host memory per device less {headroom:.0%} headroom",
+        )
     if capacity_gib is None:
-        return PlanResult(verdict="Fits", message=f"compiles: {said}; no HBM capacity given to check against",
-                          **numbers, **base)
+        return PlanResult(
+            verdict="Fits", message=f"compiles: {said}; no HBM capacity given to check against", **numbers, **base
+        )
     usable = capacity_gib * (1 - headroom)
     if memory.total / GIB <= usable:
-        return PlanResult(verdict="Fits", **numbers, **base,
-                          message=f"fits: {said}, of {capacity_gib:g} GiB ({usable:.1f} GiB with "
-                                  f"{headroom:.0%} headroom)")
-    return PlanResult(verdict="DoesNotFit", change=hbm_advice(cfg, memory.state, usable * GIB), **numbers, **base,
-                      message=f"does not fit: {said}, more than {usable:.1f} GiB ({capacity_gib:g} GiB less "
-                              f"{headroom:.0%} headroom)")
+        return PlanResult(
+            verdict="Fits",
+            **numbers,
+            **base,
+            message=f"fits: {said}, of {capacity_gib:g} GiB ({usable:.1f} GiB with {headroom:.0%} headroom)",
+        )
+    return PlanResult(
+        verdict="DoesNotFit",
+        change=hbm_advice(cfg, memory.state, usable * GIB),
+        **numbers,
+        **base,
+        message=f"does not fit: {said}, more than {usable:.1f} GiB ({capacity_gib:g} GiB less {headroom:.0%} headroom)",
+    )
 
 
-def check(cfg: TrainerConfig, *, capacity_gib: float | None, headroom: float,
-          host_capacity_gib: float | None = None, keep_dump: str | None = None) -> PlanResult:
+def check(
+    cfg: TrainerConfig,
+    *,
+    capacity_gib: float | None,
+    headroom: float,
+    host_capacity_gib: float | None = None,
+    keep_dump: str | None = None,
+) -> PlanResult:
     """The whole check, as the CLI runs it: libtpu present, the flags of $LIBTPU_INIT_ARGS accepted (in
     a child), then `plan` in this process with XLA's memory report and optimized module dumped to a
     scratch directory (to `keep_dump`, kept, when given)."""
     base = dict(hbm_capacity_gib=capacity_gib, headroom=headroom)
     if importlib.util.find_spec("libtpu") is None:
-        return PlanResult(verdict="NoLibtpu", **base, message="libtpu is not installed here, so the TPU compiler "
-                          "cannot be run: pip install 'tpu-operator[plan]' (or the TPU workload image)")
+        return PlanResult(
+            verdict="NoLibtpu",
+            **base,
+            message="libtpu is not installed here, so the TPU compiler "
+            "cannot be run: pip install 'tpu-operator[plan]' (or the TPU workload image)",
+        )
     from . import libtpu_flags
 
     flags = os.environ.get("LIBTPU_INIT_ARGS", "").split()
     bad: list[RejectedFlag] = libtpu_flags.rejected(flags, cfg.generation)
     if bad:
-        return PlanResult(verdict="RejectedFlags", rejected_flags=bad, libtpu_version=libtpu_version(), **base,
-                          change=["runtime.libtpuInitArgs"],
-                          message=f"libtpu {libtpu_version()} refuses {len(bad)} LIBTPU_INIT_ARGS flag(s): " +
-                                  "; ".join(f"{b.flag}: {b.message}" for b in bad))
+        return PlanResult(
+            verdict="RejectedFlags",
+            rejected_flags=bad,
+            libtpu_version=libtpu_version(),
+            **base,
+            change=["runtime.libtpuInitArgs"],
+            message=f"libtpu {libtpu_version()} refuses {len(bad)} LIBTPU_INIT_ARGS flag(s): "
+            + "; ".join(f"{b.flag}: {b.message}" for b in bad),
+        )
     with tempfile.TemporaryDirectory(prefix="tpujob-plan-") as scratch:
         dump = keep_dump or scratch
         # The TPU compiler reads XLA_FLAGS too: its memory report names the largest allocations, and its
         # optimized module says what the step costs (hlo_costs.py).
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
-                                   " --xla_dump_hlo_module_re=.*train_step.*").strip()
-        return plan(cfg, capacity_gib=capacity_gib, headroom=headroom, dump_dir=dump,
-                    host_capacity_gib=host_capacity_gib)
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_module_re=.*train_step.*"
+        ).strip()
+        return plan(
+            cfg, capacity_gib=capacity_gib, headroom=headroom, dump_dir=dump, host_capacity_gib=host_capacity_gib
+        )
 
 
 def worst(results: list[tuple[int, PlanResult]]) -> PlanResult:
@@ -320,24 +395,43 @@ def worst(results: list[tuple[int, PlanResult]]) -> PlanResult:
     bad = [(k, r) for k, r in results if r.verdict != "Fits"]
     k, r = bad[0] if bad else max(results, key=lambda kr: kr[1].hbm_per_device_gib or 0.0)
     total = sum(x.compile_seconds or 0.0 for _, x in results)
-    return r.model_copy(update=dict(slices=k, hbm_by_slices=by, compile_seconds=round(total, 1) if total else None,
-                                    message=f"on {k} slice(s): {r.message}" if len(results) > 1 else r.message))
+    return r.model_copy(
+        update=dict(
+            slices=k,
+            hbm_by_slices=by,
+            compile_seconds=round(total, 1) if total else None,
+            message=f"on {k} slice(s): {r.message}" if len(results) > 1 else r.message,
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpu_workload.performance.plan", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tpu_workload.performance.plan", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--config", required=True, help="TrainerConfig JSON file (the one the pods mount)")
-    parser.add_argument("--hbm-capacity-gib", type=float, help="HBM of one device (v7x: 96); unset: only the "
-                                                                "compiler's own limit is checked")
-    parser.add_argument("--host-capacity-gib", type=float, help="host memory per device (v7x: 111.8); unset: "
-                                                                  "offloaded bytes are reported, not checked")
-    parser.add_argument("--headroom", type=float, default=0.10, help="fraction of HBM (and host memory) to keep "
-                                                                     "free (default 0.10)")
+    parser.add_argument(
+        "--hbm-capacity-gib",
+        type=float,
+        help="HBM of one device (v7x: 96); unset: only the compiler's own limit is checked",
+    )
+    parser.add_argument(
+        "--host-capacity-gib",
+        type=float,
+        help="host memory per device (v7x: 111.8); unset: offloaded bytes are reported, not checked",
+    )
+    parser.add_argument(
+        "--headroom", type=float, default=0.10, help="fraction of HBM (and host memory) to keep free (default 0.10)"
+    )
     parser.add_argument("--termination-log", help="also write the result here (e.g. /dev/termination-log)")
-    parser.add_argument("--keep-dump", metavar="DIR", help="keep XLA's dump of the step (its optimized module, "
-                                                            "memory report) in DIR")
-    parser.add_argument("--slice-counts", help="an elastic job: compile at each of these slice counts (e.g. 2,1; the "
-                                               "config applied with TrainerConfig.at_slices) and report the worst")
+    parser.add_argument(
+        "--keep-dump", metavar="DIR", help="keep XLA's dump of the step (its optimized module, memory report) in DIR"
+    )
+    parser.add_argument(
+        "--slice-counts",
+        help="an elastic job: compile at each of these slice counts (e.g. 2,1; the "
+        "config applied with TrainerConfig.at_slices) and report the worst",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Before JAX is imported: nothing may initialise libtpu before the flags are checked, and several
@@ -353,9 +447,19 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     counts = [int(c) for c in args.slice_counts.split(",")] if args.slice_counts else [cfg.slices]
-    results = [(k, check(cfg if k == cfg.slices else cfg.at_slices(k), capacity_gib=args.hbm_capacity_gib,
-                         headroom=args.headroom, host_capacity_gib=args.host_capacity_gib,
-                         keep_dump=args.keep_dump and os.path.join(args.keep_dump, f"slices-{k}"))) for k in counts]
+    results = [
+        (
+            k,
+            check(
+                cfg if k == cfg.slices else cfg.at_slices(k),
+                capacity_gib=args.hbm_capacity_gib,
+                headroom=args.headroom,
+                host_capacity_gib=args.host_capacity_gib,
+                keep_dump=args.keep_dump and os.path.join(args.keep_dump, f"slices-{k}"),
+            ),
+        )
+        for k in counts
+    ]
     result = worst(results) if args.slice_counts else results[0][1]
     print(result.model_dump_json(by_alias=True, exclude_defaults=True), flush=True)
     if args.termination_log:

@@ -31,8 +31,8 @@ from etils import epath
 
 from tpu_operator.api.profiling import MAX_TRACE_SECONDS, ProfileReport, StepRange, parse_steps
 
-from ..process.metrics import Status
 from ..loop.hooks import Hook, Run
+from ..process.metrics import Status
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,14 @@ class Profiler:
     """One request at a time: a new one replaces one still pending, waits for one being captured, and
     the same one asked for again is answered as before (the operator may send it again after a restart)."""
 
-    def __init__(self, total_steps: int, logdir: str | None, status: Status | None = None,
-                 emit: Callable[[dict], None] | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        total_steps: int,
+        logdir: str | None,
+        status: Status | None = None,
+        emit: Callable[[dict], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.total, self.logdir, self.status, self.clock = total_steps, logdir, status, clock
         self.emit = emit  # process 0's JSON lines: a `{"profile": ...}` line once a trace is done or failed
         self._lock = threading.Lock()
@@ -79,23 +85,39 @@ class Profiler:
             if self._report is not None and self._report.requested == requested:
                 return 200, self._report  # the same request again: the same answer
             if self._capturing:
-                return 409, ProfileReport(requested=requested, state="failed",
-                                          message=f"steps {self._range} are being traced; ask again once done")
+                return 409, ProfileReport(
+                    requested=requested,
+                    state="failed",
+                    message=f"steps {self._range} are being traced; ask again once done",
+                )
             if self.logdir is None:
-                return 400, ProfileReport(requested=requested, state="failed", message=(
-                    "this trainer has no directory to write a trace to: set spec.checkpoint.directory"))
+                return 400, ProfileReport(
+                    requested=requested,
+                    state="failed",
+                    message=("this trainer has no directory to write a trace to: set spec.checkpoint.directory"),
+                )
             # A trace starts after step FIRST-1 is dispatched: a range the loop has reached is moved on.
             earliest = 1 if self._dispatched is None else self._dispatched + 2
             if wanted.last < earliest:
-                return 400, ProfileReport(requested=requested, state="failed", message=(
-                    f"steps {requested} have already run: the trainer is at step {self._dispatched}; the "
-                    f"earliest step it can trace is {earliest}"))
+                return 400, ProfileReport(
+                    requested=requested,
+                    state="failed",
+                    message=(
+                        f"steps {requested} have already run: the trainer is at step {self._dispatched}; the "
+                        f"earliest step it can trace is {earliest}"
+                    ),
+                )
             traced = StepRange(max(wanted.first, earliest), wanted.last)
             message = "" if traced == wanted else f"steps {wanted.first}-{traced.first - 1} had already run"
-            self._set(StepRange(traced.first, traced.last), ProfileReport(
-                requested=requested, steps=str(traced), state="pending", directory=self.logdir, message=message))
-            log.info("profile: steps %s will be traced into %s%s", traced, self.logdir,
-                     f" ({message})" if message else "")
+            self._set(
+                StepRange(traced.first, traced.last),
+                ProfileReport(
+                    requested=requested, steps=str(traced), state="pending", directory=self.logdir, message=message
+                ),
+            )
+            log.info(
+                "profile: steps %s will be traced into %s%s", traced, self.logdir, f" ({message})" if message else ""
+            )
             return 200, self._report
 
     def report(self) -> ProfileReport | None:
@@ -135,13 +157,22 @@ class Profiler:
                 self._stop(step)
             elif self._capturing and self.clock() - self._started > MAX_TRACE_SECONDS:
                 jax.block_until_ready(state)  # slow steps: the trace ends here, its events held in memory so far
-                self._stop(step, why=f"the trace stopped after step {step}: a trace lasts at most "
-                                     f"{MAX_TRACE_SECONDS} s")
+                self._stop(
+                    step, why=f"the trace stopped after step {step}: a trace lasts at most {MAX_TRACE_SECONDS} s"
+                )
             elif not self._capturing and step >= wanted.first - 1:
                 jax.block_until_ready(state)  # and begins with nothing before step `first` in flight
                 if step >= wanted.last:  # asked for while its last step was being dispatched
-                    self._set(None, self._report.model_copy(update=dict(state="failed", steps=None, message=(
-                        f"asked for too late: step {step} was already dispatched"))))
+                    self._set(
+                        None,
+                        self._report.model_copy(
+                            update=dict(
+                                state="failed",
+                                steps=None,
+                                message=(f"asked for too late: step {step} was already dispatched"),
+                            )
+                        ),
+                    )
                     return
                 if step >= wanted.first:  # asked for during the step before: it starts one step late
                     self._range = StepRange(step + 1, wanted.last)
@@ -155,19 +186,37 @@ class Profiler:
             if self._capturing:
                 self._stop(step, ended=True)
             elif self._range is not None:
-                self._set(None, self._report.model_copy(update=dict(
-                    state="failed", message=f"the run ended at step {step} before step {self._range.first}")))
+                self._set(
+                    None,
+                    self._report.model_copy(
+                        update=dict(
+                            state="failed", message=f"the run ended at step {step} before step {self._range.first}"
+                        )
+                    ),
+                )
 
     def _refit(self, start: int) -> None:
         """A range asked for before the run knew where it resumes from: the steps already run are left out."""
         wanted = self._range
         if wanted.last <= start:
-            self._set(None, self._report.model_copy(update=dict(state="failed", steps=None, message=(
-                f"steps {wanted} had already run: the run resumed after step {start}"))))
+            self._set(
+                None,
+                self._report.model_copy(
+                    update=dict(
+                        state="failed",
+                        steps=None,
+                        message=(f"steps {wanted} had already run: the run resumed after step {start}"),
+                    )
+                ),
+            )
         else:
             self._range = StepRange(start + 1, wanted.last)
-            self._set(self._range, self._report.model_copy(update=dict(
-                steps=str(self._range), message=f"the run resumed after step {start}")))
+            self._set(
+                self._range,
+                self._report.model_copy(
+                    update=dict(steps=str(self._range), message=f"the run resumed after step {start}")
+                ),
+            )
 
     def _start(self) -> None:
         self._before = set(_traces(self.logdir))
@@ -191,8 +240,14 @@ class Profiler:
             return
         new = sorted(set(_traces(self.logdir)) - self._before)
         if not new:
-            self._set(None, self._report.model_copy(update=dict(
-                state="failed", message=f"the profiler wrote no .xplane.pb under {self.logdir}/plugins/profile")))
+            self._set(
+                None,
+                self._report.model_copy(
+                    update=dict(
+                        state="failed", message=f"the profiler wrote no .xplane.pb under {self.logdir}/plugins/profile"
+                    )
+                ),
+            )
             return
         update = dict(state="done", path=new[-1])
         if ended:
@@ -209,8 +264,9 @@ def _traces(logdir: str) -> list[str]:
     return [str(p) for p in root.glob("*/*.xplane.pb")] if root.exists() else []
 
 
-def for_config(cfg, tensorboard_dir: str | None, status: Status | None,
-               emit: Callable[[dict], None] | None = None) -> Profiler:
+def for_config(
+    cfg, tensorboard_dir: str | None, status: Status | None, emit: Callable[[dict], None] | None = None
+) -> Profiler:
     """The process's profiler; the config's `profile_steps` (a local run's --profile) already asked for."""
     profiler = Profiler(cfg.training.steps, tensorboard_dir, status, emit)
     if cfg.profile_steps:

@@ -43,8 +43,11 @@ log = logging.getLogger(__name__)
 CACHE_FILE = "splash_blocks.json"
 BLOCK_FIELDS = tuple(f for f in SplashSpec.model_fields if f.startswith("block_"))
 # Splash's stages: the block sizes each pass reads (a compute block follows its block).
-SPLASH_STAGES = {"forward": ("block_q", "block_kv"), "dkv": ("block_q_dkv", "block_kv_dkv"),
-                 "dq": ("block_q_dq", "block_kv_dq")}
+SPLASH_STAGES = {
+    "forward": ("block_q", "block_kv"),
+    "dkv": ("block_q_dkv", "block_kv_dkv"),
+    "dq": ("block_q_dq", "block_kv_dq"),
+}
 SPLASH_CANDIDATES = (128, 256, 512)
 GMM_PASSES = tuple(GmmSpec.model_fields)  # forward, lhs_gradient, rhs_gradient
 GMM_CANDIDATES = {"m": (256, 512, 1024), "k": (512, 1024, 2048), "n": (512, 1024, 2048)}
@@ -61,14 +64,21 @@ class SplashShape:
     fused_backward: bool = False  # tokamax's Splash (maxLogitConst): no separate dQ pass
 
     @classmethod
-    def of(cls, cfg: TrainerConfig) -> "SplashShape":
+    def of(cls, cfg: TrainerConfig) -> SplashShape:
         m = cfg.model
-        return cls(seq=cfg.training.sequence_length, context=cfg.mesh.context, heads=m.heads // cfg.mesh.tensor,
-                   head_dim=m.head_dim, fused_backward=cfg.kernels.splash.max_logit_const is not None)
+        return cls(
+            seq=cfg.training.sequence_length,
+            context=cfg.mesh.context,
+            heads=m.heads // cfg.mesh.tensor,
+            head_dim=m.head_dim,
+            fused_backward=cfg.kernels.splash.max_logit_const is not None,
+        )
 
     def key(self, device_kind: str) -> str:
-        return (f"{device_kind}|splash{'-fused' if self.fused_backward else ''}|seq={self.seq}|"
-                f"context={self.context}|heads={self.heads}|head_dim={self.head_dim}")
+        return (
+            f"{device_kind}|splash{'-fused' if self.fused_backward else ''}|seq={self.seq}|"
+            f"context={self.context}|heads={self.heads}|head_dim={self.head_dim}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,16 +93,23 @@ class GmmShape:
     fp8: bool = False
 
     @classmethod
-    def of(cls, cfg: TrainerConfig) -> "GmmShape":
+    def of(cls, cfg: TrainerConfig) -> GmmShape:
         m, mesh, t = cfg.model, cfg.mesh, cfg.training
         tokens = t.global_batch // (mesh.data * mesh.fsdp * mesh.expert) * (t.sequence_length // mesh.context)
         local = m.experts // mesh.expert
-        return cls(rows=moe.receive_rows(tokens, m.experts_per_token, local, mesh.expert), d=m.model_dim,
-                   f=m.mlp_dim // mesh.tensor, experts=local, fp8=t.precision == "fp8")
+        return cls(
+            rows=moe.receive_rows(tokens, m.experts_per_token, local, mesh.expert),
+            d=m.model_dim,
+            f=m.mlp_dim // mesh.tensor,
+            experts=local,
+            fp8=t.precision == "fp8",
+        )
 
     def key(self, device_kind: str) -> str:
-        return (f"{device_kind}|gmm{'-fp8' if self.fp8 else ''}|rows={self.rows}|d={self.d}|f={self.f}|"
-                f"experts={self.experts}")
+        return (
+            f"{device_kind}|gmm{'-fp8' if self.fp8 else ''}|rows={self.rows}|d={self.d}|f={self.f}|"
+            f"experts={self.experts}"
+        )
 
 
 # --- the cache file ----------------------------------------------------------------------------------
@@ -158,12 +175,23 @@ def _complete_splash(blocks: dict) -> SplashSpec:
 
 def splash_search(shape: SplashShape, candidates=SPLASH_CANDIDATES) -> dict[str, dict[str, tuple]]:
     """Every stage that acts for this kernel (no dQ stage for a fused backward) and its candidates."""
-    return {stage: {f: tuple(candidates) for f in fields} for stage, fields in SPLASH_STAGES.items()
-            if not (stage == "dq" and shape.fused_backward)}
+    return {
+        stage: {f: tuple(candidates) for f in fields}
+        for stage, fields in SPLASH_STAGES.items()
+        if not (stage == "dq" and shape.fused_backward)
+    }
 
 
-def tune_splash(shape: SplashShape, *, cache_dir: str, search: dict | None = None, batch: int = 1,
-                interpret: bool | None = None, retune: bool = False, max_logit_const: float | None = None) -> dict:
+def tune_splash(
+    shape: SplashShape,
+    *,
+    cache_dir: str,
+    search: dict | None = None,
+    batch: int = 1,
+    interpret: bool | None = None,
+    retune: bool = False,
+    max_logit_const: float | None = None,
+) -> dict:
     """Best Splash block sizes for causal attention of `shape` on this chip, from the cache or tuned
     (and cached); the kernel is timed on one device's share (its query shard, its heads). `search`
     maps stages to their fields' candidates (default: `splash_search`); the rest keep defaults."""
@@ -198,8 +226,9 @@ def tune_splash(shape: SplashShape, *, cache_dir: str, search: dict | None = Non
     return blocks
 
 
-def tune_gmm(shape: GmmShape, *, cache_dir: str, search: dict | None = None, interpret: bool | None = None,
-             retune: bool = False) -> dict:
+def tune_gmm(
+    shape: GmmShape, *, cache_dir: str, search: dict | None = None, interpret: bool | None = None, retune: bool = False
+) -> dict:
     """Best grouped-matmul tiles per pass for the experts' SwiGLU of `shape` on this chip, from the
     cache or tuned (and cached); rows routed evenly over the local experts. `search` maps passes to
     their tiles' candidates (default: every pass over GMM_CANDIDATES); the rest keep defaults."""
@@ -238,8 +267,9 @@ def tune_gmm(shape: GmmShape, *, cache_dir: str, search: dict | None = None, int
 # --- what a step uses -------------------------------------------------------------------------------
 
 
-def resolve_splash(spec: SplashSpec, shape: SplashShape, cache_dir: str | None,
-                   device_kind: str | None = None) -> SplashSpec:
+def resolve_splash(
+    spec: SplashSpec, shape: SplashShape, cache_dir: str | None, device_kind: str | None = None
+) -> SplashSpec:
     """`spec` with tuned block sizes from the cache when it leaves all of them at their defaults
     and the cache has this chip (`device_kind`, default this process's) and shape; otherwise `spec`
     unchanged. A step compiled ahead of time for a TPU (plan.py) names the mesh's chip: this
@@ -264,9 +294,11 @@ def resolve_gmm(spec: GmmSpec, shape: GmmShape, cache_dir: str | None, device_ki
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpu_workload.performance.tuning",
-                                     description="Tune a trainer config's kernels (Splash blocks, grouped-matmul "
-                                                 "tiles) for its per-device shapes on this chip.")
+    parser = argparse.ArgumentParser(
+        prog="python -m tpu_workload.performance.tuning",
+        description="Tune a trainer config's kernels (Splash blocks, grouped-matmul "
+        "tiles) for its per-device shapes on this chip.",
+    )
     parser.add_argument("--config", required=True, help="TrainerConfig JSON file (the one the pods mount)")
     parser.add_argument("--cache-dir", help="cache directory (default: the config's kernels.tuningCache)")
     parser.add_argument("--retune", action="store_true", help="tune again even if the cache has this shape")
@@ -283,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     kind, out = _device_kind(), {}
     if cfg.kernels.attention == "splash":
         shape = SplashShape.of(cfg)
-        out[shape.key(kind)] = tune_splash(shape, cache_dir=cache_dir, retune=args.retune,
-                                           max_logit_const=cfg.kernels.splash.max_logit_const)
+        out[shape.key(kind)] = tune_splash(
+            shape, cache_dir=cache_dir, retune=args.retune, max_logit_const=cfg.kernels.splash.max_logit_const
+        )
     if cfg.model.is_moe and cfg.kernels.moe_matmul == "gmm":
         shape = GmmShape.of(cfg)
         out[shape.key(kind)] = tune_gmm(shape, cache_dir=cache_dir, retune=args.retune)

@@ -52,8 +52,10 @@ class Stopped(Exception):
     """SIGTERM was handled: the step in flight finished and (with a checkpoint directory) was saved."""
 
     def __init__(self, step: int, saved: bool):
-        super().__init__(f"stopped by SIGTERM at step {step}" +
-                         (f" after a checkpoint at step {step}" if saved else " (no checkpoint directory)"))
+        super().__init__(
+            f"stopped by SIGTERM at step {step}"
+            + (f" after a checkpoint at step {step}" if saved else " (no checkpoint directory)")
+        )
         self.step, self.saved = step, saved
 
 
@@ -120,8 +122,7 @@ def fail(exc: BaseException, progress: Progress | None) -> int:
         log.warning("%s; exiting %d", exc, code)
     else:
         log.error("training failed (exit %d): %s", code, line, exc_info=exc)
-    write_record(TerminationRecord(code=code, error=str(exc) if code == ExitCode.STOPPED else line,
-                                   progress=progress))
+    write_record(TerminationRecord(code=code, error=str(exc) if code == ExitCode.STOPPED else line, progress=progress))
     return code
 
 
@@ -129,6 +130,7 @@ def fail(exc: BaseException, progress: Progress | None) -> int:
 def deadline(seconds: float, what: str, progress: Callable[[], Progress | None]) -> Iterator[None]:
     """Run the block with a watchdog: past `seconds` the process exits 42 with a message naming `what`
     (a blocked collective cannot be interrupted from Python; os._exit ends it anyway)."""
+
     def expire() -> None:
         message = f"Retryable: {what} did not complete within {seconds:g} s"
         log.error("%s; exiting %d", message, ExitCode.RETRYABLE)

@@ -29,7 +29,7 @@ STEP_KEYS = ("step", "loss", "step_time_s", "global_tokens_per_s", "mfu", "last_
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+    return datetime.datetime.now(datetime.UTC).isoformat()
 
 
 class Status:
@@ -41,7 +41,11 @@ class Status:
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self)
         self._values = {k: None for k in STEP_KEYS} | {
-            "total_steps": total_steps, "state": "running", "time": _now(), "process_count": process_count}
+            "total_steps": total_steps,
+            "state": "running",
+            "time": _now(),
+            "process_count": process_count,
+        }
 
     def update(self, **values) -> None:
         with self._lock:
@@ -66,8 +70,9 @@ class Status:
             yield gauge
 
 
-def serve(status: Status, port: int, profile: Callable[[bytes], "tuple[int, dict]"] | None = None,
-          token: str | None = None) -> Server | None:
+def serve(
+    status: Status, port: int, profile: Callable[[bytes], tuple[int, dict]] | None = None, token: str | None = None
+) -> Server | None:
     """Serve /status (JSON) and /metrics (Prometheus) on `port` (0 picks a free one), and `POST /profile`
     with `profile(body)` where given (profiling.py), to a request with the control credential `token`
     (serving.control_token; None: none needed)."""

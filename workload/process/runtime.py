@@ -33,7 +33,7 @@ import dataclasses
 import glob as globlib
 import logging
 import os
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,13 @@ CPU_PEAK_FLOPS_PER_DEVICE = 5e10
 
 # Variables that only TPU hosts carry: GKE's webhook injects TPU_WORKER_ID and TPU_WORKER_HOSTNAMES
 # (TPU_PROCESS_ADDRESSES, which JAX reads first, in newer versions); multi-slice JobSets set MEGASCALE_*.
-TPU_SIGN_VARIABLES = ("TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES", "TPU_WORKER_ID",
-                      "MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_NUM_SLICES")
+TPU_SIGN_VARIABLES = (
+    "TPU_WORKER_HOSTNAMES",
+    "TPU_PROCESS_ADDRESSES",
+    "TPU_WORKER_ID",
+    "MEGASCALE_COORDINATOR_ADDRESS",
+    "MEGASCALE_NUM_SLICES",
+)
 # TPU chips as device nodes: /dev/accel<N> (accel driver) or /dev/vfio/<group> (v5p and later).
 # /dev/vfio/vfio, the VFIO container node, exists on any host with the vfio module: not a sign.
 TPU_DEVICE_GLOBS = ("/dev/accel*", "/dev/vfio/[0-9]*")
@@ -93,8 +98,10 @@ def _process_id(env: Mapping[str, str]) -> int | None:
     parts = {n: _int(env, n) for n in ("TPUJOB_SLICE_ID", "TPUJOB_HOSTS_PER_SLICE", "TPUJOB_HOST_ID")}
     missing = [n for n, v in parts.items() if v is None]
     if missing:
-        raise ValueError(f"TPUJOB_SLICE_ID is set but {', '.join(missing)} is not: the process id is "
-                         "TPUJOB_SLICE_ID * TPUJOB_HOSTS_PER_SLICE + TPUJOB_HOST_ID")
+        raise ValueError(
+            f"TPUJOB_SLICE_ID is set but {', '.join(missing)} is not: the process id is "
+            "TPUJOB_SLICE_ID * TPUJOB_HOSTS_PER_SLICE + TPUJOB_HOST_ID"
+        )
     return parts["TPUJOB_SLICE_ID"] * parts["TPUJOB_HOSTS_PER_SLICE"] + parts["TPUJOB_HOST_ID"]
 
 
@@ -104,19 +111,24 @@ def tpu_signs(env: Mapping[str, str], glob: Callable[[str], list[str]] = globlib
     return names + tuple(p for pattern in TPU_DEVICE_GLOBS for p in sorted(glob(pattern)))
 
 
-def read_env(env: Mapping[str, str] | None = None, *,
-             glob: Callable[[str], list[str]] = globlib.glob) -> Env:
+def read_env(env: Mapping[str, str] | None = None, *, glob: Callable[[str], list[str]] = globlib.glob) -> Env:
     """Parse the contract from `env` (default os.environ); `glob` finds device nodes."""
     env = os.environ if env is None else env
     peak = env.get("TPUJOB_PEAK_FLOPS_PER_DEVICE")
-    return Env(coordinator=env.get("TPUJOB_COORDINATOR_ADDRESS") or None,
-               num_processes=_int(env, "TPUJOB_NUM_PROCESSES"), process_id=_process_id(env),
-               platform=env.get("TPUJOB_PLATFORM") or None, cpu_devices=_int(env, "TPUJOB_CPU_DEVICES"),
-               metrics_port=_int(env, "TPUJOB_METRICS_PORT"), peak_flops=float(peak) if peak else None,
-               run_dir=env.get("TPUJOB_RUN_DIR") or None,
-               linger_s=float(env.get("TPUJOB_LINGER_SECONDS") or 0), tpu_signs=tpu_signs(env, glob),
-               init_timeout_s=_int(env, "TPUJOB_INIT_TIMEOUT_SECONDS") or DEFAULT_INIT_TIMEOUT_S,
-               slices=_int(env, "TPUJOB_SLICES"))
+    return Env(
+        coordinator=env.get("TPUJOB_COORDINATOR_ADDRESS") or None,
+        num_processes=_int(env, "TPUJOB_NUM_PROCESSES"),
+        process_id=_process_id(env),
+        platform=env.get("TPUJOB_PLATFORM") or None,
+        cpu_devices=_int(env, "TPUJOB_CPU_DEVICES"),
+        metrics_port=_int(env, "TPUJOB_METRICS_PORT"),
+        peak_flops=float(peak) if peak else None,
+        run_dir=env.get("TPUJOB_RUN_DIR") or None,
+        linger_s=float(env.get("TPUJOB_LINGER_SECONDS") or 0),
+        tpu_signs=tpu_signs(env, glob),
+        init_timeout_s=_int(env, "TPUJOB_INIT_TIMEOUT_SECONDS") or DEFAULT_INIT_TIMEOUT_S,
+        slices=_int(env, "TPUJOB_SLICES"),
+    )
 
 
 def on_tpu_host(env: Env) -> bool:
@@ -130,13 +142,19 @@ def join_plan(env: Env) -> Join:
     """Decide how to join the other processes; raises ValueError for an incomplete contract."""
     if env.coordinator:
         if env.num_processes is None or env.process_id is None:
-            raise ValueError("TPUJOB_COORDINATOR_ADDRESS needs TPUJOB_NUM_PROCESSES and TPUJOB_PROCESS_ID "
-                             "(or TPUJOB_SLICE_ID, TPUJOB_HOST_ID, TPUJOB_HOSTS_PER_SLICE)")
+            raise ValueError(
+                "TPUJOB_COORDINATOR_ADDRESS needs TPUJOB_NUM_PROCESSES and TPUJOB_PROCESS_ID "
+                "(or TPUJOB_SLICE_ID, TPUJOB_HOST_ID, TPUJOB_HOSTS_PER_SLICE)"
+            )
         if not 0 <= env.process_id < env.num_processes:
-            raise ValueError(f"process id {env.process_id} is outside 0..{env.num_processes - 1} "
-                             "(TPUJOB_NUM_PROCESSES)")
-        return Join("explicit", dict(coordinator_address=env.coordinator, num_processes=env.num_processes,
-                                     process_id=env.process_id), "TPUJOB_COORDINATOR_ADDRESS")
+            raise ValueError(
+                f"process id {env.process_id} is outside 0..{env.num_processes - 1} (TPUJOB_NUM_PROCESSES)"
+            )
+        return Join(
+            "explicit",
+            dict(coordinator_address=env.coordinator, num_processes=env.num_processes, process_id=env.process_id),
+            "TPUJOB_COORDINATOR_ADDRESS",
+        )
     if on_tpu_host(env):
         return Join("tpu-auto", {}, ", ".join(env.tpu_signs))
     why = f"TPUJOB_PLATFORM={env.platform}" if env.platform and env.tpu_signs else "no coordinator, no TPU"
@@ -157,8 +175,14 @@ def start(env: Env) -> None:
         # The caller's watchdog (exits.deadline) fires at init_timeout_s and exits 42 with a message;
         # JAX's own timeout, later, would abort the process (SIGABRT) without one.
         jax.distributed.initialize(**plan.kwargs, initialization_timeout=env.init_timeout_s + INIT_TIMEOUT_MARGIN_S)
-    log.info("process %d of %d: %d local / %d global devices (%s)", jax.process_index(), jax.process_count(),
-             jax.local_device_count(), jax.device_count(), jax.default_backend())
+    log.info(
+        "process %d of %d: %d local / %d global devices (%s)",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+        jax.default_backend(),
+    )
 
 
 def peak_flops_per_device(env: Env, config_peak: float) -> float:

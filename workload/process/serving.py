@@ -95,7 +95,7 @@ class _Bounded(io.RawIOBase):
         if self.budget <= 0:
             raise RequestTooLarge(f"the request is larger than {MAX_REQUEST_BYTES} bytes")
         self.sock.settimeout(left)
-        n = self.sock.recv_into(memoryview(buffer)[:self.budget])
+        n = self.sock.recv_into(memoryview(buffer)[: self.budget])
         self.budget -= n
         return n
 
@@ -149,16 +149,22 @@ class Server(ThreadingHTTPServer):
         log.debug("http: connection from %s dropped", client_address, exc_info=True)
 
 
-def serve_http(respond: Respond, port: int, host: str = "0.0.0.0", accept: Accept | None = None, *,
-               timeout_s: float = REQUEST_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> Server:
+def serve_http(
+    respond: Respond,
+    port: int,
+    host: str = "0.0.0.0",
+    accept: Accept | None = None,
+    *,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> Server:
     """Answer GET requests with `respond(path)`, and POST requests with `accept(path, body, headers)` where
     given, from a daemon thread (port 0 picks a free one)."""
 
     class Handler(BaseHTTPRequestHandler):
         def setup(self):
             super().setup()
-            self.rfile = io.BufferedReader(_Bounded(self.connection, time.monotonic() + timeout_s,
-                                                    MAX_REQUEST_BYTES))
+            self.rfile = io.BufferedReader(_Bounded(self.connection, time.monotonic() + timeout_s, MAX_REQUEST_BYTES))
 
         def do_GET(self):  # noqa: N802
             self._send(*respond(self.path.split("?")[0]))
