@@ -65,12 +65,12 @@ def operator_job(**spec_overrides: Any) -> dict[str, Any]:
 
 
 # Opt-in markers: their tests run only when the -m expression names them.
-OPT_IN = ("slow", "images", "cluster")
+OPT_IN = ("slow", "long", "images", "cluster")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`slow`, `images` and `cluster` tests run only when the -m expression names them (`-m slow`,
-    `-m images`, `-m cluster`), whatever else it says, so `pytest -m "not e2e"` stays a quick unit run and
+    """`slow`, `long`, `images` and `cluster` tests run only when the -m expression names them (`-m slow`,
+    `-m long`, `-m images`, `-m cluster`), whatever else it says, so `pytest -m "not e2e"` stays a quick unit run and
     README's test command needs neither podman nor the built cluster."""
     expression = config.option.markexpr or ""
     opted_out = [marker for marker in OPT_IN if marker not in expression]

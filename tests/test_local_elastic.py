@@ -64,6 +64,7 @@ def _records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long  # the elastic shrink and grow-back end to end (about 2 minutes)
 def test_a_lost_slice_shrinks_the_run_which_grows_back_on_the_same_loss_curve(tmp_path):
     base, base_dir = _start(tmp_path, "whole", _doc(elastic=False))
     out = base.communicate(timeout=600)[0]

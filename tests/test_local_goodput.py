@@ -19,6 +19,7 @@ pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it o
 POLL_S = 0.1  # the supervisor's poll: how late it may notice a dead process
 
 
+@pytest.mark.long  # two restarts of a local run (about 1.5 minutes)
 def test_killed_host_then_sigterm_restart_resume_and_goodput_accounts_for_the_time(tmp_path):
     doc = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
     doc["spec"]["training"]["steps"] = 18

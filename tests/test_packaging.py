@@ -88,6 +88,7 @@ def test_installed_wheel_renders_and_prints_the_crd(wheel_venv):
     assert crd.stdout == (ROOT / "crds" / "tputrainingjob.yaml").read_text()
 
 
+@pytest.mark.long  # a fresh venv from PyPI (about 1 minute)
 def test_the_workload_installs_without_the_operator_side(tmp_path):
     """`pip install '.[workload]'` (what the trainer image does) into a fresh venv: the trainer imports,
     and kopf, kubernetes and jinja2 are not there."""

@@ -16,6 +16,7 @@ def _losses(lines):
     return {r["step"]: r["loss"] for r in lines if not r.get("summary")}
 
 
+@pytest.mark.long  # a SIGKILL and an exact resume (about 1 minute)
 def test_kill_mid_run_then_resume_reproduces_losses(trainers, tmp_path):
     whole = trainer_config("tiny", mesh=MESH4, steps=10, checkpoint=str(tmp_path / "a"), interval=3)
     expected = _losses(trainers.run(whole, devices=4))

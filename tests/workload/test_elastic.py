@@ -57,6 +57,7 @@ def _losses(lines):
 
 
 @pytest.mark.e2e
+@pytest.mark.long  # the trainer's side of test_local_elastic's run (about 2 minutes)
 def test_shrink_to_one_slice_and_grow_back_keeps_the_loss_curve(trainers, tmp_path):
     whole = _two_slice_config(steps=9)
     expected = _losses(trainers.run(whole, processes=2, devices=4))

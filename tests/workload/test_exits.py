@@ -74,6 +74,7 @@ def test_an_injected_user_error_exits_3_with_its_line(trainers, tmp_path):
     assert "training failed (exit 3): UserError: injected fault" in trainers.stderr(proc)
 
 
+@pytest.mark.long  # a SIGTERM, a checkpoint and a resume (about 1.5 minutes)
 def test_sigterm_to_one_host_checkpoints_the_step_in_flight_and_resume_is_exact(trainers, tmp_path):
     whole = trainer_config("tiny", mesh=MESH4, steps=10, checkpoint=str(tmp_path / "a"), interval=100)
     expected = _losses(trainers.run(whole, processes=2, devices=2))

@@ -30,6 +30,7 @@ def test_dense_fsdp_context_tensor_two_processes(trainers):
     _falls(trainers.run(cfg, processes=2, devices=4))
 
 
+@pytest.mark.long  # the MoE twin of the dense two-process run (about 1 minute)
 def test_moe_fsdp_context_expert_two_processes(trainers):
     cfg = trainer_config("tiny-moe", mesh=dict(data=1, fsdp=2, context=2, expert=2, tensor=1), steps=8)
     _falls(trainers.run(cfg, processes=2, devices=4))
