@@ -229,6 +229,7 @@ def condition_table() -> list[ReasonRow]:
             "the Workload's own QuotaReserved reason while it waits "
             "for quota, or its Evicted reason after an eviction (`Preempted`, `PodsReadyTimeout`...).",
         ),
+        ReasonRow("Admitted", "False", "Evicted", "Kueue evicted the Workload without a reason of its own."),
         *[
             ReasonRow(
                 "ContainersReady",
@@ -253,6 +254,7 @@ def condition_table() -> list[ReasonRow]:
             "(terminated reason)",
             "a container exited non-zero: its terminated reason (`Error`, `OOMKilled`...) and exit code.",
         ),
+        ReasonRow("ContainersReady", "False", "Error", "a container exited non-zero and the kubelet gave no reason."),
     ]
     return rows
 

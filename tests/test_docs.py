@@ -457,8 +457,6 @@ def condition_writes() -> list[tuple[str, set, list]]:
 # The operator's own fallbacks where it passes another component's reason through, which the table covers by
 # that row ("(terminated reason)", "(Kueue's reason)"), and one it never writes; each must still occur in the code.
 NOT_IN_TABLE = {
-    ("ContainersReady", "Error"): "diagnosis.py: a terminated container's reason when the kubelet gives none",
-    ("Admitted", "Evicted"): "kueue.py: an eviction's reason when Kueue gives none",
     ("Reconciled", "ApiError"): "ApiError.reason of a transient error: only permanent ones are shown on the job",
 }
 
