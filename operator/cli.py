@@ -239,9 +239,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from .controller.main import run  # kopf is imported only to run the operator
+    from .controller.main import run_operator  # kopf is imported only to run the operator
 
-    return run(operator_options(args))
+    return run_operator(operator_options(args))
 
 
 def operator_options(args: argparse.Namespace):  # noqa: ANN201 -- OperatorOptions, imported lazily

@@ -146,7 +146,7 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
     return 0
 
 
-def run(options: OperatorOptions) -> int:
+def run_operator(options: OperatorOptions) -> int:
     """Entry of `tpujob operator`."""
     if options.print_rbac:
         sys.stdout.write(rbac_yaml())

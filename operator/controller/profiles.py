@@ -59,7 +59,7 @@ def to_send(
     return recorded.state in ("pending", "capturing") and lost
 
 
-def check(request: str, total_steps: int) -> str | None:
+def refusal(request: str, total_steps: int) -> str | None:
     """Why the annotation's value cannot be sent, naming the annotation; None if it can."""
     try:
         parse_annotation(request, total_steps)
@@ -109,13 +109,13 @@ async def send(
 ) -> Answer | None:
     """Send the annotation's request to process 0 (a bad value is refused here, at any phase); None while the
     job is not Running (a later reconcile sends it)."""
-    invalid = check(request, total_steps)
+    invalid = refusal(request, total_steps)
     if invalid is not None:
         return Answer(request, invalid=invalid)
     if not running:
         return None
     steps = _steps(request)
-    assert steps is not None  # check() parsed it
+    assert steps is not None  # refusal() parsed it
     try:
         return Answer(request, report=await reader.post_profile(namespace, jobset_name, port, steps))
     except Unreachable as exc:
