@@ -71,6 +71,7 @@ def test_the_quickstart_plans_and_fits(tmp_path):
 
 
 @needs_libtpu
+@pytest.mark.long  # a multi-host v7x step compiled: a compile at scale
 def test_a_multi_host_splash_step_compiles_for_v7x_and_prints_the_breakdown(tmp_path):
     path = tmp_path / "small-8b.yaml"
     path.write_text(yaml.safe_dump(small_8b()))
@@ -89,6 +90,7 @@ def test_a_multi_host_splash_step_compiles_for_v7x_and_prints_the_breakdown(tmp_
 
 
 @needs_libtpu
+@pytest.mark.long  # a full step compiled and walked (about 1 minute): a compile at scale
 def test_the_plan_reports_the_steps_flops_collectives_hbm_traffic_and_its_time_bound(tmp_path):
     code, result, _ = plan(tmp_path, small_8b())
     assert code == 0, result
@@ -287,6 +289,7 @@ def test_every_full_size_example_fits(tmp_path, name):
 
 
 @needs_libtpu
+@pytest.mark.long  # one compile per slice count: a compile at scale
 def test_an_elastic_job_plans_every_slice_count_it_may_run_on(tmp_path):
     doc = tiny_job(
         tpu={"generation": "v7x", "topology": "2x2x1", "slices": 2, "elastic": {"minSlices": 1}},

@@ -34,9 +34,13 @@ from tpu_operator.api.derived import Plan
 from tpu_operator.api.models import TPUTrainingJob
 from tpu_workload.performance import hlo_costs
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed (bash scripts/setup.sh installs it)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("libtpu") is None,
+        reason="libtpu is not installed (bash scripts/setup.sh installs it)",
+    ),
+    pytest.mark.long,  # six example shapes compiled for tpu7x (about 2 minutes): a compile at scale, CI's `pytest -m long`
+]
 
 SMALL = dict(layers=3, modelDim=256, heads=2, kvHeads=1, headDim=128, mlpDim=1024, vocab=2048)
 BLOCKS = {

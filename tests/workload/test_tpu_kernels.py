@@ -21,9 +21,13 @@ from conftest import trainer_config
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed (bash scripts/setup.sh installs it)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("libtpu") is None,
+        reason="libtpu is not installed (bash scripts/setup.sh installs it)",
+    ),
+    pytest.mark.long,  # Mosaic compiles of Splash and the grouped matmul at TPU block sizes (about 1.5 minutes): a compile at scale, CI's `pytest -m long`
+]
 
 
 @pytest.fixture(scope="module")
