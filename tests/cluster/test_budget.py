@@ -39,7 +39,9 @@ class Trainer:
 # Requests the operator makes for one job's whole life on the real components, at most, by (verb, resource);
 # watches left out. A change that adds one fails here: say why in README's budget if it must. One pod list and
 # one status write depend on timing: they happen when a reconcile sees the JobSet's pods not ready yet (kwok
-# makes them ready within a second, so it may see them ready first); everything else is exact.
+# makes them ready within a second, so it may see them ready first, or, on a loaded machine, a second reconcile
+# woken by the JobSet's or the pre-flight Job's status may see them not ready again: CI saw 5 pod lists of 4);
+# each may be one under or one over its budget. Everything else is exact.
 TIMING_DEPENDENT = {("list", "pods"): 1, ("patch", "tputrainingjobs/status"): 1}
 BUDGET = {
     # each with a dry run first (children.dry_run): the ConfigMap, the JobSet and one pod per pod template
@@ -156,6 +158,7 @@ def test_one_jobs_requests_over_its_life_stay_within_budget(
             budget[key] = budget.get(key, 0) + n
     assert set(budget) <= set(counts) <= set(budget) | set(RELISTS), counts
     for key, most in budget.items():
-        assert most - TIMING_DEPENDENT.get(key, 0) <= counts[key] <= most, (key, counts)
+        slack = TIMING_DEPENDENT.get(key, 0)
+        assert most - slack <= counts[key] <= most + slack, (key, counts)
     for key, most in RELISTS.items():
         assert counts.get(key, 0) <= most, (key, counts)
