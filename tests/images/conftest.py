@@ -15,8 +15,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.cluster.conftest import (
-    operator_args,  # noqa: F401 -- the operator image's cluster
+# The cluster suite's fixtures, for the operator image's tests (imported to be found: used by name only).
+from tests.cluster.conftest import (  # noqa: F401
+    chart,
+    cluster,
+    operator_args,
+    operator_kubeconfig,
 )
 from tests.conftest import ROOT
 from tests.images.container import Image

@@ -241,15 +241,18 @@ def test_operator_image_turns_a_job_into_a_jobset_and_status(
         cluster.apply(imageless, namespace=ns)
 
         def job_status() -> dict[str, Any] | None:
+            # Pending (Ready=False, PodsPending) comes first, with the JobSet's name; Ready once its pods run.
             status = cluster.status(ns, "tiny")
-            return status if status.get("jobSetName") else None
+            ready = [c for c in status.get("conditions", []) if c["type"] == "Ready" and c["status"] == "True"]
+            return status if status.get("jobSetName") and ready else None
 
         try:
-            status = wait_for(job_status, WAIT_S, "a JobSet in the job's status")
+            status = wait_for(job_status, WAIT_S, "a JobSet in the job's status, Ready")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\noperator log:\n{operator.log_tail()}") from None
-        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-        assert ready["status"] == "True" and status["observedGeneration"] == 1
+            raise AssertionError(
+                f"{exc}\nstatus: {cluster.status(ns, 'tiny')}\noperator log:\n{operator.log_tail()}"
+            ) from None
+        assert status["observedGeneration"] == 1, status
         jobset = json.loads(cluster.kubectl("get", "jobset", status["jobSetName"], "-n", ns, "-o", "json").stdout)
         _, trainer = pod_container(jobset)
         assert trainer["image"] == images.workload.tag  # the chart's --default-image
