@@ -54,7 +54,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     report = outcome.get_result()
     if report.when == "teardown" or not report.failed:
         return
-    logs = [*(p for d in _logs for p in sorted(d.glob("*.log")) if p.name != "audit.log")]
+    logs = [*(p for d in _logs for p in sorted(d.glob("*.log")) if not p.name.startswith("audit"))]
     logs += [v.log_path for v in item.funcargs.values() if isinstance(v, Operator)]
     for path in logs:
         try:

@@ -137,18 +137,26 @@ class Cluster:
         subresource."""
         if self.audit_log is None:
             return
-        with open(self.audit_log, errors="replace") as lines:
-            for line in lines:
-                event = json.loads(line)
-                if event.get("stage") != "ResponseComplete":
-                    continue
-                if since and _epoch(event["requestReceivedTimestamp"]) < since:
-                    continue
-                ref = event.setdefault("objectRef", {})
-                event["resource"] = ref.get("resource", "") + (
-                    f"/{ref['subresource']}" if ref.get("subresource") else ""
-                )
-                yield event
+        for path in audit_files(self.audit_log):
+            with open(path, errors="replace") as lines:
+                for line in lines:
+                    event = json.loads(line)
+                    if event.get("stage") != "ResponseComplete":
+                        continue
+                    if since and _epoch(event["requestReceivedTimestamp"]) < since:
+                        continue
+                    ref = event.setdefault("objectRef", {})
+                    event["resource"] = ref.get("resource", "") + (
+                        f"/{ref['subresource']}" if ref.get("subresource") else ""
+                    )
+                    yield event
+
+
+def audit_files(log: Path) -> list[Path]:
+    """The audit log's files, oldest first. The launcher turns rotation off (kube-apiserver rotates at 100 MB
+    by default, and a whole cluster suite writes more: a request counted after rotation was missing from
+    audit.log); a cluster started by an older launcher may still have rotated ones (audit-<time>.log)."""
+    return [*sorted(log.parent.glob(f"{log.stem}-*{log.suffix}")), log]
 
 
 def authorization(event: dict[str, Any]) -> str | None:

@@ -261,6 +261,9 @@ def up() -> Running:
         "--extra-args=kwok-controller=manage-all-nodes=false",
         f"--extra-args=kwok-controller=manage-nodes-with-annotation-selector={KWOK}=fake",
         f"--kube-audit-policy={directory / 'audit-policy.yaml'}",
+        # No rotation: kube-apiserver rotates its audit log at 100 MB by default, a whole cluster suite writes
+        # more, and a test that counts requests must see all of them (tests/cluster/kube.py reads audit.log).
+        "--extra-args=kube-apiserver=audit-log-maxsize=0",
         "--wait=120s",
         timeout=600,
     )
