@@ -29,7 +29,7 @@ import pytest
 
 from tests.cluster import launcher
 from tests.cluster.build import ROOT, unavailable
-from tests.cluster.kube import Cluster
+from tests.cluster.kube import Cluster, audit_files
 from tests.conftest import TEST_IMAGE
 from tests.operator_process import Operator
 from tests.prerequisites import skip_or_fail
@@ -80,6 +80,10 @@ def cluster() -> Iterator[Cluster]:
         yield Cluster(running.kubeconfig, running.logs, running.audit_log)
     finally:
         _logs.clear()
+        # How much the suite wrote to the audit log, for the record (kube-apiserver would rotate it at 100 MB
+        # by default; the launcher turns that off).
+        size = sum(p.stat().st_size for p in audit_files(running.audit_log) if p.exists())
+        print(f"\naudit log: {size / 2**20:.0f} MiB")
         if not reused and os.environ.get("TPUJOB_KEEP_CLUSTER") != "1":
             launcher.down()
 
