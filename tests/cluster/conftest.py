@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,7 +84,7 @@ def cluster() -> Iterator[Cluster]:
         # How much the suite wrote to the audit log, for the record (kube-apiserver would rotate it at 100 MB
         # by default; the launcher turns that off).
         size = sum(p.stat().st_size for p in audit_files(running.audit_log) if p.exists())
-        print(f"\naudit log: {size / 2**20:.0f} MiB")
+        print(f"\naudit log: {size / 2**20:.0f} MiB", file=sys.__stderr__)  # past pytest's capture
         if not reused and os.environ.get("TPUJOB_KEEP_CLUSTER") != "1":
             launcher.down()
 
