@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,23 @@ def operator_job(**spec_overrides: Any) -> dict[str, Any]:
     """`tiny_job` without the operator's pre-flight compile (spec.plan.preflight skip): for tests of what
     the operator does once the JobSet may exist. The pre-flight has tests of its own."""
     return tiny_job(**{"plan": {"preflight": "skip"}, **spec_overrides})
+
+
+# One JAX compilation cache for the whole run: the tests compile the same few programs (the tiny model's
+# init and step on 8 CPU devices) in many processes, in-process and in trainer subprocesses alike (JAX reads
+# these variables at import; the trainer uses a JAX_COMPILATION_CACHE_DIR it is given, compile_cache.py).
+# Set when pytest imports this file, before any conftest below imports jax and before xdist starts its
+# workers, which inherit it; a directory given from outside is kept (and reused) as it is.
+_MADE_CACHE: str | None = None
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    _MADE_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="tpujob-tests-jax-cache-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _MADE_CACHE:
+        shutil.rmtree(_MADE_CACHE, ignore_errors=True)
 
 
 # Opt-in markers: their tests run only when the -m expression names them.

@@ -23,6 +23,7 @@ import absl.flags  # noqa: E402
 
 absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags on first use; pytest's own are not its
 
+from tests.workload.blocks import SMALLEST_BLOCKS  # noqa: E402
 from tpu_operator.api.contract import TrainerConfig  # noqa: E402
 from tpu_operator.api.presets import PRESETS  # noqa: E402
 from tpu_operator.local.pods import free_port  # noqa: E402
@@ -67,16 +68,7 @@ def trainer_config(
         kernels=dict(
             attention=attention,
             moe_matmul=moe,
-            splash=dict(
-                block_q=128,
-                block_kv=128,
-                block_kv_compute=128,
-                block_q_dkv=128,
-                block_kv_dkv=128,
-                block_kv_dkv_compute=128,
-                block_q_dq=128,
-                block_kv_dq=128,
-            ),
+            splash=SMALLEST_BLOCKS.model_dump(),
         ),
         checkpoint=dict(directory=checkpoint, interval=interval, keep=3),
         metrics_port=0,

@@ -13,20 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_operator.api.contract import SplashSpec
+from tests.workload.blocks import SMALLEST_BLOCKS
 from tpu_workload.model import attention, moe, sharding
 
 absl.flags.FLAGS.mark_as_parsed()  # tokamax reads absl flags
-BLOCKS = SplashSpec(
-    block_q=128,
-    block_kv=128,
-    block_kv_compute=128,
-    block_q_dkv=128,
-    block_kv_dkv=128,
-    block_kv_dkv_compute=128,
-    block_q_dq=128,
-    block_kv_dq=128,
-)
 
 
 def _mesh(**axes):
@@ -72,7 +62,7 @@ def test_splash_matches_reference(context, tensor):
 
     def splash(q, k, v):
         with sharding.use(sh):
-            return attention.splash_attention(q, k, v, spec=BLOCKS, interpret=True)
+            return attention.splash_attention(q, k, v, spec=SMALLEST_BLOCKS, interpret=True)
 
     want = _value_and_grads(lambda q, k, v: attention.reference_attention(q, k, v, pos, pos), q, k, v, ct=ct)
     _assert_close(_value_and_grads(splash, q, k, v, ct=ct), want, atol=1e-5)
@@ -124,7 +114,7 @@ def test_splash_with_segment_ids_matches_packed_reference(context, build):
 
     def splash(q, k, v):
         with sharding.use(sh):
-            spec = BLOCKS if build == "jax" else BLOCKS.model_copy(update={"max_logit_const": 30.0})
+            spec = SMALLEST_BLOCKS if build == "jax" else SMALLEST_BLOCKS.model_copy(update={"max_logit_const": 30.0})
             return attention.splash_attention(q, k, v, spec=spec, interpret=True, segments_BT=seg)
 
     want = _value_and_grads(lambda q, k, v: attention.reference_attention(q, k, v, pos, pos, seg, seg), q, k, v, ct=ct)

@@ -18,21 +18,12 @@ import pytest
 from flax import nnx
 from jax._src.interpreters import partial_eval as pe
 
-from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec, SplashSpec
+from tests.workload.blocks import SMALLEST_BLOCKS
+from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec
 from tpu_operator.api.presets import PRESETS
 from tpu_workload.model import decoder as model
 from tpu_workload.model import moe, sharding
 
-BLOCKS = SplashSpec(
-    block_q=128,
-    block_kv=128,
-    block_kv_compute=128,
-    block_q_dkv=128,
-    block_kv_dkv=128,
-    block_kv_dkv_compute=128,
-    block_q_dq=128,
-    block_kv_dq=128,
-)
 SPLASH_FWD, SPLASH_DKV, SPLASH_DQ = (
     "splash_mha_fwd_residuals",
     "splash_mha_dkv_no_residuals",
@@ -51,7 +42,7 @@ def kernel_runs(dims: dict, remat: RematSpec, mesh: dict, seq: int = 256) -> Cou
         dims=ModelDims(**dims),
         remat=remat,
         interpret=True,
-        kernels=KernelsSpec(attention="splash", splash=BLOCKS, moe_matmul="gmm"),
+        kernels=KernelsSpec(attention="splash", splash=SMALLEST_BLOCKS, moe_matmul="gmm"),
     )
     sh = sharding.Sharder(sharding.make_mesh(dict(data=1, fsdp=1, context=1, expert=1, tensor=1) | mesh))
     graphdef, params = nnx.split(model.Decoder(cfg, nnx.Rngs(0)))
