@@ -99,7 +99,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         (left_out if any(item.get_closest_marker(m) for m in opted_out) else kept).append(item)
     if left_out:
         config.hook.pytest_deselected(items=left_out)
-        items[:] = kept
+    # The tests that take seconds to minutes (JAX compiles, trainer and local-run processes) first, the
+    # many quick ones after them: xdist's workers (`--dist worksteal`, pyproject) then end together, each
+    # filling the last minutes with quick tests, instead of one finishing a long run alone. A stable sort:
+    # the cluster suite's order (tests/cluster/conftest.py) is untouched, it has none of these.
+    items[:] = sorted(kept, key=lambda item: 0 if _heavy(item) else 1)
+
+
+def _heavy(item: pytest.Item) -> bool:
+    if item.get_closest_marker("cluster") or item.get_closest_marker("images"):
+        return False
+    return bool(item.get_closest_marker("e2e")) or (ROOT / "tests" / "workload") in Path(str(item.path)).parents
 
 
 @pytest.fixture(scope="session")

@@ -62,6 +62,7 @@ def small_8b(**spec) -> dict:
 
 
 @needs_libtpu
+@pytest.mark.e2e  # a `tpujob plan` process compiling for v7x
 def test_the_quickstart_plans_and_fits(tmp_path):
     code, result, _ = plan(tmp_path, example("quickstart.yaml"))
     assert code == 0, result
@@ -157,6 +158,7 @@ def test_each_resources_bound_is_its_cost_over_the_chips_peak_shared_by_its_devi
 
 
 @needs_libtpu
+@pytest.mark.e2e  # a `tpujob plan` process compiling for v7x
 def test_a_job_that_cannot_fit_exits_2_with_the_numbers_and_what_to_change(tmp_path):
     # One layer, but a 1M-token vocabulary at d=16384 on one chip: 197 GiB of weights and Adam per device.
     doc = tiny_job(
@@ -183,6 +185,7 @@ def test_a_job_that_cannot_fit_exits_2_with_the_numbers_and_what_to_change(tmp_p
 
 
 @needs_libtpu
+@pytest.mark.e2e  # a `tpujob plan` process compiling for v7x
 def test_a_splash_block_that_overflows_vmem_names_the_blocks_and_the_limit(tmp_path):
     blocks = dict.fromkeys(
         (
@@ -223,6 +226,7 @@ def test_every_examples_libtpu_init_args_are_accepted():
 
 
 @needs_libtpu
+@pytest.mark.e2e  # a `tpujob plan` process compiling for v7x
 def test_a_misspelt_flag_is_refused_with_its_field_path(tmp_path):
     doc = tiny_job(
         runtime={
