@@ -94,7 +94,9 @@ def test_a_failed_pod_fails_its_job_stops_its_peers_and_the_jobset():
     jobset = world.sync()
     view = JobSetView.of(jobset)
     assert view.terminal_state == "Failed" and view.failed == 1 and view.active == 1
-    assert view.true_conditions["Failed"]["reason"] == "ReachedMaxRestarts"
+    failed = view.true_conditions["Failed"]
+    assert failed["reason"] == "ReachedMaxRestarts"
+    assert failed["message"] == "jobset failed due to reaching max number of restarts (first failed job: tiny-slice-0)"
     # Host 0 of the failed slice is being stopped (the Job controller's part); slice 1 is left running.
     left = {p["spec"]["hostname"]: p["metadata"].get("deletionTimestamp") for p in world.pods()}
     assert left["tiny-slice-0-0"] and not left["tiny-slice-1-0"] and not left["tiny-slice-1-1"]
@@ -118,6 +120,7 @@ def test_the_jobsets_own_failure_policy_restarts_with_new_pods():
     world.set_pod(first[0], "Failed", code=1)
     jobset = world.sync()
     assert jobset["status"]["restarts"] == 1 and "terminalState" not in jobset["status"]
+    assert jobset["status"]["restartsCountTowardsMax"] == 1
     world.sync()
     fresh = [p for p in world.pods() if p["metadata"]["labels"][LABEL_RESTART_ATTEMPT] == "1"]
     assert len(fresh) == 2 and not {p["metadata"]["name"] for p in fresh} & {p["metadata"]["name"] for p in first}

@@ -102,9 +102,22 @@ def _phase(pod: Obj) -> str:
     return str((pod.get("status") or {}).get("phase") or "Pending")
 
 
-def _condition(kind: tuple[str, str, str], now: str) -> Obj:
+def _condition(kind: tuple[str, str, str], now: str, first_failed: str | None = None) -> Obj:
     type_, reason, message = kind
+    if first_failed is not None:  # as JobSet words it (messageWithFirstFailedJob)
+        message = f"{message} (first failed job: {first_failed})"
     return {"type": type_, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now}
+
+
+def _failed_at(pods: list[Obj]) -> str:
+    """When a Job's first pod ended (RFC 3339, which sorts as time does); a pod deleted: after any of those."""
+    ended = [
+        ((c.get("state") or {}).get("terminated") or {}).get("finishedAt") or "~"
+        for p in pods
+        if _phase(p) == "Failed"
+        for c in (p.get("status") or {}).get("containerStatuses") or [{}]
+    ]
+    return min(ended, default="~")
 
 
 class JobSetStandIn:
@@ -167,39 +180,48 @@ class JobSetStandIn:
                 current.append(await self.api.create(PODS, namespace, pod))
         jobs, failed = await self._jobs(jobset, current)
         conditions = [c for c in status.get("conditions") or [] if c.get("type") != "Suspended"]
-        update: Obj = {"replicatedJobsStatus": jobs, "restarts": attempt, "conditions": conditions}
+        update: Obj = {
+            "replicatedJobsStatus": jobs,
+            "restarts": attempt,
+            "restartsCountTowardsMax": attempt,
+            "conditions": conditions,
+        }
         if failed:
             policy = spec.get("failurePolicy")
             if policy is not None and attempt < int(policy.get("maxRestarts") or 0):
                 for pod in current:
                     await self._delete(pod)
-                update["restarts"] = attempt + 1
+                update["restarts"] = update["restartsCountTowardsMax"] = attempt + 1
                 await self._write(jobset, update)
                 self.queue.put_nowait((namespace, name))  # the next attempt's pods
                 return
-            update["conditions"] = [*conditions, _condition(MAX_RESTARTS if policy is not None else FAILED_JOBS, now)]
+            first = min(failed)[1]  # the Job that failed first
+            kind = MAX_RESTARTS if policy is not None else FAILED_JOBS
+            update["conditions"] = [*conditions, _condition(kind, now, first)]
             update["terminalState"] = "Failed"
         elif jobs and all(j["succeeded"] == j["_jobs"] for j in jobs):
             update["conditions"] = [*conditions, _condition(COMPLETED, now)]
             update["terminalState"] = "Completed"
         await self._write(jobset, update)
 
-    async def _jobs(self, jobset: Obj, pods: list[Obj]) -> tuple[list[Obj], bool]:
-        """replicatedJobsStatus of the JobSet's attempt, and whether a Job failed; a failed Job's pods still
-        running are deleted (the Job controller's part)."""
+    async def _jobs(self, jobset: Obj, pods: list[Obj]) -> tuple[list[Obj], list[tuple[str, str]]]:
+        """replicatedJobsStatus of the JobSet's attempt, and (when, name) of each Job that failed; a failed
+        Job's pods still running are deleted (the Job controller's part)."""
         by_job: dict[str, list[Obj]] = {}
         for pod in pods:
             by_job.setdefault(pod["metadata"]["labels"][LABEL_JOB_NAME], []).append(pod)
-        rows, any_failed = [], False
+        rows: list[Obj] = []
+        failed: list[tuple[str, str]] = []
         for replicated in jobset["spec"]["replicatedJobs"]:
             completions = replicated["template"]["spec"].get("completions", 1)
             row = {"name": replicated["name"], "ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0}
             for job_index in range(replicated.get("replicas", 1)):
-                mine = by_job.get(f"{jobset['metadata']['name']}-{replicated['name']}-{job_index}", [])
+                job_name = f"{jobset['metadata']['name']}-{replicated['name']}-{job_index}"
+                mine = by_job.get(job_name, [])
                 phases = [_phase(p) for p in mine]
                 if "Failed" in phases or len(mine) < completions:  # a pod failed, or was deleted: backoffLimit 0
                     row["failed"] += 1
-                    any_failed = True
+                    failed.append((_failed_at(mine), job_name))
                     for pod in mine:
                         if _phase(pod) not in ("Succeeded", "Failed"):
                             await self._delete(pod)
@@ -210,7 +232,7 @@ class JobSetStandIn:
                     if all(_ready(p) or _phase(p) == "Succeeded" for p in mine):
                         row["ready"] += 1
             rows.append({**row, "_jobs": replicated.get("replicas", 1)})
-        return rows, any_failed
+        return rows, failed
 
     async def _delete(self, pod: Obj) -> None:
         if pod["metadata"].get("deletionTimestamp"):
