@@ -210,18 +210,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
-        outcome, _ = run_local(job, run_dir, profile=args.profile)
+        ran = run_local(job, run_dir, profile=args.profile)
     except TooLargeForLocal as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    if outcome.metrics:
+    if ran.metrics:
         from .local.report import write_report
 
         try:
             print(f"report: {write_report(run_dir)}")
         except ImportError:
             print("report: matplotlib is not installed; `pip install matplotlib` for the PNG")
-    return {"Succeeded": 0, "Interrupted": 130}.get(outcome.phase, 1)
+    return {"Succeeded": 0, "Interrupted": 130}.get(ran.phase, 1)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

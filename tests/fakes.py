@@ -1,11 +1,10 @@
-"""What the operator's unit tests share (a helper module, not a test module): an in-memory API server
-(`FakeKube`), the fake clock's times, builders of JobSets and pods as JobSet and the kubelet leave them, and
+"""What the operator's unit tests share (a helper module, not a test module): the in-memory API server
+(`FakeKube`: the local run's, local/memory_api.py, recording its calls), the fake clock's times, builders of JobSets and pods as JobSet and the kubelet leave them, and
 ways to run one reconcile or the manager's queue over the fake API. No processes."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import datetime
 from typing import Any
@@ -19,6 +18,7 @@ from tpu_operator.controller.manager import Manager
 from tpu_operator.controller.metrics_reader import MetricsReader
 from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_operator.controller.stats import Stats
+from tpu_operator.local.memory_api import MemoryApi
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)  # the fake clock's times
 LATER = NOW + datetime.timedelta(minutes=5)
@@ -46,27 +46,20 @@ def jobset(
 # --- an in-memory API -------------------------------------------------------------------------------------
 
 
-class FakeKube:
-    """Just enough API server: create (409 on a taken name), get (404), merge patch with the
-    resourceVersion precondition, /status writes that change only .status, label-selected lists."""
+class FakeKube(MemoryApi):
+    """The product's in-memory API server (local/memory_api.py) on the fake clock, which also records every
+    call (`calls`), refuses status writes with 409 as if someone else had written (`conflicts`), refuses
+    creates of chosen resources (`refuse`), and answers the pod proxy as a trainer would."""
 
     def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.rv = 0
+        super().__init__(now=lambda: NOW)
         self.calls: list[tuple[str, str]] = []
         self.conflicts = 0  # status writes to refuse with 409, as if someone else had written
         self.refuse: dict[Resource, ApiError] = {}  # creates of these refused, as the API server would
 
-    def _bump(self, obj: dict[str, Any]) -> None:
-        self.rv += 1
-        obj["metadata"]["resourceVersion"] = str(self.rv)
-
     async def get(self, resource: Resource, namespace: str, name: str) -> dict[str, Any]:
-        path = resource.path(namespace, name)
-        self.calls.append(("GET", path))
-        if path not in self.objects:
-            raise ApiError(404, "not found")
-        return copy.deepcopy(self.objects[path])
+        self.calls.append(("GET", resource.path(namespace, name)))
+        return await super().get(resource, namespace, name)
 
     async def create(
         self, resource: Resource, namespace: str, body: dict[str, Any], dry_run: bool = False
@@ -74,72 +67,42 @@ class FakeKube:
         self.calls.append(("DRYRUN" if dry_run else "POST", resource.path(namespace)))
         if resource in self.refuse:  # the API server's validation or a webhook says no, dry run or not
             raise self.refuse[resource]
-        key = resource.path(namespace, body["metadata"].get("name") or f"gen-{self.rv}")
-        if key in self.objects:
-            raise ApiError(409, "already exists")
-        if dry_run:
-            return copy.deepcopy(body)
-        obj = copy.deepcopy(body)
-        if "stringData" in obj:  # as the API server stores a Secret
-            obj["data"] = {k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData").items()}
-        obj["metadata"].setdefault("uid", f"uid-{self.rv + 1}")  # never reused
-        self._bump(obj)
-        self.objects[key] = obj
-        return copy.deepcopy(obj)
+        return await super().create(resource, namespace, body, dry_run)
 
     async def patch(
         self, resource: Resource, namespace: str, name: str, body: dict[str, Any], sub: str | None = None
     ) -> dict[str, Any]:
         self.calls.append(("PATCH", resource.path(namespace, name, sub)))
-        obj = self.objects[resource.path(namespace, name)]
-        wanted = (body.get("metadata") or {}).get("resourceVersion")
         if sub == "status" and self.conflicts:
             self.conflicts -= 1
             raise ApiError(409, "conflict")
-        if wanted and wanted != obj["metadata"]["resourceVersion"]:
-            raise ApiError(409, "conflict")
-        _merge(obj.setdefault(sub or "spec", {}), body.get(sub or "spec", {}))
-        _merge(obj["metadata"].setdefault("annotations", {}), (body.get("metadata") or {}).get("annotations") or {})
-        self._bump(obj)
-        return copy.deepcopy(obj)
+        return await super().patch(resource, namespace, name, body, sub)
 
     async def list(self, resource: Resource, namespace: str, selector: str) -> list[dict[str, Any]]:
         self.calls.append(("LIST", resource.path(namespace)))
-        wanted = dict(term.split("=") for term in selector.split(","))
-        return [
-            copy.deepcopy(o)
-            for path, o in self.objects.items()
-            if path.startswith(resource.path(namespace) + "/")
-            and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
-        ]
+        return await super().list(resource, namespace, selector)
 
     async def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> Any:
         self.calls.append(("PROXY", f"{pod}:{port}/{path}"))
         return {"step": 9, "mfu": 0.25}
 
     async def delete(self, resource: Resource, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        path = resource.path(namespace, name)
-        self.calls.append(("DELETE", path))
-        if path not in self.objects:
-            raise ApiError(404, "not found")
-        if (body.get("preconditions") or {}).get("uid") not in (None, self.objects[path]["metadata"]["uid"]):
-            raise ApiError(409, "uid precondition failed")
-        return self.objects.pop(path)
+        self.calls.append(("DELETE", resource.path(namespace, name)))
+        return await super().delete(resource, namespace, name, body)
 
     async def delete_all(
         self, resource: Resource, namespace: str, selector: str, body: dict[str, Any]
     ) -> dict[str, Any]:
-        doomed = await self.list(resource, namespace, selector)
-        self.calls[-1] = ("DELETECOLLECTION", resource.path(namespace))  # the list above is part of this call
-        for o in doomed:
-            self.objects.pop(resource.path(namespace, o["metadata"]["name"]), None)
-        return {"kind": "Status", "status": "Success"}
+        self.calls.append(("DELETECOLLECTION", resource.path(namespace)))
+        return await super().delete_all(resource, namespace, selector, body)
 
     def add_job(self, doc: dict[str, Any], uid: str = "job-uid") -> dict[str, Any]:
         obj = copy.deepcopy(doc)
         obj["metadata"].update(namespace="default", uid=uid, generation=1)
-        self._bump(obj)
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
         self.objects[JOBS.path("default", obj["metadata"]["name"])] = obj
+        self.resources[JOBS.path("default", obj["metadata"]["name"])] = JOBS
         return copy.deepcopy(obj)
 
     def job(self, name: str = "tiny") -> dict[str, Any]:
@@ -147,17 +110,6 @@ class FakeKube:
 
     def jobset(self, name: str = "tiny") -> dict[str, Any] | None:
         return copy.deepcopy(self.objects.get(JOBSETS.path("default", name)))
-
-
-def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
-    """RFC 7386: None removes, objects merge field by field, anything else replaces."""
-    for k, v in patch.items():
-        if v is None:
-            target.pop(k, None)
-        elif isinstance(v, dict) and isinstance(target.get(k), dict):
-            _merge(target[k], v)
-        else:
-            target[k] = copy.deepcopy(v)
 
 
 def run_reconcile(

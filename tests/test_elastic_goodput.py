@@ -1,6 +1,6 @@
 """Goodput of an elastic run, without processes: the gap before an attempt on fewer slices is `shrinking`,
-the gap of a grow-back `growing` (not `restarting`), in the local runner's ledger as in the operator's
-(api/goodput.py); `tpujob report` shades the steps trained on fewer slices (slices.json)."""
+the gap of a grow-back `growing` (not `restarting`), in the operator's ledger (api/goodput.py),
+which a local run's status comes from too; `tpujob report` shades the steps trained on fewer slices (slices.json)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,20 @@ import json
 import yaml
 
 from tpu_operator.api import goodput
-from tpu_operator.api.elastic import Resize
-from tpu_operator.api.failures import Failure
-from tpu_operator.local.accounting import LocalLedger
 from tpu_operator.local.report import _fewer_slices, write_report
 
 
-def test_local_ledger_puts_a_shrink_and_a_grow_back_in_their_own_buckets():
-    ledger = LocalLedger(created=0.0)
-    ledger("started", at=1.0)
-    ledger("pod_failed", at=10.0, failure=Failure(cause="failure", code=137, pod="tiny-slice-1-0", error=""))
-    ledger("restarting", cause="failure")
-    ledger("resized", at=10.0, resize=Resize(1, "SliceLost", "slice 1 was lost"), progress=None)
-    ledger("started", at=14.0)  # on the slice left: 4 s shrinking
-    ledger("resized", at=30.0, resize=Resize(2, "GrewBack", "back"), progress=None)
-    ledger("started", at=33.0)  # on every slice again: 3 s growing
-    ledger("pod_failed", at=40.0, failure=Failure(cause="failure", code=42, pod="tiny-slice-0-0", error=""))
-    ledger("restarting", cause="failure")  # a plain restart: its gap is restarting
-    ledger("started", at=42.0)
-    _, _, badput = ledger.report()
+def test_the_ledger_puts_a_shrink_and_a_grow_back_in_their_own_buckets():
+    """The ledger the operator folds a job's attempts into (controller/accounting.py), a local run's included."""
+    ledger = goodput.start_attempt(goodput.Ledger(), 1.0, 0.0)
+    ledger = goodput.end_attempt(ledger, 10.0, "failure")  # slice 1 lost
+    ledger = goodput.resized(ledger, "shrink")
+    ledger = goodput.start_attempt(ledger, 14.0, 0.0)  # on the slice left: 4 s shrinking
+    ledger = goodput.end_attempt(ledger, 30.0, "preemption", None, "grow")  # stopped to grow back
+    ledger = goodput.start_attempt(ledger, 33.0, 0.0)  # on every slice again: 3 s growing
+    ledger = goodput.end_attempt(ledger, 40.0, "failure")  # a plain restart: its gap is restarting
+    ledger = goodput.start_attempt(ledger, 42.0, 0.0)
+    _, _, badput = goodput.report(ledger, 0.0)
     assert (badput.queued, badput.shrinking, badput.growing, badput.restarting) == (1.0, 4.0, 3.0, 2.0)
     assert set(goodput.BUCKETS) == set(goodput.Badput.model_fields)
 

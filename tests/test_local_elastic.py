@@ -110,7 +110,10 @@ def test_a_lost_slice_shrinks_the_run_which_grows_back_on_the_same_loss_curve(tm
     worst = max(abs(loss - expected[s]) / expected[s] for s, loss in got)
     status = yaml.safe_load((run_dir / "status.yaml").read_text())["status"]
     assert status["phase"] == "Succeeded" and status["step"] == STEPS
-    assert status["slices"] == {"desired": 2, "running": 2, "shown": "2/2"}
+    # Back on both slices; `replaces` is the operator's record of the smaller JobSet the grow-back replaced.
+    slices = status["slices"]
+    assert {k: v for k, v in slices.items() if k != "replaces"} == {"desired": 2, "running": 2, "shown": "2/2"}
+    assert slices["replaces"], slices
     assert status["restarts"]["failure"] == 1 and status["restarts"]["total"] == 1  # the grow-back is no restart
     # The gap before the run on one slice is shrinking, the grow-back's gap growing; neither is restarting.
     assert status["badput"]["shrinking"] > 0 and status["badput"]["growing"] > 0, status["badput"]

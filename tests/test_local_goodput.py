@@ -16,7 +16,8 @@ import yaml
 from tests.conftest import EXAMPLES, local_trainer_pid
 
 pytestmark = pytest.mark.e2e  # process-level: `pytest -m "not e2e"` leaves it out
-POLL_S = 0.1  # the supervisor's poll: how late it may notice a dead process
+NOTICED_S = 0.1  # how late the operator may notice a dead process: the kubelet's report, JobSet's status, a reconcile
+ROUNDED_S = 0.05  # the operator writes badput to 0.1 s (controller/accounting.py)
 
 
 @pytest.mark.long  # two restarts of a local run (about 1.5 minutes)
@@ -80,8 +81,13 @@ def test_killed_host_then_sigterm_restart_resume_and_goodput_accounts_for_the_ti
     assert redone >= 1 and stopped[0]["start_step"] % 4 == 0, (killed[-1], stopped[0])
     badput, goodput = status["badput"], status["goodput"]
     # Lost: the steps redone after the kill, and the part of a step in flight when the host died (noticed
-    # within a poll); the SIGTERM lost nothing.
-    assert redone * step_s <= badput["lost"] + 0.01 <= (redone + 1) * step_s + POLL_S + 0.02, (badput, redone, step_s)
+    # within NOTICED_S); the SIGTERM lost nothing.
+    lost = badput["lost"]
+    assert redone * step_s <= lost + ROUNDED_S <= (redone + 1) * step_s + NOTICED_S + 2 * ROUNDED_S, (
+        badput,
+        redone,
+        step_s,
+    )
     wall = sum(badput.values()) / (1 - goodput)
     assert badput["other"] <= 0.05 * wall, (status, wall)  # the named buckets and goodput explain 95 %
     assert badput["restarting"] >= 1.0 and badput["startup"] > 0 and 0 < goodput < 1

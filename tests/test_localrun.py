@@ -6,6 +6,7 @@ runner itself in seconds; tests/test_quickstart.py runs the real trainer.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,8 +20,9 @@ from tests.conftest import tiny_job
 from tpu_operator.api.validation import parse_job
 from tpu_operator.local.run import TooLargeForLocal, check_fits, scale_down
 
-# Process 0 prints metric lines; every process records its environment; host 1 fails on the first
-# attempt with the exit code in $FAIL_CODE (when set), after printing an error line and no termination
+# Process 0 prints metric lines and, as it ends, its termination record (the operator's final read of a
+# completed job, as the real trainer leaves it); every process records its environment; host 1 fails on the
+# first attempt with the exit code in $FAIL_CODE (when set), after printing an error line and no termination
 # record (so its log's tail stands in), and any process can be told to hang.
 TRAINER = r"""
 import json, os, pathlib, sys, time
@@ -40,6 +42,9 @@ if me == "0-0":
         print(json.dumps({"step": step, "loss": 5.0 / step, "step_time_s": 0.01, "global_tokens_per_s": 1000.0,
                           "mfu": 0.001, "last_checkpoint_step": step - step % 2}), flush=True)
     print(json.dumps({"summary": True, "step": cfg["training"]["steps"]}), flush=True)
+    steps = cfg["training"]["steps"]
+    record = {"code": 0, "progress": {"startedAt": time.time(), "step": steps, "lastCheckpointStep": steps}}
+    pathlib.Path(os.environ["TPUJOB_TERMINATION_LOG"]).write_text(json.dumps(record))
 """
 
 
@@ -134,7 +139,11 @@ def test_other_exits_fail_at_once_quoting_the_last_error_line(tmp_path, code, wh
     assert result.returncode == 1
     status = _status(tmp_path)
     assert status["phase"] == "Failed" and status["restarts"]["total"] == 0
-    assert f"tiny-slice-0-1 exited with code {code}" in status["message"] and why in status["message"]
+    # The operator names the pod (JobSet's name for it: its hostname and a suffix), as on a cluster.
+    assert (
+        re.search(rf"tiny-slice-0-1-\w{{5}} exited with code {code}\b", status["message"]) and why in status["message"]
+    )
+    assert f"tiny-slice-0-1 exited with code {code}" in result.stdout
     assert f"StandInError: failing with {code}" in status["message"]  # the log's last line, as FallbackToLogsOnError
 
 

@@ -1,10 +1,8 @@
-"""Turn a rendered JobSet into local processes, one per pod, the way JobSet and GKE would run them.
-
-Used by `tpujob run --local` and by the end-to-end tests' node agent, so both run exactly what the
-manifest says: the container's command and env, `fieldRef`s resolved from the indices JobSet and
-the Job controller put on each pod, volumes as directories, every pod hostname on loopback, and the
-container's termination message file (`/dev/termination-log` in a pod) as a file per pod under the
-work directory, named to the trainer by $TPUJOB_TERMINATION_LOG.
+"""A pod's container as a local process, the way GKE would run it: `job_process` for one pod (the process
+kubelet's, kubelet.py: the container's command and env, `fieldRef`s resolved from the pod's metadata, volumes
+as directories, the termination message path as a file), and `local_pods` for every pod of a rendered JobSet
+at once, with the indices JobSet and the Job controller put on each pod and every pod hostname on loopback
+(the image tests run the trainer's container that way).
 """
 
 from __future__ import annotations

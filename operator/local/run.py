@@ -1,16 +1,20 @@
-"""`tpujob run --local`: a job's rendered JobSet run as processes on this machine.
+"""`tpujob run --local`: a job run by the operator's own controller on this machine.
 
-The job is validated and rendered exactly as for a cluster. Two things change, and both are said
-on the terminal: the checkpoint directory moves into the run directory (a PVC or gs:// path is
-not this machine's), and every TPU host becomes a process whose chips are virtual CPU devices.
+The job is validated and rendered exactly as for a cluster, then created in an in-memory API where the
+operator's Manager, a JobSet stand-in and a process kubelet run it (controlplane.py); the run's status.yaml
+is the job's `.status` as the controller wrote it. Two things change, and both are said on the terminal:
+the checkpoint directory moves into the run directory (a PVC or gs:// path is not this machine's), and
+every TPU host becomes a process whose chips are virtual CPU devices.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import asyncio
+import contextlib
 import json
-import os
+import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -19,15 +23,19 @@ import yaml
 
 from ..api import goodput, names
 from ..api.derived import Plan
-from ..api.failures import verdict
 from ..api.models import TPUTrainingJob
+from ..api.names import PROFILE_ANNOTATION
 from ..api.profiling import ANNOTATION_PREFIX
 from ..api.status import TPUTrainingJobStatus
+from ..controller.kube import JOBS, JOBSETS, PODS
+from ..controller.reconcile import OperatorConfig
 from ..rendering.manifests import render
 from ..rendering.summary import summary
-from .accounting import LocalLedger
-from .pods import free_port, local_pods
-from .supervisor import Outcome, supervise
+from .controlplane import ControlPlane
+from .memory_api import MemoryApi
+from .narrator import Narrator
+
+NAMESPACE = "default"
 
 # What one 2-core, 24 GiB laptop-class machine can hold: processes and bytes of f32 weights + Adam.
 MAX_LOCAL_HOSTS = 8
@@ -128,203 +136,146 @@ def localize(job: TPUTrainingJob, run_dir: Path) -> TPUTrainingJob:
     return TPUTrainingJob.model_validate(doc)
 
 
-@dataclass
-class ProgressPrinter:
-    """A compact live line on a terminal; one line per report otherwise."""
-
-    total: int
-    out: TextIO
-
-    def __call__(self, kind: str, **d: Any) -> None:
-        tty = self.out.isatty()
-        if kind == "metrics":
-            r = d["record"]
-            evaluated = f"  eval {r['eval_loss']:.4f}" if r.get("eval_loss") is not None else ""
-            line = (
-                f"step {r['step']}/{self.total}  loss {r['loss']:.4f}{evaluated}  step {r['step_time_s']:.3f}s  "
-                f"{r['global_tokens_per_s']:,.0f} tok/s  MFU {100 * r['mfu']:.2f}%  "
-                f"ckpt {r.get('last_checkpoint_step') if r.get('last_checkpoint_step') is not None else '-'}"
-            )
-            self.out.write(f"\r\033[K{line}" if tty else line + "\n")
-        elif kind == "started":
-            self.out.write(
-                f"{'started' if d['attempt'] == 0 else 'restarted'} {len(d['pods'])} process(es): "
-                f"{', '.join(p.hostname for p in d['pods'])}\n"
-            )
-        elif kind == "pod_failed":
-            self.out.write(f"{chr(10) if tty else ''}{d['pod'].hostname} exited with code {d['code']}\n")
-        elif kind == "restarting":
-            self.out.write(f"{d['message']}; training resumes from the latest checkpoint\n")
-        elif kind == "resized":
-            self.out.write(f"{chr(10) if tty else ''}resized ({d['resize'].reason}): {d['message']}\n")
-        elif kind == "succeeded" and tty:
-            self.out.write("\n")
-        self.out.flush()
-
-
-def with_profile(config_map: dict[str, Any], steps: str) -> dict[str, Any]:
-    """The ConfigMap with `profileSteps` in the trainer's config: what --profile asks of the trainer (on a
-    cluster the annotation asks the running trainer instead, the same request)."""
-    key = next(iter(config_map["data"]))  # the one config file
-    config = json.loads(config_map["data"][key])
-    return {**config_map, "data": {key: json.dumps({**config, "profileSteps": steps}, indent=2)}}
-
-
-def profile_status(report: dict[str, Any] | None, steps: str) -> dict[str, Any] | None:
-    """status.profile as the operator writes it, from the trainer's last word on the profile."""
-    if report is None:
-        return {
-            "request": f"{ANNOTATION_PREFIX}{steps}",
-            "state": "failed",
-            "message": "the trainer said nothing about the profile (it did not reach its steps)",
-        }
+def with_profile(doc: dict[str, Any], steps: str) -> dict[str, Any]:
+    """The job with --profile's request on it: the annotation a user puts on a job on a cluster, which the
+    operator passes on to the running trainer (api/profiling.py)."""
+    meta = doc["metadata"]
     return {
-        "request": f"{ANNOTATION_PREFIX}{steps}",
-        "steps": report.get("steps"),
-        "state": report["state"],
-        "path": report.get("path"),
-        "message": report.get("message") or None,
+        **doc,
+        "metadata": {
+            **meta,
+            "annotations": {**(meta.get("annotations") or {}), PROFILE_ANNOTATION: f"{ANNOTATION_PREFIX}{steps}"},
+        },
     }
 
 
-def run_status(
-    outcome: Outcome,
-    start: dt.datetime,
-    end: dt.datetime,
-    job: TPUTrainingJob,
-    ledger: LocalLedger,
-    profile: dict[str, Any] | None = None,
-    running: int | None = None,
-) -> TPUTrainingJobStatus:
-    """The status the operator would have written for this run."""
-    last = outcome.last_metrics or {}
-    phase = "Failed" if outcome.phase == "Interrupted" else outcome.phase
-    stamp = end.strftime("%Y-%m-%dT%H:%M:%SZ")
-    fraction, _, badput = ledger.report()
-    return TPUTrainingJobStatus.model_validate(
-        {
-            "phase": phase,
-            "conditions": [
-                {
-                    "type": phase,
-                    "status": "True",
-                    "reason": outcome.phase,
-                    "message": outcome.message,
-                    "lastTransitionTime": stamp,
-                }
-            ],
-            "observedGeneration": 1,
-            "jobSetName": names.jobset_name(job.metadata.name),
-            "slices": {"desired": job.spec.tpu.slices, "running": running or job.spec.tpu.slices},
-            "restarts": outcome.restarts,
-            "step": last.get("step"),
-            "stepTimeSeconds": last.get("step_time_s"),
-            "loss": last.get("loss"),
-            "evalLoss": next(
-                (r["eval_loss"] for r in reversed(outcome.metrics) if r.get("eval_loss") is not None), None
-            ),
-            "tokensPerSecond": last.get("global_tokens_per_s"),
-            "mfu": last.get("mfu"),
-            # The summary line comes after the final (asynchronous) save has finished.
-            "lastCheckpointStep": (outcome.summary or last).get("last_checkpoint_step"),
-            "metricsTime": stamp if last else None,
-            "startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "completionTime": stamp,
-            "message": outcome.message,
-            "goodput": round(fraction, 4),
-            "badput": goodput.rounded(badput, 2),
-            "profile": profile,
-        }
-    )
+# The operator's settings for a local run. Its trainer is read four times a second (a cluster's default is every
+# 10 s): the terminal follows every step, and the last read before process 0 exits sees its final step and
+# evaluation (its termination record, read after it exits, carries its progress but no loss). No image is
+# pulled here (the pods run this environment's python), so a job that names none gets this one, never Invalid.
+LOCAL_IMAGE = "tpu-operator/workload:local"
+LOCAL_CONFIG = OperatorConfig(
+    default_image=LOCAL_IMAGE, metrics_access="proxy", metrics_interval_s=0.25, resync_interval_s=5.0
+)
+ENDED = ("Succeeded", "Failed", "Invalid")  # Invalid: the operator refused the spec; nothing will run
+FAILED_GRACE_S = 2.0  # a failed run's processes left: a JAX process cannot save without its peers
+SETTLE_S = 0.5  # after the job's last phase: the reconcile that wrote it may queue one more (a final read)
 
 
-def run_local(
-    job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout, profile: str | None = None
-) -> tuple[Outcome, TPUTrainingJobStatus]:
-    """Run the job; `profile` (FIRST-LAST, checked by the caller) traces those steps with the JAX profiler."""
+@dataclass
+class LocalRun:
+    """How a local run ended: its phase (or Interrupted), the job's status as the operator wrote it, the step
+    lines process 0 printed, and when each JobSet started, on how many slices."""
+
+    phase: str
+    status: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    slices: list[tuple[float, int]]
+
+
+def run_local(job: TPUTrainingJob, run_dir: Path, out: TextIO = sys.stdout, profile: str | None = None) -> LocalRun:
+    """Run the job under the operator's own controller on this machine (controlplane.py); `profile` (FIRST-LAST,
+    checked by the caller) traces those steps with the JAX profiler."""
     check_fits(job)
     run_dir.mkdir(parents=True, exist_ok=True)
     job = localize(job, run_dir)
     plan = Plan(job)
     config_map, jobset = render(job)
-    if profile:
-        config_map = with_profile(config_map, profile)
     (run_dir / "manifests.yaml").write_text(yaml.safe_dump_all([config_map, jobset], sort_keys=False))
     out.write("\n".join(summary(plan)) + "\n")
     out.write(
         f"local run: {plan.total_hosts} process(es) x {plan.devices_per_host} CPU devices; logs, checkpoints "
         f"and metrics in {run_dir}\n"
     )
-
-    def make_pods(attempt: int, slices: int | None):
-        # Fresh ports per attempt: a killed coordinator's port may linger in TIME_WAIT. An elastic job's
-        # attempt runs on the slices the supervisor says, rendered as the operator would (render(running=)).
-        shaped = jobset if slices in (None, plan.slices) else render(job, running=slices)[1]
-        return local_pods(
-            shaped,
-            {config_map["metadata"]["name"]: config_map["data"]},
-            run_dir,
-            cpu_devices=plan.devices_per_host,
-            coordinator_port=free_port(),
-            metrics_port=free_port(),
-            base_env=os.environ,
-        )
-
-    start = dt.datetime.now(dt.UTC)
-    policy, ledger, progress = (
-        job.spec.failure_policy,
-        LocalLedger(start.timestamp()),
-        ProgressPrinter(job.spec.training.steps, out),
-    )
-
-    reports: list[dict[str, Any]] = []  # the trainer's word on the profile, latest last
-    slice_history: list[tuple[float, int]] = []  # (when an attempt started, its slices): report.png
-
-    def on_event(kind: str, **d) -> None:
-        ledger(kind, **d)
-        progress(kind, **d)
-        if kind == "profile":
-            reports.append(d["report"])
-        if kind == "started":
-            slice_history.append((d["at"], d.get("slices") or plan.slices))
-
-    outcome = supervise(
-        make_pods,
-        run_dir / "logs",
-        decide=lambda counts, failure: verdict(policy, counts, failure),
-        grace_s=plan.termination_grace_period_seconds,
-        on_event=on_event,
-        tpu=job.spec.tpu if job.spec.tpu.elastic is not None else None,
-    )
-    status = run_status(
-        outcome,
-        start,
-        dt.datetime.now(dt.UTC),
-        job,
-        ledger,
-        profile_status(reports[-1] if reports else None, profile) if profile else None,
-        slice_history[-1][1] if slice_history else None,
-    )
-    (run_dir / "slices.json").write_text(json.dumps({"desired": plan.slices, "history": slice_history}))
+    doc = job.model_dump(by_alias=True, exclude_none=True, mode="json")
+    # The plan was checked before the run (cli.py print_plan), for the real slice; a pre-flight batch Job here
+    # would compile the CPU stand-in's step, which says nothing.
+    doc["spec"]["plan"] = {**doc["spec"].get("plan", {}), "preflight": "skip"}
+    if profile:
+        doc = with_profile(doc, profile)
+    ran = asyncio.run(_operate(doc, run_dir, out, plan.termination_grace_period_seconds))
+    (run_dir / "slices.json").write_text(json.dumps({"desired": plan.slices, "history": ran.slices}))
     with open(run_dir / "metrics.jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in outcome.metrics)
-    status_doc = {"status": status.model_dump(by_alias=True, exclude_none=True, mode="json")}
+        f.writelines(json.dumps(r) + "\n" for r in ran.metrics)
+    status_doc = {"status": ran.status}
     (run_dir / "status.yaml").write_text(yaml.safe_dump(status_doc, sort_keys=False))
-    out.write(_summary(outcome, status, run_dir) + yaml.safe_dump(status_doc, sort_keys=False))
+    out.write(_summary(ran, run_dir) + yaml.safe_dump(status_doc, sort_keys=False))
     out.flush()
-    return outcome, status
+    return ran
 
 
-def _summary(outcome: Outcome, status: TPUTrainingJobStatus, run_dir: Path) -> str:
-    lines = [f"{outcome.phase}: {outcome.message}"]
+async def _operate(doc: dict[str, Any], run_dir: Path, out: TextIO, grace_s: float) -> LocalRun:
+    """Create the job in an in-memory API and run the operator, JobSet and the kubelet on it until the job
+    finishes or SIGINT/SIGTERM; then every process is stopped."""
+    loop = asyncio.get_running_loop()
+    api = MemoryApi()
+    control = ControlPlane(api, LOCAL_CONFIG, run_dir)
+    name = doc["metadata"]["name"]
+    narrator = Narrator(name, doc["spec"]["training"]["steps"], out)
+    slices: list[tuple[float, int]] = []
+
+    def jobset_seen(kind: str, jobset: dict[str, Any]) -> None:
+        if kind == "ADDED" and jobset["metadata"]["name"] == names.jobset_name(name):
+            slices.append((time.time(), sum(r.get("replicas", 1) for r in jobset["spec"]["replicatedJobs"])))
+        narrator.jobset_seen(kind, jobset)
+
+    api.watch(JOBS, narrator.job_seen)
+    api.watch(JOBSETS, jobset_seen)
+    api.watch(PODS, narrator.pod_seen)
+    interrupted = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupted.set)
+    phase = "Interrupted"
+    try:
+        control.start()
+        await api.create(JOBS, NAMESPACE, doc)
+        while not interrupted.is_set():
+            status = TPUTrainingJobStatus.model_validate((await api.get(JOBS, NAMESPACE, name)).get("status") or {})
+            if status.phase in ENDED:
+                await asyncio.sleep(SETTLE_S)
+                phase = str(status.phase)
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(interrupted.wait(), 0.1)
+        await control.stop()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        # Off the loop: the kubelet's threads report to the API through it while their processes stop.
+        await asyncio.to_thread(control.shutdown, grace_s if phase == "Interrupted" else FAILED_GRACE_S)
+    final = (await api.get(JOBS, NAMESPACE, name)).get("status") or {}
+    if phase == "Interrupted":
+        out.write("\ninterrupted by the user; every process was stopped\n")
+    return LocalRun(phase, final, _step_lines(run_dir / "logs" / f"{names.hostname(name, 0, 0)}.log"), slices)
+
+
+def _step_lines(log: Path) -> list[dict[str, Any]]:
+    """Process 0's JSON step lines, every attempt's in order (the trainer prints one per step it reports)."""
+    records = []
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record and not record.get("summary"):
+            records.append(record)
+    return records
+
+
+def _summary(ran: LocalRun, run_dir: Path) -> str:
+    status = TPUTrainingJobStatus.model_validate(ran.status)
+    restarts = status.restarts
+    lines = [f"{ran.phase}: {status.message or ''}"]
     if status.step is not None:
         lines.append(
-            f"step {status.step}, {status.step_time_seconds:.3f} s/step, {status.tokens_per_second:,.0f} "
-            f"tokens/s, MFU {100 * status.mfu:.2f}% (of the documented CPU peak; see docs/local-run.md), "
-            f"restarts {outcome.restarts.total} (failure {outcome.restarts.failure}, preemption "
-            f"{outcome.restarts.preemption})"
+            f"step {status.step}, {status.step_time_seconds or 0:.3f} s/step, {status.tokens_per_second or 0:,.0f} "
+            f"tokens/s, MFU {100 * (status.mfu or 0):.2f}% (of the documented CPU peak; see docs/local-run.md), "
+            f"restarts {restarts.total if restarts else 0} (failure {restarts.failure if restarts else 0}, "
+            f"preemption {restarts.preemption if restarts else 0})"
         )
-    if status.goodput is not None:
+    if status.goodput is not None and status.badput is not None:
         lines.append(
             f"goodput {100 * status.goodput:.1f}% of the wall time; badput "
             + ", ".join(f"{b} {getattr(status.badput, b):.1f} s" for b in goodput.BUCKETS)
@@ -334,7 +285,7 @@ def _summary(outcome: Outcome, status: TPUTrainingJobStatus, run_dir: Path) -> s
         lines.append(
             f"profile of steps {p.steps}: {p.path}\n  open it: tensorboard --logdir {Path(p.path).parents[3]} "
             f"(the Profile tab), or xprof --logdir {Path(p.path).parents[3]}"
-            if p.state == "done"
+            if p.state == "done" and p.path
             else f"profile ({p.request}) {p.state}: {p.message}"
         )
     lines.append(f"logs: {run_dir / 'logs'}   picture: tpujob report {run_dir}")
