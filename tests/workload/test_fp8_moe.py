@@ -12,6 +12,7 @@ import json
 
 import jax
 import jax.numpy as jnp
+import pytest
 from conftest import trainer_config
 from flax import nnx
 
@@ -75,6 +76,7 @@ def test_fp8_runs_the_mosaic_grouped_matmul_on_fp8_operands_forward_and_backward
     assert len(bf16) == 9 and not any("float8" in t for k in bf16 for t in k), bf16
 
 
+@pytest.mark.long  # six fp8 steps of the MoE model compiled and run (about 40 s); the fp8 matmuls above are quick
 def test_fp8_moe_loss_falls(capsys):
     cfg = trainer_config("tiny-moe", mesh=dict(data=1, fsdp=4, context=1, expert=2, tensor=1), steps=6, precision="fp8")
     train.run(cfg, peak_flops_per_device=5e10)

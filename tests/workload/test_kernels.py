@@ -152,11 +152,12 @@ def _experts_vs_reference(axes, **matmul):
 @pytest.mark.parametrize(
     "impl,axes",
     [
-        ("gmm", {}),
+        # the unsharded gmm and a second expert split of ragged_dot: with -m long (CI)
+        pytest.param("gmm", {}, marks=pytest.mark.long),
         ("gmm", dict(context=2, expert=2)),
         ("gmm", dict(expert=4, tensor=2)),
         ("ragged_dot", dict(expert=2)),
-        ("ragged_dot", dict(expert=4)),
+        pytest.param("ragged_dot", dict(expert=4), marks=pytest.mark.long),
     ],
 )
 def test_grouped_matmul_matches_reference(impl, axes):
@@ -179,7 +180,7 @@ def _rel(a, b):
         ("ragged_dot", {}),
         ("gmm", dict(expert=2)),
         ("ragged_dot", dict(context=2, expert=2)),
-        ("gmm", dict(expert=4, tensor=2)),
+        pytest.param("gmm", dict(expert=4, tensor=2), marks=pytest.mark.long),  # -m long (CI)
     ],
 )
 def test_fp8_experts_close_to_reference(impl, axes):

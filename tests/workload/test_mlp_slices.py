@@ -24,7 +24,7 @@ from tpu_workload.model import sharding
 DIMS = ModelDims(layers=2, model_dim=64, heads=4, kv_heads=2, head_dim=16, mlp_dim=512, vocab=256)
 
 
-@pytest.mark.parametrize("mesh", [dict(fsdp=8), dict(fsdp=4, tensor=2)])
+@pytest.mark.parametrize("mesh", [dict(fsdp=8), pytest.param(dict(fsdp=4, tensor=2), marks=pytest.mark.long)])
 def test_sliced_mlp_equals_the_whole_mlp(mesh, monkeypatch):
     base = model_lib.ModelConfig(dims=DIMS, kernels=KernelsSpec(attention="xla"), remat=RematSpec(policy="full"))
     sh = sharding.Sharder(sharding.make_mesh(dict(data=1, fsdp=1, context=1, expert=1, tensor=1) | mesh))

@@ -85,12 +85,14 @@ def test_parameters_sharded_as_planned_and_mismatch_is_reported():
 
 @pytest.mark.parametrize(
     "preset,axes",
+    # Every axis is in the default run (fsdp; context and expert together; tensor); the other sizes of the
+    # same axes run with -m long (CI).
     [
         ("tiny", dict(fsdp=8)),
-        ("tiny", dict(fsdp=4, context=2)),
-        ("tiny", dict(fsdp=2, context=4)),
-        ("tiny-moe", dict(fsdp=4, expert=2)),
-        ("tiny-moe", dict(fsdp=2, expert=4)),
+        pytest.param("tiny", dict(fsdp=4, context=2), marks=pytest.mark.long),
+        pytest.param("tiny", dict(fsdp=2, context=4), marks=pytest.mark.long),
+        pytest.param("tiny-moe", dict(fsdp=4, expert=2), marks=pytest.mark.long),
+        pytest.param("tiny-moe", dict(fsdp=2, expert=4), marks=pytest.mark.long),
         ("tiny-moe", dict(fsdp=2, context=2, expert=2)),
         ("tiny", dict(fsdp=4, tensor=2)),
     ],
@@ -123,7 +125,11 @@ def test_a_state_not_split_as_planned_is_refused():
         )
 
 
-@pytest.mark.parametrize("preset,axes", [("tiny", dict(fsdp=8)), ("tiny-moe", dict(fsdp=4, expert=2))])
+@pytest.mark.parametrize(
+    "preset,axes",
+    # MoE's variant (its load-balancing loss is per microbatch) runs with -m long (CI).
+    [("tiny", dict(fsdp=8)), pytest.param("tiny-moe", dict(fsdp=4, expert=2), marks=pytest.mark.long)],
+)
 def test_accumulated_step_equals_the_whole_batch_step(preset, axes):
     """microbatches: 4 gives the loss and gradients of the unaccumulated step on the same batch. The
     gradients are read from Adam's moments after one step (mu = 0.1 g, nu = 0.05 g^2: no clipping at
