@@ -25,11 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     from .process import exits
 
     clock = Clock(started_at=time.time())
+    shown: dict = {}  # what /status served last, for the termination record
     try:
-        _train(args.config, clock)
+        _train(args.config, clock, shown)
     except Exception as exc:  # every failure leaves through the one mapping to exit codes
-        _exit_now(exits.fail(exc, clock.snapshot()))
-    return exits.finish(clock.snapshot())
+        _exit_now(exits.fail(exc, clock.snapshot(), shown))
+    return exits.finish(clock.snapshot(), shown)
 
 
 def _exit_now(code: int) -> None:
@@ -41,7 +42,7 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _train(config: str, clock) -> None:
+def _train(config: str, clock, shown: dict) -> None:
     from tpu_operator.api.contract import TrainerConfig
 
     from .performance import compile_cache
@@ -110,6 +111,7 @@ def _train(config: str, clock) -> None:
         status.update(state="failed")
         raise
     finally:
+        shown.update(status.snapshot())
         if profiler is not None:
             profiler.close(status.snapshot().get("step"))
     if server is not None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Self
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -103,12 +103,15 @@ class Progress(Untrusted):
 
 
 class TerminationRecord(BaseModel):
-    """The last thing a trainer process says: its exit code, its last error line, its progress."""
+    """The last thing a trainer process says: its exit code, its last error line, its progress, and the
+    values its /status last served (`last`: loss, eval_loss, step_time_s, ...; the operator's last read of
+    /status may have come a step or an evaluation before the end, and a finished job must not show those)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     code: int
     error: str = ""
     progress: Progress | None = None
+    last: dict[str, Any] | None = None  # untrusted: the operator reads it as a /status answer (to_sample)
 
     def message(self) -> str:
         """One JSON line that fits the kubelet's 4096 bytes (the error line is cut to fit)."""

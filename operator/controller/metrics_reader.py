@@ -25,6 +25,7 @@ and checkpoint. One pod list.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from typing import Any, Literal
 
@@ -146,7 +147,11 @@ class MetricsReader:
                 ended = (container.get("state") or {}).get("terminated") or {}
                 record = TerminationRecord.parse(ended.get("message"), ended.get("exitCode"))
                 if record is not None and record.progress is not None and record.progress.step is not None:
-                    return Sample(
+                    # The values /status served last (loss, evaluation, rates), checked as a /status answer
+                    # is; the step and checkpoint from the trainer's own clock.
+                    last = to_sample(record.last or {})
+                    return dataclasses.replace(
+                        last,
                         step=record.progress.step,
                         last_checkpoint_step=record.progress.last_checkpoint_step,
                         progress=record.progress,

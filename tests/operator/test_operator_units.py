@@ -456,7 +456,10 @@ def test_metrics_reader_final_values_come_from_pod0s_termination_record():
     kube = FakeKube()
     add_pod0(kube)
     pod = kube.objects[PODS.path("ml", "job-slice-0-0-x")]
-    record = TerminationRecord(code=0, progress=Progress(started_at=1.0, step=20, last_checkpoint_step=20))
+    # The values /status served last: the final loss and evaluation, which a read before the end missed. They are
+    # untrusted as /status is: a non-number, a boolean and a string are dropped, the rest is kept.
+    last = {"loss": 2.5, "eval_loss": 2.75, "step_time_s": 0.5, "mfu": True, "global_tokens_per_s": "fast", "step": 3}
+    record = TerminationRecord(code=0, progress=Progress(started_at=1.0, step=20, last_checkpoint_step=20), last=last)
     pod["status"] = {
         "phase": "Succeeded",
         "podIP": "10.0.0.7",
@@ -465,7 +468,9 @@ def test_metrics_reader_final_values_come_from_pod0s_termination_record():
         ],
     }
     sample = asyncio.run(MetricsReader(kube, "direct").final("ml", "job"))
-    assert (sample.step, sample.last_checkpoint_step, sample.error) == (20, 20, None)
+    assert (sample.step, sample.last_checkpoint_step, sample.error) == (20, 20, None)  # the clock's, not `last`'s
+    assert (sample.loss, sample.eval_loss, sample.step_time_seconds) == (2.5, 2.75, 0.5)
+    assert (sample.mfu, sample.tokens_per_second) == (None, None)
     assert kube.calls == [("LIST", PODS.path("ml"))]
     pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = ""  # FallbackToLogsOnError, exit 0
     assert "left no termination record" in asyncio.run(MetricsReader(kube, "direct").final("ml", "job")).error

@@ -71,6 +71,8 @@ def test_an_injected_user_error_exits_3_with_its_line(trainers, tmp_path):
     record = _record(proc)
     assert record.error == "UserError: injected fault (TPUJOB_TEST_FAIL_AT_STEP) at step 2"
     assert record.progress.step == 2 and record.progress.start_step == 0 and record.progress.first_step_at
+    # What /status served last goes with it: the operator's final status shows the last step's loss.
+    assert record.last["step"] == 2 and record.last["loss"] > 0 and record.last["step_time_s"] > 0
     assert "training failed (exit 3): UserError: injected fault" in trainers.stderr(proc)
 
 

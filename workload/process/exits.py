@@ -29,8 +29,9 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from tpu_operator.api.lifecycle import TERMINATION_LOG, ExitCode, Progress, TerminationRecord
 
@@ -110,19 +111,28 @@ def write_record(record: TerminationRecord, path: str | None = None) -> None:
         log.warning("could not write the termination record to %s: %s", target, exc)
 
 
-def finish(progress: Progress | None) -> int:
-    write_record(TerminationRecord(code=0, progress=progress))
+def _numbers(shown: Mapping[str, Any] | None) -> dict[str, float | int] | None:
+    """The numeric values of a /status snapshot (a few keys, well inside the record's 4096 bytes)."""
+    if not shown:
+        return None
+    return {k: v for k, v in shown.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def finish(progress: Progress | None, shown: Mapping[str, Any] | None = None) -> int:
+    """Write the record of a finished run: its progress and the values its /status last served."""
+    write_record(TerminationRecord(code=0, progress=progress, last=_numbers(shown)))
     return 0
 
 
-def fail(exc: BaseException, progress: Progress | None) -> int:
+def fail(exc: BaseException, progress: Progress | None, shown: Mapping[str, Any] | None = None) -> int:
     """Log `exc`, write the record, and return the code to exit with."""
     code, line = code_of(exc), error_line(exc)
     if code == ExitCode.STOPPED:
         log.warning("%s; exiting %d", exc, code)
     else:
         log.error("training failed (exit %d): %s", code, line, exc_info=exc)
-    write_record(TerminationRecord(code=code, error=str(exc) if code == ExitCode.STOPPED else line, progress=progress))
+    error = str(exc) if code == ExitCode.STOPPED else line
+    write_record(TerminationRecord(code=code, error=error, progress=progress, last=_numbers(shown)))
     return code
 
 
