@@ -53,6 +53,7 @@ def test_quickstart_runs_locally_and_checkpoints(tmp_path):
     assert (run_dir / "report.png").stat().st_size > 10_000
 
 
+@pytest.mark.long  # a second local run (about 1.5 minutes of the default run); the quickstart above is README's
 def test_accumulation_packing_evaluation_and_a_profile_in_one_local_run(tmp_path):
     """examples/packed-documents.yaml, scaled down to this machine: 4 microbatches of synthetic packed
     documents and a held-out evaluation, trained on two processes, with steps 2-3 traced
