@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +39,12 @@ RELEASE, OPERATOR_NAMESPACE = "op", "tpu-system"
 SERVICE_ACCOUNT = f"{RELEASE}-tpu-operator"
 LOG_LINES = 15
 _logs: list[Path] = []  # component logs of the running local cluster, for failure reports
+_audit_bytes: list[int] = []  # the audit log's size when the local cluster went down
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _audit_bytes:
+        terminalreporter.write_line(f"audit log of the local cluster: {_audit_bytes[0] / 2**20:.0f} MiB")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -83,8 +88,7 @@ def cluster() -> Iterator[Cluster]:
         _logs.clear()
         # How much the suite wrote to the audit log, for the record (kube-apiserver would rotate it at 100 MB
         # by default; the launcher turns that off).
-        size = sum(p.stat().st_size for p in audit_files(running.audit_log) if p.exists())
-        print(f"\naudit log: {size / 2**20:.0f} MiB", file=sys.__stderr__)  # past pytest's capture
+        _audit_bytes[:] = [sum(p.stat().st_size for p in audit_files(running.audit_log) if p.exists())]
         if not reused and os.environ.get("TPUJOB_KEEP_CLUSTER") != "1":
             launcher.down()
 
