@@ -1,6 +1,6 @@
 """An operator SIGKILLed at random moments (during its start-up, its watches' first lists, its creates, its
 status writes) and started again creates each child exactly once: 20 kills over 10 jobs leave exactly one
-JobSet and one ConfigMap per job, each created by one successful POST (the API server's audit log)."""
+JobSet and one ConfigMap per job, none deleted and made again (the API server's audit log)."""
 
 from __future__ import annotations
 
@@ -59,15 +59,19 @@ def test_twenty_kills_over_ten_jobs_leave_one_jobset_and_one_configmap_per_job(
     for name in names:
         uid = cluster.job(ns, name)["metadata"]["uid"]
         assert [r["uid"] for r in jobsets[name]["metadata"]["ownerReferences"]] == [uid]
-    # Each created once: one successful POST per child, no JobSet deleted and made again (dry runs store nothing).
+    # Each created once. A name can be POSTed successfully once unless its object is deleted (a second POST is a
+    # 409), so: no JobSet or ConfigMap deleted, at most one successful POST of each per job, and exactly one of
+    # each per job at the end (above). "At most": a POST cut short by a SIGKILL may have stored its object and
+    # still be logged without a 201 (or without a response at all).
     user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
     writes = [
-        (e["verb"], e["objectRef"].get("resource"), e["responseStatus"]["code"])
+        (e["verb"], e["objectRef"].get("resource"), (e.get("responseStatus") or {}).get("code"))
         for e in cluster.audit(since)
         if e["user"]["username"] == user
         and e["objectRef"].get("namespace") == ns
         and "dryRun=" not in e.get("requestURI", "")
     ]
-    assert sum(1 for w in writes if w[:2] == ("create", "jobsets") and w[2] == 201) == JOBS, writes
-    assert sum(1 for w in writes if w[:2] == ("create", "configmaps") and w[2] == 201) == JOBS, writes
-    assert not [w for w in writes if w[:2] == ("delete", "jobsets")], writes
+    for resource in ("jobsets", "configmaps"):
+        created = sum(1 for w in writes if w[:2] == ("create", resource) and w[2] == 201)
+        assert 0 < created <= JOBS, (resource, writes)
+        assert not [w for w in writes if w[:2] == ("delete", resource)], writes
