@@ -81,6 +81,9 @@ def test_termination_records_round_trip_and_log_tails_give_their_last_line():
         code=1, error="ValueError: bad"
     )
     assert TerminationRecord.parse("") is None
+    # A record nested deeper than the JSON parser goes (4 KiB of brackets) is read as a log tail, never raised.
+    nested = "[" * 2000 + "]" * 2000
+    assert TerminationRecord.parse(nested, 1) == TerminationRecord(code=1, error=nested[:4096])
     assert (exit_code(-9), exit_code(-15), exit_code(42)) == (137, 143, 42)
 
 
