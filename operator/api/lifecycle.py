@@ -12,6 +12,8 @@ Exit codes (the trainer maps every failure to one of them in one place, `tpu_wor
   42    retryable   infrastructure: the coordinator / jax.distributed start-up or    restarted
                     the first collective timed out, TPU runtime or device errors,
                     checkpoint or data I/O that failed after its own retries
+  43    diverged    a non-finite loss or gradient norm at a step: that step's state  fails the job
+                    was never saved (the record's `diverged` says where)             (or Rewind)
   143   stopped     SIGTERM (preemption, maintenance, an eviction): the step in      restarted (cause
                     flight finished and was checkpointed first                       preemption)
   137   killed      SIGKILL from outside: a node lost, the grace period exceeded,    restarted
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -43,6 +45,7 @@ class ExitCode(enum.IntEnum):
     UNEXPECTED = 1
     USER = 3
     RETRYABLE = 42
+    DIVERGED = 43  # a non-finite loss or gradient norm: no state was saved after it (spec.failurePolicy.onDivergence)
     KILLED = 137  # 128 + SIGKILL
     STOPPED = 143  # 128 + SIGTERM
 
@@ -102,6 +105,17 @@ class Progress(Untrusted):
     )
 
 
+class Divergence(BaseModel):
+    """Where a run diverged: the step whose loss or gradient norm was not finite, and the value as text
+    ("nan", "inf", "-inf": JSON has no token for them). Carried by the termination record of exit code 43."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, alias_generator=to_camel)
+    step: int = Field(description="The step whose update was not applied (its state is never saved).")
+    metric: Literal["loss", "grad_norm"] = Field(description="Which value was not finite (loss is checked first).")
+    value: str = Field(max_length=32, description='"nan", "inf" or "-inf".')
+    last_checkpoint_step: int | None = Field(None, description="The latest checkpoint, all written from finite state.")
+
+
 class TerminationRecord(BaseModel):
     """The last thing a trainer process says: its exit code, its last error line, its progress, and the
     values its /status last served (`last`: loss, eval_loss, step_time_s, ...; the operator's last read of
@@ -112,6 +126,7 @@ class TerminationRecord(BaseModel):
     error: str = ""
     progress: Progress | None = None
     last: dict[str, Any] | None = None  # untrusted: the operator reads it as a /status answer (to_sample)
+    diverged: Divergence | None = None  # exit code 43 only
 
     def message(self) -> str:
         """One JSON line that fits the kubelet's 4096 bytes (the error line is cut to fit)."""

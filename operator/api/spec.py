@@ -488,6 +488,28 @@ class RuntimeSpec(Base):
 # spec.checkpoint, spec.failurePolicy, pod knobs
 
 
+class RestartBudgetsSpec(Base):
+    """Each restart cause's own limit. maxRestarts is the total of the job's own faults (failure, hang,
+    diverged); hardware and preemption are the infrastructure's and are limited only here."""
+
+    failure: int | None = _desc(
+        "Restarts after a failed pod; default: only maxRestarts applies.", default=None, ge=0, le=1000
+    )
+    hang: int | None = _desc("Restarts after a hang; default: only maxRestarts applies.", default=None, ge=0, le=1000)
+    diverged: int | None = _desc(
+        "Rewinds after a non-finite loss or gradient norm (onDivergence Rewind).", default=2, ge=0, le=1000
+    )
+    hardware: int | None = _desc(
+        "Restarts after a node of a running slice turned unhealthy or was lost; not in maxRestarts.",
+        default=10,
+        ge=0,
+        le=1000,
+    )
+    preemption: int | None = _desc(
+        "Restarts after SIGTERM (preemption, maintenance, eviction); default: uncharged.", default=None, ge=0, le=1000
+    )
+
+
 class FailurePolicySpec(Base):
     """How the operator restarts a job (docs/failures.md; api/failures.py has the rule)."""
 
@@ -523,6 +545,35 @@ class FailurePolicySpec(Base):
         "Delay before the first restart; doubled for each restart after it.", default=10.0, ge=0, le=86400
     )
     max_backoff_seconds: float = _desc("Longest delay between restarts.", default=600.0, ge=0, le=86400)
+    restart_budgets: RestartBudgetsSpec = _desc(
+        "Each cause's own restart limit, beside maxRestarts' total.", default_factory=lambda: RestartBudgetsSpec()
+    )
+    restart_window_seconds: int | None = _desc(
+        "Restarts decided longer ago than this stop counting against every budget (as Kubernetes' pod "
+        "back-off resets after a while running). Default: they count for the job's whole life.",
+        default=None,
+        ge=60,
+        le=L.MAX_TIMEOUT_S,
+    )
+    on_divergence: Literal["Fail", "Rewind"] = _desc(
+        "A non-finite loss or gradient norm (exit code 43): Fail the job, or Rewind: restart from the "
+        "latest checkpoint (never written from non-finite state) with the next skipBatches batches skipped, "
+        "within restartBudgets.diverged.",
+        default="Fail",
+    )
+    skip_batches: int = _desc(
+        "With onDivergence Rewind: batches of data skipped after the checkpoint a rewind restores.",
+        default=0,
+        ge=0,
+        le=L.MAX_STEPS,
+    )
+    node_unhealthy_grace_seconds: int = _desc(
+        "How long a node under a running pod must report Ready False or Unknown before the job is stopped "
+        "and restarted (cause hardware); GKE's TPU partition-state UNHEALTHY label acts at once.",
+        default=120,
+        ge=0,
+        le=L.MAX_TIMEOUT_S,
+    )
 
     @field_validator("restart_on_exit_codes")
     @classmethod
