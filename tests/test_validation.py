@@ -327,6 +327,8 @@ BAD = [
     ),
     ("spec.runtime.envFrom", [{"secretRef": {"name": "s"}}] * 17, "spec.runtime.envFrom", "at most 16"),
     ("spec.training", None, "spec.training", "Field required"),
+    # A rewind restores the latest checkpoint and reads its skip beside it: no directory, no rewind.
+    ("spec.failurePolicy", {"onDivergence": "Rewind"}, "spec.failurePolicy.onDivergence", "checkpoint.directory"),
 ]
 
 
@@ -513,6 +515,13 @@ MULTI = [
         {"tpu": {"topology": "2x2x1", "capacity": "flexStart"}, "queueName": "Bad_Queue"},
         [("spec.queueName", "pattern")],
     ),  # a queue is named, if badly: not also "required"
+    (
+        {"tpu": {"topology": "3x3x3"}, "failurePolicy": {"onDivergence": "Rewind", "skipBatches": 100}},
+        [
+            ("spec.tpu.topology", "not a v7x topology"),
+            ("spec.failurePolicy.onDivergence", "checkpoint.directory is not set"),
+        ],
+    ),
     # All sections valid: the spec's own validator lists every cross-field problem, not the first.
     (
         {

@@ -417,6 +417,18 @@ class CheckpointSpec(Base):
         return self
 
 
+class DivergenceSpec(Base):
+    """What the trainer does about a non-finite loss or gradient norm: spec.failurePolicy's onDivergence and
+    skipBatches, which the operator copies here (the rest of the failure policy is the operator's)."""
+
+    on_divergence: Literal["Fail", "Rewind"] = _desc(
+        "Fail, or Rewind: a restart from the latest checkpoint skips skipBatches batches after it.", default="Fail"
+    )
+    skip_batches: int = _desc(
+        "Batches of data skipped after the checkpoint a rewind restores.", default=0, ge=0, le=L.MAX_STEPS
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # What the pods read: the ConfigMap file
 
@@ -440,6 +452,10 @@ class TrainerConfig(Base):
     mesh: Mesh = _desc("Resolved mesh.")
     kernels: KernelsSpec = _desc("Kernels.")
     checkpoint: CheckpointSpec = _desc("Checkpointing.")
+    divergence: DivergenceSpec = _desc(
+        "A non-finite loss or gradient norm (spec.failurePolicy.onDivergence, skipBatches).",
+        default_factory=lambda: DivergenceSpec(),
+    )
     metrics_port: int = _desc("Metrics port of the coordinator.")
     # Not from the job's spec: `tpujob run --local --profile` sets it; on a cluster the annotation asks the
     # running trainer instead (api/profiling.py).

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from . import catalogue, roofline
-from .contract import PlanResult, TrainerConfig
+from .contract import DivergenceSpec, PlanResult, TrainerConfig
 from .models import TPUTrainingJob
 
 # What a SIGTERM must fit in before the kubelet kills the pod: the step in flight, then a blocking save
@@ -127,5 +127,8 @@ class Plan:
             mesh=spec.mesh,
             kernels=spec.kernels,
             checkpoint=spec.checkpoint,
+            divergence=DivergenceSpec(
+                on_divergence=spec.failure_policy.on_divergence, skip_batches=spec.failure_policy.skip_batches
+            ),
             metrics_port=spec.runtime.metrics_port,
         )

@@ -188,6 +188,8 @@ class TPUTrainingJobSpec(Base):
             runtime=self.runtime,
             capacity=self.tpu,
             queueing=self.queueing,
+            checkpoint=self.checkpoint,
+            failure_policy=self.failure_policy,
         )
 
     @property

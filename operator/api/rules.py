@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import catalogue
-from .contract import SLICE_AXES, KernelsSpec, Mesh, ModelDims, TrainingSpec, splits_at
+from .contract import SLICE_AXES, CheckpointSpec, KernelsSpec, Mesh, ModelDims, TrainingSpec, splits_at
 from .names import GROWBACK_REPLICATED_JOB, growback_name, longest_hostname
 from .problems import Problem
-from .spec import ParallelismSpec, RuntimeSpec, TPUCapacity, TPUSpec
+from .spec import FailurePolicySpec, ParallelismSpec, RuntimeSpec, TPUCapacity, TPUSpec
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,8 @@ class Sections:
     runtime: RuntimeSpec | None = None
     capacity: TPUCapacity | None = None  # spec.tpu's capacity fields, known on their own like slices
     queueing: Queueing | None = None
+    checkpoint: CheckpointSpec | None = None
+    failure_policy: FailurePolicySpec | None = None
 
 
 def resolve_mesh(par: ParallelismSpec, devices: int, slices: int) -> Mesh:
@@ -156,6 +158,22 @@ def spec_problems(s: Sections) -> list[Problem]:
         problems.append(("training.precision", "v5p has no native fp8; use bf16"))
     if s.capacity is not None:
         problems += _capacity_problems(s.capacity, s.queueing)
+    # A rewind restarts from the latest checkpoint and finds what to skip in a marker beside it
+    # (docs/divergence.md): with no directory there is neither, and the restart would train from step 0
+    # on the very batches that diverged.
+    if (
+        s.failure_policy is not None
+        and s.failure_policy.on_divergence == "Rewind"
+        and s.checkpoint is not None
+        and not s.checkpoint.directory
+    ):
+        problems.append(
+            (
+                "failurePolicy.onDivergence",
+                "Rewind restarts from the latest checkpoint, and spec.checkpoint.directory is not set; set it, "
+                "or use Fail",
+            )
+        )
     if s.queueing is not None and s.queueing.workload_priority_class_name and not s.queueing.queue_name:
         problems.append(
             (
