@@ -6,7 +6,8 @@ ignores: resume picks the latest complete checkpoint. Restore places arrays stra
 current mesh (the target carries shardings), so the mesh may differ from the one that saved.
 
 Each checkpoint holds two items: `state` (the arrays) and `data` (a small JSON: the fingerprint of
-the data order, fingerprint.py), which resume checks.
+the data order, fingerprint.py, which resume checks, and, once a rewind skipped batches, how many:
+the data position of step s is s + skippedBatches, divergence.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 log = logging.getLogger(__name__)
+SKIPPED = "skippedBatches"  # in the `data` item; absent means 0 (every checkpoint before any rewind)
 
 
 class Checkpointer:
@@ -28,25 +30,30 @@ class Checkpointer:
         )
         self._complete = self.manager.latest_step()
         self.fingerprint = fingerprint or {}  # what every save records
+        self.skipped = 0  # batches skipped by rewinds so far: restored, then recorded by every save
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def restore(self, abstract_state) -> tuple[dict, dict]:
         """(the latest complete checkpoint's state on `abstract_state`'s shardings (ShapeDtypeStructs),
-        the fingerprint it recorded)."""
+        the fingerprint it recorded); the batches it had skipped go to `self.skipped`."""
         step = self.manager.latest_step()
         log.info("restoring checkpoint step %d from %s", step, self.manager.directory)
         restored = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
         )
-        return restored["state"], restored["data"]
+        data = dict(restored["data"])
+        self.skipped = int(data.pop(SKIPPED, 0))
+        return restored["state"], data
 
     def save(self, step: int, state) -> None:
-        """Start an asynchronous save of `state` at `step` (the caller decides which steps)."""
+        """Start an asynchronous save of `state` at `step` (the caller decides which steps, and checks
+        that the state is finite first: Run.save)."""
+        data = self.fingerprint | ({SKIPPED: self.skipped} if self.skipped else {})
         self.manager.save(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(self.fingerprint)),
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data)),
             force=True,
         )
 

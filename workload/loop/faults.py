@@ -8,11 +8,18 @@ unless set, never set by the renderer (a user sets them through spec.runtime.env
       good (the process keeps serving /status and, like a collective that never returns, ignores
       SIGTERM)
 
-They act in the state hook of step STEP + 1, which the loop calls right after reporting step STEP.
+  TPUJOB_TEST_NAN_AT_STEP=STEP                  step STEP (1-based, as reported) computes a NaN loss and
+      NaN gradients, as a real divergence would: the trainer exits 43 (divergence.py). Every process
+      fires (the step is one program over all of them).
+
+FAIL and HANG act in the state hook of step STEP + 1, which the loop calls right after reporting step
+STEP; NAN replaces the step function of step STEP (Run.step_overrides).
 
 Without @PROCESS every process fires. Each switch fires once per job: it leaves a marker in
 `<checkpoint directory>/.tpujob-test-faults/`, so the restarted job trains on (without a checkpoint
-directory it fires on every attempt).
+directory it fires on every attempt). So a rewind (onDivergence Rewind) trains through step STEP on
+other data: PaLM's spikes were data-dependent, so the switch models a blow-up that the skipped batches
+caused, which does not recur.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from .hooks import Hook, Run
 log = logging.getLogger(__name__)
 FAIL = "TPUJOB_TEST_FAIL_AT_STEP"
 HANG = "TPUJOB_TEST_HANG_AT_STEP"
+NAN = "TPUJOB_TEST_NAN_AT_STEP"
 
 
 def _parse(value: str) -> tuple[list[str], int | None]:
@@ -37,15 +45,30 @@ def _parse(value: str) -> tuple[list[str], int | None]:
     return spec.split(":"), int(process) if process else None
 
 
+def _marker(run: Run, name: str, process: int) -> epath.Path | None:
+    """Where this job records that `name` fired on `process` (beside the checkpoints), None without them."""
+    if not run.cfg.checkpoint.directory:
+        return None
+    return epath.Path(run.cfg.checkpoint.directory) / ".tpujob-test-faults" / f"{name}-p{process}"
+
+
+def _fired(run: Run, name: str, process: int) -> bool:
+    marker = _marker(run, name, process)
+    return marker is not None and marker.exists()
+
+
+def _mark(run: Run, name: str, process: int) -> None:
+    marker = _marker(run, name, process)
+    if marker is not None:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("fired\n")
+
+
 def _once(run: Run, name: str, process: int) -> bool:
     """True the first time this job fires `name` on `process` (a marker beside the checkpoints)."""
-    if not run.cfg.checkpoint.directory:
-        return True
-    marker = epath.Path(run.cfg.checkpoint.directory) / ".tpujob-test-faults" / f"{name}-p{process}"
-    if marker.exists():
+    if _fired(run, name, process):
         return False
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text("fired\n")
+    _mark(run, name, process)
     return True
 
 
@@ -60,7 +83,26 @@ def hooks(run: Run, process: int, env: Mapping[str, str] | None = None) -> list[
         (step,), only = _parse(env[HANG])
         if only in (None, process):
             found.append(Hook(1, on_state=lambda s, _: _hang(run, s - 1, int(step), process)))
+    if env.get(NAN):
+        _poison(run, int(env[NAN]), process)
     return found
+
+
+def _poison(run: Run, step: int, process: int) -> None:
+    """Step `step`'s function, where this run trains it and the job has not fired it yet: the poisoned
+    step (compiled when first called), marked as fired as it is dispatched. Every process decides alike:
+    each reads its own marker, and all of them wrote theirs at the same step."""
+    name = f"nan-{step}"
+    if not run.start < step <= run.cfg.training.steps or _fired(run, name, process):
+        return
+    poisoned = run.trainer.poisoned_step()
+
+    def fire(state, batch):
+        _mark(run, name, process)
+        log.warning("injected divergence (%s): step %d's loss and gradients are NaN", NAN, step)
+        return poisoned(state, batch)
+
+    run.step_overrides[step - 1] = fire
 
 
 def _fail(run: Run, reported: int, step: int, code: int, process: int) -> None:

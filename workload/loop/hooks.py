@@ -30,8 +30,10 @@ class Trainer:
     abstract_state: dict
     batch_sharding: NamedSharding
     init: callable
-    step: callable
+    step: callable  # (state, batch) -> (state, metrics): `update` applied only where finite (divergence.py)
     eval_step: callable  # (params, batch) -> (summed cross entropy, tokens counted): evaluation.py
+    update: callable | None = None  # the step's pure update, unjitted and unchecked (a test compares the two)
+    poisoned_step: Callable[[], callable] | None = None  # jits `step` with a NaN loss and gradients (faults.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +123,19 @@ class Run:
     peak_bf16_flops: float | None = None  # of all devices, where the job's precision has another peak
     clock: Clock = dataclasses.field(default_factory=Clock)
     data_wait_s: float = 0.0  # since the last record
+    skipped: int = 0  # batches skipped by rewinds before this run: step s reads data position s + skipped
+    # Test faults (faults.py): the step function of a step (0-based, as the loop counts) instead of trainer.step.
+    step_overrides: dict[int, Callable] = dataclasses.field(default_factory=dict)
+    # Set by the loop: reads (and reports) every step's metrics up to the given one, raising
+    # exits.Diverged at a non-finite one. `save` calls it first, so that no state after it is saved.
+    read_through: Callable[[int], None] = lambda step: None
+
+    def save(self, step: int, state: dict) -> None:
+        """Checkpoint the state after step `step`, once every step up to it is known finite (its
+        metrics read: no extra wait, the save needs the step's arrays anyway); blocking time counted
+        as checkpoint time."""
+        self.read_through(step)
+        self.clock.timed(self.ckpt.save)(step, state)
 
     def waited_for_data(self, seconds: float) -> None:
         self.data_wait_s += seconds

@@ -5,7 +5,8 @@ flag to a tiny global OR (one int32 per device, reduced by `jnp.max`), dispatche
 read with the step's metrics, so the loop never waits for it. A SIGTERM that reaches one host only
 (node maintenance) thus stops all of them at the same step: when the OR of step n's flags reads
 true, the next state hook, which holds step n+1 (the step in flight), saves it with a blocking
-checkpoint on every process and raises `Stopped`. The hook runs before the interval checkpoint
+checkpoint on every process and raises `Stopped`, unless a step up to it was not finite (Run.save
+raises exits.Diverged instead, and nothing is saved). The hook runs before the interval checkpoint
 hook, so that step is saved once. It must fit in the pod's terminationGracePeriodSeconds.
 """
 
@@ -50,7 +51,7 @@ class StopOnSigterm:
             saved = self.run.ckpt is not None
             if saved:
                 log.warning("saving the step in flight (%d) before exiting", step)
-                self.run.ckpt.save(step, state)
+                self.run.save(step, state)  # reads step's flag first: a non-finite step is never saved
                 self.run.clock.finish_checkpoints(self.run.ckpt)
             raise Stopped(step, saved)
         local = np.full((jax.local_device_count(),), int(self.requested), np.int32)

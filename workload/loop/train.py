@@ -32,7 +32,7 @@ from ..performance import flops as flops_lib
 from ..performance import tuning
 from ..process import exits
 from ..process import metrics as metrics_lib
-from . import evaluation
+from . import divergence, evaluation
 from .checkpoint import Checkpointer, abstract_like
 from .hooks import Hook, Run, StepRecord, Summary, Trainer
 from .progress import Clock
@@ -229,14 +229,49 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
 
         return jax.lax.scan(one, (jnp.float32(0), jnp.float32(0)), microbatches_of(batch))[0]
 
-    def train_step(state, batch):
-        with sharding.use(sharder):
-            step_grads = loss_and_grads if micro == 1 else accumulated
-            (loss, parts), grads = step_grads(state["params"], batch)
-            updates, opt = tx.update(grads, state["opt"], state["params"])
-            params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, **parts, "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state["step"])}
-        return {"params": params, "opt": opt, "step": state["step"] + 1}, metrics
+    step_grads = loss_and_grads if micro == 1 else accumulated
+
+    def update_with(grads_of):
+        def update(state, batch):
+            with sharding.use(sharder):
+                (loss, parts), grads = grads_of(state["params"], batch)
+                updates, opt = tx.update(grads, state["opt"], state["params"])
+                params = optax.apply_updates(state["params"], updates)
+            metrics = {
+                "loss": loss,
+                **parts,
+                "grad_norm": optax.tree.norm(grads),
+                "learning_rate": schedule(state["step"]),
+            }
+            return {"params": params, "opt": opt, "step": state["step"] + 1}, metrics
+
+        return update
+
+    def checked(update):
+        """`update` applied only where its loss and gradient norm are finite, else the state as it was
+        (so no non-finite value ever reaches the state in memory), with the flag in the metrics: read
+        with them, never waited for on its own (divergence.py). The select fuses into the update's own
+        elementwise pass. Named train_step: profiles show `jit_train_step` (test_profiling.py counts it)."""
+
+        def train_step(state, batch):
+            new, metrics = update(state, batch)
+            finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+            kept = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
+            return kept, {**metrics, "finite": finite}
+
+        return train_step
+
+    def poisoned(params, batch):
+        """A divergence on demand (faults.py): the loss and every gradient NaN, as a real blow-up's are."""
+        return jax.tree.map(lambda a: a * jnp.nan, step_grads(params, batch))
+
+    def jitted(step):
+        return jax.jit(
+            step,
+            in_shardings=(state_shardings, batch_sharding),  # every array of the Batch
+            out_shardings=(state_shardings, replicated),
+            donate_argnums=0,
+        )
 
     return Trainer(
         cfg=cfg,
@@ -247,12 +282,9 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         batch_sharding=batch_sharding,
         init=jax.jit(init_state, out_shardings=state_shardings),
         eval_step=jax.jit(eval_step, out_shardings=(replicated, replicated)),
-        step=jax.jit(
-            train_step,
-            in_shardings=(state_shardings, batch_sharding),  # every array of the Batch
-            out_shardings=(state_shardings, replicated),
-            donate_argnums=0,
-        ),
+        step=jitted(checked(update_with(step_grads))),
+        update=update_with(step_grads),
+        poisoned_step=lambda: jitted(checked(update_with(poisoned))),
     )
 
 
@@ -302,6 +334,9 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | No
     sharding.check_shardings(state["params"], trainer.param_shardings)
     sharding.check_state_bytes(state, sharding.state_bytes(trainer.abstract_state, mesh), mesh)
     start = int(jax.device_get(state["step"]))
+    skipped = divergence.skipped_at_start(cfg, start, ckpt.skipped if ckpt else 0)
+    if ckpt:
+        ckpt.skipped = skipped  # every later checkpoint records it
     log.info("starting at step %d of %d", start, t.steps)
     clock = clock or Clock()
     clock.start(start)
@@ -326,6 +361,7 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | No
         peak_flops=peak_flops_per_device * mesh.size,
         clock=clock,
         peak_bf16_flops=peak_flops_per_device * mesh.size * bf16 / cfg.peak_flops_per_device if bf16 else None,
+        skipped=skipped,
     )
 
 
@@ -340,41 +376,41 @@ def reporting_hooks(run: Run, status: metrics_lib.Status, tb: metrics_lib.Tensor
     if main:
         hooks.append(Hook(every, on_record=lambda r: metrics_lib.emit(r.as_dict())))
     if run.ckpt:
-        hooks.append(Hook(run.cfg.checkpoint.interval, on_state=run.clock.timed(run.ckpt.save)))
+        hooks.append(Hook(run.cfg.checkpoint.interval, on_state=run.save))
     if run.cfg.training.eval is not None:
         hooks.insert(0, evaluation.Evaluator(run.cfg, run.trainer).hook(run.clock))  # its values join the record
     return hooks
 
 
 def train(run: Run, hooks: list[Hook]) -> Summary:
-    """The loop. It never waits for step n before dispatching step n+1: step n's loss is read after
-    n+1 is dispatched, so a step's time is the time between two completions."""
+    """The loop. It never waits for step n before dispatching step n+1: step n's metrics are read after
+    n+1 is dispatched, so a step's time is the time between two completions. Step s reads the batch at
+    data position s + run.skipped (rewinds, divergence.py)."""
     total = run.cfg.training.steps
     if run.start >= total:
         last = run.ckpt.last_complete_step() if run.ckpt else None
         log.info("already complete: the checkpoint at step %s is the last step (%d)", last, total)
         return Summary(step=run.start, last_checkpoint_step=last, already_complete=True)
-    state, times, record, pending = run.state, [], None, None
-    t_prev = time.perf_counter()
+    reports = _Reports(run, hooks)
+    run.read_through = reports.through
+    state = run.state
     for step in range(run.start, total):
         t_data = time.perf_counter()
-        batch = run.batches(step)
+        batch = run.batches(step + run.skipped)
         run.waited_for_data(time.perf_counter() - t_data)
-        state, metrics = run.trainer.step(state, batch)
-        if pending is not None:  # before step+1's hooks: a save waits for its arrays
-            record, t_prev = _report(run, hooks, *pending, t_prev, times)
+        state, metrics = run.step_overrides.get(step, run.trainer.step)(state, batch)
+        reports.dispatched(step + 1, metrics)  # reports step, before step+1's hooks (a save reads step+1 too)
         for hook in hooks:
             if hook.on_state and hook.due(step + 1, total):
                 hook.on_state(step + 1, state)
-        pending = (step + 1, metrics)
-    record, _ = _report(run, hooks, *pending, t_prev, times)
+    reports.through(total)
     last = run.clock.finish_checkpoints(run.ckpt) if run.ckpt else None
-    timed = times[1:] or times
+    timed = reports.times[1:] or reports.times
     median = statistics.median(timed)
     return Summary(
         step=total,
         last_checkpoint_step=last,
-        loss=record.loss,
+        loss=reports.record.loss,
         step_time_s=median,
         global_tokens_per_s=run.tokens_per_step / median,
         mfu=run.flops_per_step / median / run.peak_flops,
@@ -382,19 +418,56 @@ def train(run: Run, hooks: list[Hook]) -> Summary:
     )
 
 
-def _report(
-    run: Run, hooks: list[Hook], step: int, metrics: dict, t_prev: float, times: list[float]
-) -> tuple[StepRecord, float]:
-    values = {k: float(v) for k, v in jax.device_get(metrics).items()}  # blocks until step `step` is done
-    now = time.perf_counter()
-    times.append(now - t_prev)
-    due = [hook for hook in hooks if hook.due(step, run.cfg.training.steps)]
-    extra = {k: v for hook in due if hook.values for k, v in hook.values(step).items()}
-    record = run.record(step, values, now - t_prev, extra)
-    for hook in hooks:  # a step with an evaluation is reported whatever logEvery says
-        if hook.on_record and (hook in due or extra):
-            hook.on_record(record)
-    return record, now
+class _Reports:
+    """The steps dispatched and not yet read, read in order: by the loop one step behind dispatch, and
+    by `Run.save` up to the step it saves (`through`). Reading a step runs its record hooks, and at a
+    non-finite step ends the run (`_diverged`)."""
+
+    def __init__(self, run: Run, hooks: list[Hook]):
+        self.run, self.hooks = run, hooks
+        self.unread: list[tuple[int, dict]] = []
+        self.times: list[float] = []
+        self.record: StepRecord | None = None
+        self.t_prev = time.perf_counter()
+
+    def dispatched(self, step: int, metrics: dict) -> None:
+        self.through(step - 1)
+        self.unread.append((step, metrics))
+
+    def through(self, step: int) -> None:
+        while self.unread and self.unread[0][0] <= step:
+            self._read(*self.unread.pop(0))
+
+    def _read(self, step: int, metrics: dict) -> None:
+        run = self.run
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}  # blocks until step `step` is done
+        now = time.perf_counter()
+        self.times.append(now - self.t_prev)
+        due = [hook for hook in self.hooks if hook.due(step, run.cfg.training.steps)]
+        extra = {k: v for hook in due if hook.values for k, v in hook.values(step).items()}
+        self.record = run.record(step, values, now - self.t_prev, extra)
+        self.t_prev = now
+        finite = bool(values["finite"])
+        # A step with an evaluation is reported whatever logEvery says, and so is a non-finite one:
+        # /status, the JSON line and TensorBoard show the NaN itself, never the last healthy value.
+        for hook in self.hooks:
+            if hook.on_record and (hook in due or extra or not finite):
+                hook.on_record(self.record)
+        if not finite:
+            self._diverged(step, values)
+
+    def _diverged(self, step: int, values: dict) -> None:
+        """Every process gets here at the same step (the flag is replicated). The saves in flight hold
+        earlier, finite steps: they finish, and the rewind restores the latest."""
+        run = self.run
+        last = run.clock.finish_checkpoints(run.ckpt) if run.ckpt else None
+        failure = divergence.check(step, values, last)
+        if run.ckpt and jax.process_index() == 0:
+            marker = divergence.write_marker(
+                run.cfg.checkpoint.directory, failure.divergence, run.skipped, run.cfg.divergence.skip_batches
+            )
+            log.info("divergence marker: %s", marker)
+        raise failure
 
 
 def tensorboard_dir(cfg: TrainerConfig, run_dir: str | None) -> str | None:

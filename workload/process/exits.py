@@ -4,6 +4,8 @@
 `code_of` classifies an exception, first match wins (an unclassified exception is looked up again
 through its cause, then its context):
   Stopped                                  143  SIGTERM handled after a checkpoint (preemption.py)
+  Diverged                                 43   a step's loss or gradient norm was not finite; its
+                                                state was never saved (loop/divergence.py)
   UserError, pydantic ValidationError      3    the job's config or environment contract is wrong
   FileNotFoundError, PermissionError,      3    a path the job names is missing or not ours to read
     NotADirectoryError, IsADirectoryError
@@ -19,21 +21,24 @@ through its cause, then its context):
   anything else                            1    unexpected: a bug, not retried by default
 
 On exit (`finish`, `fail`, or the start-up `deadline` firing) the process writes its
-`TerminationRecord` (code, last error line, progress) to $TPUJOB_TERMINATION_LOG, default
-/dev/termination-log; a file it cannot write there is skipped (a laptop has none).
+`TerminationRecord` (code, last error line, progress, and for 43 where it diverged) to
+$TPUJOB_TERMINATION_LOG, default /dev/termination-log; a file it cannot write there is skipped (a
+laptop has none). Its `last` values are in /status's wire format (`wire`): a non-finite float is the
+string "nan", "inf" or "-inf", since JSON has no token for it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tpu_operator.api.lifecycle import TERMINATION_LOG, ExitCode, Progress, TerminationRecord
+from tpu_operator.api.lifecycle import TERMINATION_LOG, Divergence, ExitCode, Progress, TerminationRecord
 
 log = logging.getLogger("tpu_workload")
 RETRYABLE_STATUSES = ("DEADLINE_EXCEEDED", "UNAVAILABLE", "INTERNAL", "ABORTED", "CANCELLED", "DATA_LOSS", "UNKNOWN")
@@ -58,6 +63,20 @@ class Stopped(Exception):
             + (f" after a checkpoint at step {step}" if saved else " (no checkpoint directory)")
         )
         self.step, self.saved = step, saved
+
+
+class Diverged(Exception):
+    """A step's loss or gradient norm was not finite: its update was not applied, and no state after
+    the last checkpoint (`divergence.last_checkpoint_step`) was saved."""
+
+    def __init__(self, divergence: Divergence):
+        d = divergence
+        saved = f"step {d.last_checkpoint_step}" if d.last_checkpoint_step is not None else "none"
+        super().__init__(
+            f"{d.metric} is {d.value} at step {d.step}: the update was not applied, and no state after it was "
+            f"saved (latest checkpoint: {saved})"
+        )
+        self.divergence = d
 
 
 class InjectedExit(Exception):
@@ -86,6 +105,8 @@ def code_of(exc: BaseException) -> int:
         status = _runtime_status(exc)
         if isinstance(exc, Stopped):
             return int(ExitCode.STOPPED)
+        if isinstance(exc, Diverged):
+            return int(ExitCode.DIVERGED)
         if isinstance(exc, InjectedExit):
             return exc.code
         if isinstance(exc, (UserError, ValidationError, *USER_OS_ERRORS)) or status in USER_STATUSES:
@@ -111,11 +132,21 @@ def write_record(record: TerminationRecord, path: str | None = None) -> None:
         log.warning("could not write the termination record to %s: %s", target, exc)
 
 
-def _numbers(shown: Mapping[str, Any] | None) -> dict[str, float | int] | None:
-    """The numeric values of a /status snapshot (a few keys, well inside the record's 4096 bytes)."""
+def wire(value: Any) -> Any:
+    """`value` as /status, the JSON lines and the termination record carry it: a finite float as a
+    JSON number, a non-finite one as "nan", "inf" or "-inf" (json.dumps would write NaN, which is no
+    JSON; pydantic would write null, a stale-looking gap), anything else as it is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def _numbers(shown: Mapping[str, Any] | None) -> dict[str, float | int | str] | None:
+    """The numeric values of a /status snapshot (a few keys, well inside the record's 4096 bytes),
+    non-finite ones as their text (`wire`)."""
     if not shown:
         return None
-    return {k: v for k, v in shown.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {k: wire(v) for k, v in shown.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def finish(progress: Progress | None, shown: Mapping[str, Any] | None = None) -> int:
@@ -132,7 +163,8 @@ def fail(exc: BaseException, progress: Progress | None, shown: Mapping[str, Any]
     else:
         log.error("training failed (exit %d): %s", code, line, exc_info=exc)
     error = str(exc) if code == ExitCode.STOPPED else line
-    write_record(TerminationRecord(code=code, error=error, progress=progress, last=_numbers(shown)))
+    diverged = exc.divergence if isinstance(exc, Diverged) else None
+    write_record(TerminationRecord(code=code, error=error, progress=progress, last=_numbers(shown), diverged=diverged))
     return code
 
 

@@ -4,6 +4,9 @@ The HTTP server (serving.py: stdlib, daemon threads, every request bounded in by
 serves the latest values until the process exits;
 `TPUJOB_LINGER_SECONDS` keeps it up that long after training completes so the operator can read
 the final values.
+
+JSON has no token for a non-finite number: /status and the JSON lines carry one as the string "nan",
+"inf" or "-inf" (exits.wire), so a diverged step shows its value, never null or the last finite one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from tpu_operator.api.profiling import CONTROL_REFUSED
 from tpu_operator.api.trainer_metrics import PROMETHEUS
 
+from .exits import wire
 from .serving import Server, authorized, serve_http
 
 log = logging.getLogger(__name__)
@@ -79,7 +83,7 @@ def serve(
 
     def respond(path: str) -> tuple[int, bytes, str]:
         if path == "/status":
-            return 200, json.dumps(status.snapshot()).encode(), "application/json"
+            return 200, json.dumps(wired(status.snapshot())).encode(), "application/json"
         if path == "/metrics":
             return 200, status.prometheus(), CONTENT_TYPE_LATEST
         return 404, b"not found\n", "text/plain"
@@ -102,9 +106,14 @@ def serve(
     return server
 
 
+def wired(values: dict) -> dict:
+    """`values` with each top-level float in the wire format (exits.wire)."""
+    return {k: wire(v) for k, v in values.items()}
+
+
 def emit(record: dict) -> None:
     """One JSON line on stdout (process 0 only; humans read stderr)."""
-    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.write(json.dumps(wired(record)) + "\n")
     sys.stdout.flush()
 
 
