@@ -1,5 +1,8 @@
 """The trainer's Prometheus series: what process 0's `/metrics` serves, one gauge per `/status` key.
 
+A value that is not finite (a diverged step's loss, docs/divergence.md) is the gauge's NaN or +-Inf, and
+in `/status` the string "nan", "inf" or "-inf" (JSON has no token for it).
+
 Shared by the trainer, which serves them (`tpu_workload.process.metrics`; it imports this module beside
 `contract` and `lifecycle`: stdlib only), and by the operator's reference docs (`docs.py`,
 `metrics-trainer` in docs/metrics.md), which list them without importing the trainer.
@@ -20,9 +23,16 @@ class TrainerSeries(NamedTuple):
 
 PROMETHEUS = (
     TrainerSeries("tpujob_step", "step", "Completed training steps."),
-    TrainerSeries("tpujob_loss", "loss", "Training loss of the latest step (with the weighted aux and z-losses)."),
+    TrainerSeries(
+        "tpujob_loss",
+        "loss",
+        "Training loss of the latest step (with the weighted aux and z-losses); NaN or +-Inf at a diverged step "
+        '(/status: "nan", "inf", "-inf").',
+    ),
     TrainerSeries("tpujob_cross_entropy", "ce", "Cross entropy of the latest step, without the aux and z-losses."),
-    TrainerSeries("tpujob_grad_norm", "grad_norm", "Global gradient norm before clipping."),
+    TrainerSeries(
+        "tpujob_grad_norm", "grad_norm", "Global gradient norm before clipping; NaN or +Inf at a diverged step."
+    ),
     TrainerSeries("tpujob_learning_rate", "learning_rate", "Learning rate of the latest reported step."),
     TrainerSeries("tpujob_step_time_seconds", "step_time_s", "Latest step time in seconds."),
     TrainerSeries("tpujob_tokens_per_second", "global_tokens_per_s", "Throughput of all devices, tokens per second."),
