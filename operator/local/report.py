@@ -9,6 +9,14 @@ import json
 from pathlib import Path
 
 
+def _number(value: object) -> float:
+    """A JSON line's value as a float: a diverged step's loss is the string "nan", "inf" or "-inf" (JSON
+    has no token for them; docs/divergence.md), plotted as matplotlib plots a NaN (a gap); missing is 0."""
+    if isinstance(value, str):
+        return float(value) if value in ("nan", "inf", "-inf") else 0.0
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     if not records:
@@ -33,7 +41,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     for ax, (title, key, scale) in zip(axes, panels):
         ax.plot(
             steps,
-            [(r.get(key) or 0.0) * scale for r in records],
+            [_number(r.get(key)) * scale for r in records],
             marker=".",
             linewidth=1.2,
             label="train" if key == "loss" else None,
@@ -45,7 +53,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     if evaluated:  # the held-out loss on the loss panel (training.eval)
         axes[0].plot(
             [r["step"] for r in evaluated],
-            [r["eval_loss"] for r in evaluated],
+            [_number(r["eval_loss"]) for r in evaluated],
             marker="o",
             linewidth=1.2,
             color="tab:orange",

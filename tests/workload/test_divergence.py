@@ -247,3 +247,12 @@ def test_the_config_map_carries_the_jobs_divergence_policy():
     )
     assert Plan(job).trainer_config().divergence == DivergenceSpec(on_divergence="Rewind", skip_batches=200)
     assert Plan(parse_job(tiny_job())).trainer_config().divergence == DivergenceSpec()  # Fail, none skipped
+
+
+def test_the_local_report_plots_a_diverged_run(tmp_path):
+    """`tpujob report` reads the JSON lines a diverged run printed: its last loss is the string "nan"."""
+    from tpu_operator.local.report import write_report
+
+    lines = [{"step": 1, "loss": 5.0, "step_time_s": 0.1, "mfu": 0.1}, {"step": 2, "loss": "nan", "step_time_s": 0.1}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert write_report(tmp_path).stat().st_size > 1000
