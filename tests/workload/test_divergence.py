@@ -256,3 +256,18 @@ def test_the_local_report_plots_a_diverged_run(tmp_path):
     lines = [{"step": 1, "loss": 5.0, "step_time_s": 0.1, "mfu": 0.1}, {"step": 2, "loss": "nan", "step_time_s": 0.1}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     assert write_report(tmp_path).stat().st_size > 1000
+
+
+@pytest.mark.e2e
+@pytest.mark.long  # two trainer processes one after the other (about a minute)
+def test_a_rewound_trainer_resumes_from_the_last_checkpoint_past_the_skipped_batches(trainers, tmp_path):
+    """What the operator's Rewind does, by hand: the same config and environment started again."""
+    cfg = _config(tmp_path / "ckpt", 6, on="Rewind", skip=3, mesh=MESH4)
+    (proc,) = trainers.start(cfg, devices=4, TPUJOB_TEST_NAN_AT_STEP=3)
+    assert proc.wait(timeout=240) == 43, trainers.stderr(proc)
+    lines = trainers.run(cfg, devices=4, TPUJOB_TEST_NAN_AT_STEP=3)
+    steps = {r["step"]: r["loss"] for r in lines if not r.get("summary")}
+    assert sorted(steps) == [3, 4, 5, 6] and all(isinstance(v, float) and math.isfinite(v) for v in steps.values())
+    with open(trainers.procs[-1].stderr_path) as f:
+        assert "resuming from step 2 with 3 batches skipped in all (3 more)" in f.read()
+    assert _saved_steps(tmp_path / "ckpt") == [4, 6]
