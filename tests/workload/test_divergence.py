@@ -134,7 +134,14 @@ def test_nan_at_a_step_saves_nothing_after_it_and_a_rewind_skips_the_next_batche
     assert int(restored["step"]) == 6
     assert all(np.isfinite(np.asarray(a, np.float32)).all() for a in jax.tree.leaves(restored["params"]))
 
-    # The restarted job (the same config; the switch fired once): from step 6, positions 6..8 skipped.
+    # The restarted job is preempted after step 7, before its next checkpoint (the fault hook runs before
+    # the checkpoint hook of step 8): it trained step 7 on position 9, and left the checkpoints as they were.
+    seen.clear()
+    with pytest.raises(exits.Retryable):
+        train.run(cfg, peak_flops_per_device=5e10, extra_hooks=_recording(seen, {faults.FAIL: "7:42"}))
+    assert seen[0] == 9 and _saved_steps(ckpt) == [4, 6]
+
+    # Restarted again (the same config; the switches fired once): from step 6, positions 6..8 skipped again.
     seen.clear()
     summary = train.run(cfg, peak_flops_per_device=5e10, extra_hooks=_recording(seen, {faults.NAN: "7"}))
     assert seen == [9, 10, 11, 12]  # steps 7..10
