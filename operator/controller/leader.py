@@ -186,6 +186,10 @@ class Conflict(Exception):
     """The Lease changed since it was read (409), or was made by another first."""
 
 
+class LeaseError(Exception):
+    """The API refused a Lease request for another reason (403: the RBAC; 5xx...)."""
+
+
 class ApiLeaseStore:
     """`LeaseStore` over kubernetes_asyncio, on a client of its own: a leader's renewals never queue behind the
     controller's requests in a shared connection pool."""
@@ -196,38 +200,40 @@ class ApiLeaseStore:
         self.api, self.namespace, self.name, self.timeout_s = api, namespace, name, timeout_s
         self.leases = k8s.CoordinationV1Api(api)
 
-    async def _raw(self, call: Callable[..., Any], *args: Any) -> dict[str, Any]:
-        from kubernetes_asyncio.client.exceptions import ApiException
+    async def _raw(self, call: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+        """The call's JSON answer; None for a 404; Conflict for a 409; LeaseError for any other refusal. (Without
+        preloading, kubernetes_asyncio returns the response whatever its status: it is checked here.)"""
+        import json
 
-        try:
-            response = await call(*args, _preload_content=False, _request_timeout=self.timeout_s)
-            async with response:
-                import json
+        response = await call(*args, _preload_content=False, _request_timeout=self.timeout_s)
+        async with response:
+            body = await response.read()
+            status = response.status
+        if status == 404:
+            return None
+        if status == 409:
+            raise Conflict(body[:200].decode("utf-8", "replace"))
+        if not 200 <= status <= 299:
+            raise LeaseError(f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}")
+        found: dict[str, Any] = json.loads(body)
+        return found
 
-                found: dict[str, Any] = json.loads(await response.read())
-                return found
-        except ApiException as exc:
-            if exc.status == 409:
-                raise Conflict(str(exc.reason)) from None
-            raise
+    async def _found(self, call: Callable[..., Any], *args: Any) -> dict[str, Any]:
+        found = await self._raw(call, *args)
+        if found is None:  # deleted under us (or its namespace is gone): as if another had moved it
+            raise Conflict("the Lease is gone")
+        return found
 
     async def get(self) -> dict[str, Any] | None:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            return await self._raw(self.leases.read_namespaced_lease, self.name, self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._raw(self.leases.read_namespaced_lease, self.name, self.namespace)
 
     async def create(self, record: Record) -> dict[str, Any]:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": self.name}}
-        return await self._raw(self.leases.create_namespaced_lease, self.namespace, {**body, "spec": record.spec()})
+        return await self._found(self.leases.create_namespaced_lease, self.namespace, {**body, "spec": record.spec()})
 
     async def update(self, lease: dict[str, Any], record: Record) -> dict[str, Any]:
         body = {**lease, "spec": {**(lease.get("spec") or {}), **record.spec()}}
-        return await self._raw(self.leases.replace_namespaced_lease, self.name, self.namespace, body)
+        return await self._found(self.leases.replace_namespaced_lease, self.name, self.namespace, body)
 
     async def close(self) -> None:
         await self.api.close()
