@@ -160,9 +160,17 @@ def burst(n: int, running: int) -> list[dict[str, Any]]:
     return docs
 
 
-def run(f: Failover, jobs: int, running: int, kills: int, every_s: float, lease_log: LeaseLog) -> list[str]:
+def run(
+    f: Failover,
+    jobs: int,
+    running: int,
+    kills: int,
+    every_s: float,
+    lease_log: LeaseLog,
+    on_kill: Callable[[], None] = lambda: None,
+) -> list[str]:
     """Two replicas; `jobs` jobs at once; the leader SIGKILLed every `every_s` seconds, `kills` times, each killed
-    replica started again at once; returns the jobs' names."""
+    replica started again at once (`on_kill` runs just before each kill); returns the jobs' names."""
     first = f.start_replica()
     wait_for(lambda: lease_log.holder() == first.identity, 30, "the first replica to lead", diagnose=first.op.log_tail)
     f.start_replica()
@@ -172,6 +180,7 @@ def run(f: Failover, jobs: int, running: int, kills: int, every_s: float, lease_
     for k in range(kills):
         time.sleep(max(0.0, start + every_s * (k + 1) - time.monotonic()))
         leader = f.by_identity(lease_log.holder())
+        on_kill()
         leader.op.kill(signal.SIGKILL)
         leader.killed_at = time.time()
         f.kills.append((leader.identity, leader.killed_at))
