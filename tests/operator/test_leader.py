@@ -238,3 +238,51 @@ def test_a_clean_stop_releases_the_lease_and_a_standby_takes_it_at_once():
         assert store.lease["spec"]["leaseTransitions"] == 1
 
     asyncio.run(scenario())
+
+
+@pytest.mark.e2e
+def test_a_standby_process_answers_its_liveness_probe_and_stops_at_once_on_sigterm(tmp_path):
+    """`tpujob operator --leader-elect` with no API server to reach: it stands by (the kubelet's probe of
+    /healthz is answered, so a standby is not restarted), and SIGTERM ends it at once with status 0."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tpu_operator.local.pods import free_port
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "x"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
+    port = free_port()
+    command = [sys.executable, "-m", "tpu_operator.cli", "operator", "--standalone", "--leader-elect"]
+    command += ["--health-port", str(port), "--health-host", "127.0.0.1"]
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": "op-0"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, answer = time.monotonic() + 60, None
+        while answer is None and time.monotonic() < deadline and process.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                    answer = json.loads(r.read())
+            except OSError:
+                time.sleep(0.2)
+        assert answer is not None and answer["standby"].startswith("op-0_"), answer
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    finally:
+        process.kill()
+        out = process.communicate()[0]
+    assert '"waiting to lead"' in out and '"leading"' not in out, out
