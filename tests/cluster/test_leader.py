@@ -11,11 +11,15 @@ the Lease 15 s after it last saw it change, it sees a change at most one poll (2
 polls exactly when the lease runs out: 15 to 17.4 s plus a request or two; the 2.6 s left to 20 s are for the
 requests on this loaded 2-core machine. Scaled down from the issue's 100 jobs (the benchmark runs 100): 40
 jobs, 3 kills, so that it takes about 2.5 minutes.
+
+And a leader whose renewals are refused (its Lease RoleBinding deleted) exits at its renew deadline, before the
+standby takes the Lease (about 1 minute).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 import uuid
 
@@ -23,8 +27,9 @@ import pytest
 
 from tests.cluster import failover
 from tests.cluster.conftest import OPERATOR_NAMESPACE
-from tests.cluster.jobs import namespaced
+from tests.cluster.jobs import job_doc, namespaced
 from tests.cluster.kube import JOBSETS, Cluster, wait_for
+from tests.operator_process import Operator
 
 pytestmark = pytest.mark.cluster
 JOBS, RUNNING, KILLS, EVERY_S = 40, 6, 3, 30.0
@@ -118,3 +123,83 @@ def test_the_leader_killed_every_30_s_a_standby_takes_over_and_every_job_gets_on
     ]
     assert 0 < len(jobset_creates) <= JOBS
     assert not [e for e in writes if (e["verb"], e["objectRef"].get("resource")) == ("delete", "jobsets")]
+
+
+def test_a_leader_that_cannot_renew_exits_before_the_standby_takes_over(local_cluster: Cluster, chart: str, tmp_path):
+    """The leader's Lease permission is taken away (its RoleBinding deleted): its renewals are refused, it exits
+    with status 3 at its renew deadline, and the standby takes over after the lease; the audit log has no
+    request of the old leader after the new one took the Lease, and every job still gets one JobSet."""
+    cluster = local_cluster
+    ns, home = cluster.namespace("lost"), cluster.namespace("lost-system")
+    lease = "lost-leader"
+    cluster.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "lease", "namespace": home},
+            "rules": [
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+            ],
+        }
+    )
+    kubeconfigs = {}
+    for sa in ("a", "b"):
+        cluster.kubectl("create", "serviceaccount", sa, "-n", home)
+        cluster.kubectl(
+            "create", "rolebinding", f"lease-{sa}", "--role=lease", f"--serviceaccount={home}:{sa}", "-n", home
+        )
+        cluster.kubectl(
+            "create", "clusterrolebinding", f"{home}-{sa}", f"--clusterrole={chart}", f"--serviceaccount={home}:{sa}"
+        )
+        kubeconfigs[sa] = cluster.token_kubeconfig(home, sa, tmp_path / f"{sa}.kubeconfig")
+    args = [
+        f"--namespace={ns}",
+        "--metrics-access=direct",
+        "--leader-elect",
+        f"--leader-elect-resource-name={lease}",
+        f"--leader-elect-resource-namespace={home}",
+    ]
+    lease_log = failover.LeaseLog(cluster.kubeconfig, home, lease)
+    lease_log.start()
+    a = Operator(kubeconfigs["a"], tmp_path, *args).start()
+    b = None
+    try:
+        wait_for(lambda: lease_log.holder(), 30, "a to lead", diagnose=a.log_tail)
+        b = Operator(kubeconfigs["b"], tmp_path, *args).start()
+        cluster.apply(*(job_doc(f"lost-{i}", suspend=True) for i in range(5)), namespace=ns)
+        wait_for(lambda: all(cluster.status(ns, f"lost-{i}").get("jobSetName") for i in range(5)), 60, "a's JobSets")
+        since = time.time()
+        cluster.kubectl("delete", "rolebinding", "lease-a", "-n", home)
+        assert a.process is not None
+        code = a.process.wait(timeout=30)
+        a_exited = time.time()
+        assert code == 3, a.log_tail()
+        assert "lost leadership: the lease was not renewed within the renew deadline" in a.log_tail(5)
+        cluster.apply(*(job_doc(f"lost-{i}", suspend=True) for i in range(5, 10)), namespace=ns)
+        wait_for(
+            lambda: lease_log.holder() not in ("", lease_log.samples[0].holder),
+            30,
+            "b to take over",
+            diagnose=b.log_tail,
+        )
+        wait_for(
+            lambda: all(cluster.status(ns, f"lost-{i}").get("phase") == "Suspended" for i in range(10)),
+            90,
+            "every job Suspended",
+        )
+    finally:
+        for op in (a, b):
+            if op is not None:
+                op.kill(signal.SIGTERM)
+        lease_log.stop.set()
+        for sa in ("a", "b"):
+            cluster.kubectl("delete", "clusterrolebinding", f"{home}-{sa}", "--ignore-not-found", check=False)
+    b_acquired = next(s.acquire for s in lease_log.samples if s.holder and s.holder != lease_log.samples[0].holder)
+    assert a_exited < b_acquired + 1.0  # the test saw a's exit before (or about when) b took the Lease ...
+    a_user = f"system:serviceaccount:{home}:a"
+    a_last = max(
+        failover.epoch(e["requestReceivedTimestamp"]) for e in cluster.audit(since) if e["user"]["username"] == a_user
+    )
+    print(f"a's last request {b_acquired - a_last:.2f} s before b took the Lease")
+    assert a_last < b_acquired  # ... and the API server had a's last request before b took it
+    assert sorted(j["metadata"]["name"] for j in cluster.items(JOBSETS, ns)) == sorted(f"lost-{i}" for i in range(10))
