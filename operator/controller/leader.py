@@ -39,6 +39,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import logging
+import math
 import os
 import random
 import socket
@@ -149,7 +150,8 @@ class Candidate:
         mine = old is not None and old.holder == self.identity
         return Record(
             holder=self.identity,
-            lease_duration_s=round(self.timing.lease_duration_s),
+            # Whole seconds, as the API keeps them, rounded up: a standby then waits at least as long as we assume.
+            lease_duration_s=math.ceil(self.timing.lease_duration_s),
             acquire_time=old.acquire_time if mine and old is not None else micro_time(wall),
             renew_time=micro_time(wall),
             transitions=(old.transitions if mine else old.transitions + 1) if old is not None else 0,

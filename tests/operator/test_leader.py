@@ -68,6 +68,12 @@ def test_the_holders_lease_duration_counts_not_the_observers():
     assert b.may_take(15.0)
 
 
+def test_a_fractional_lease_duration_is_written_rounded_up():
+    """The Lease keeps whole seconds: 6.5 s is written as 7, never 6, so a standby never comes sooner than the
+    leader's renew deadline allows for."""
+    assert Candidate("a", Timing(6.5, 6.2, 2)).claim(wall=0.0).lease_duration_s == 7
+
+
 def test_a_released_lease_is_taken_at_once_and_counts_a_transition():
     b = Candidate("b", T)
     b.saw(Record("", 1, "t", "t", 3), now=0.0)
