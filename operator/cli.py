@@ -246,8 +246,9 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 def operator_options(args: argparse.Namespace):  # noqa: ANN201 -- OperatorOptions, imported lazily
     """`tpujob operator`'s flags as the operator's options."""
+    from .controller.leader import Timing
     from .controller.main import OperatorOptions
-    from .controller.preflight import Timing
+    from .controller.preflight import Timing as PreflightTiming
     from .controller.reconcile import OperatorConfig
 
     def given(**flags: Any) -> dict[str, Any]:  # flags left out keep OperatorConfig's defaults
@@ -261,11 +262,25 @@ def operator_options(args: argparse.Namespace):  # noqa: ANN201 -- OperatorOptio
             metrics_interval_s=args.metrics_interval,
             resync_interval_s=args.resync_interval,
         ),
-        preflight=Timing(
+        preflight=PreflightTiming(
             **given(start_s=args.preflight_start_timeout, deadline_s=int(deadline) if deadline is not None else None)
         ),
     )
+    try:
+        timing = Timing(
+            **given(
+                lease_duration_s=args.leader_elect_lease_duration,
+                renew_deadline_s=args.leader_elect_renew_deadline,
+                retry_period_s=args.leader_elect_retry_period,
+            )
+        )
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     return OperatorOptions(
+        leader_elect=args.leader_elect,
+        leader_timing=timing,
+        lease_name=args.leader_elect_resource_name,
+        lease_namespace=args.leader_elect_resource_namespace or "",
         namespaces=() if args.all_namespaces else tuple(args.namespace),
         standalone=args.standalone,
         health_host=args.health_host,
@@ -377,6 +392,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--preflight-deadline",
         type=positive_seconds,
         help="the pre-flight Job's activeDeadlineSeconds (a full-size compile takes minutes)",
+    )
+    p.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="act only while holding the leader Lease (coordination.k8s.io/v1), so replicas can stand by; "
+        "off: this process acts at once, alone (the chart turns it on)",
+    )
+    p.add_argument("--leader-elect-resource-name", default="tpu-operator-leader", help="name of the leader Lease")
+    p.add_argument(
+        "--leader-elect-resource-namespace",
+        help="namespace of the leader Lease (default: $POD_NAMESPACE, else default)",
+    )
+    p.add_argument(
+        "--leader-elect-lease-duration",
+        type=positive_seconds,
+        help="seconds a standby waits, after it last saw the Lease renewed, before taking it (default 15)",
+    )
+    p.add_argument(
+        "--leader-elect-renew-deadline",
+        type=positive_seconds,
+        help="seconds the leader may go without a successful renewal before it exits (default 10)",
+    )
+    p.add_argument(
+        "--leader-elect-retry-period",
+        type=positive_seconds,
+        help="seconds between two renewals, and between a standby's reads of the Lease (default 2)",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="debug logs")
     p.add_argument("--print-rbac", action="store_true", help="print the RBAC rules the operator needs, and exit")

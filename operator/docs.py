@@ -373,9 +373,10 @@ def _label_values() -> dict[str, str]:
 def metrics_operator() -> str:
     """The operator's registry after one reconcile and one job's figures, so every series has its labels."""
     from .api.status import TPUTrainingJobStatus
-    from .controller.stats import Stats
+    from .controller.stats import Leadership, Stats
 
     stats = Stats()
+    Leadership(stats.registry)  # registered by a replica run with --leader-elect (controller/main.py)
     stats.observe("job", "done", 0.0)
     stats.job(("ns", "job"), TPUTrainingJobStatus.model_validate({"goodput": 0.5, "badput": {}, "restarts": {}}))
     values, rows = _label_values(), []

@@ -43,10 +43,11 @@ class Operator:
             *args,
         ]
         self.process: subprocess.Popen | None = None
+        self.env: dict[str, str] = {}  # beside the test's own environment (e.g. PYTHONPATH: another version's code)
 
     def start(self, wait: bool = True) -> Operator:
         """Start it; with `wait`, until its liveness endpoint answers."""
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         if not wait:

@@ -26,4 +26,5 @@ events          Kubernetes Events about a job, posted in the background
 stats           the operator's own Prometheus metrics
 loop_lag        how late the event loop runs
 rbac            the RBAC rules the operator needs
+leader          leader election on a Lease: only the replica holding it acts
 """

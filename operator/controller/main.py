@@ -6,6 +6,10 @@ the login handler, for kopf's watches alike. Logs are JSON lines; `health_port` 
 endpoint at /healthz; `metrics_port` serves the operator's Prometheus metrics at /metrics
 (prometheus_client), the event loop's lag among them (loop_lag.py). $TPUJOB_LOG_LEVEL (DEBUG, INFO,
 WARNING, ERROR) sets the log level; `verbose` means DEBUG.
+
+With `leader_elect` (the chart's replicas) the process first waits to hold the Lease (leader.py), serving
+/healthz and /metrics meanwhile and doing nothing else: kopf, its watches and the controller start only once
+it leads, and the process ends when it no longer does (or hands the Lease back on a clean stop).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import sys
 from typing import Any
 
+from .leader import Timing
 from .rbac import RBAC_RULES, rbac_yaml
 from .reconcile import OperatorConfig
 
@@ -38,6 +43,10 @@ class OperatorOptions:
     controller: OperatorConfig = OperatorConfig()  # image, metrics access, intervals, pre-flight timing
     verbose: bool = False
     print_rbac: bool = False
+    leader_elect: bool = False  # wait to hold the Lease before acting (two replicas or more)
+    leader_timing: Timing = Timing()
+    lease_name: str = "tpu-operator-leader"
+    lease_namespace: str = ""  # empty: $POD_NAMESPACE, else "default"
 
 
 def _settings(options: OperatorOptions) -> Any:  # kopf.OperatorSettings: kopf is imported lazily, never at module level
@@ -126,6 +135,14 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
         prometheus_client.start_http_server(options.metrics_port, options.metrics_host, registry=stats.registry)
     liveness = f"http://{options.health_host}:{options.health_port}/healthz" if options.health_port else None
     lag = asyncio.create_task(loop_lag.watch(stats.loop_lag.observe), name="loop-lag")
+    elector = None
+    if options.leader_elect:
+        elector = await _elect(options, credentials, stats, log)
+        if elector is None:  # stopped while standing by: nothing was started, nothing to undo but the clients
+            lag.cancel()
+            await kube.close()
+            return 0
+    holding = asyncio.create_task(elector.hold(), name="leader") if elector is not None else None
     # Everything imported and set up so far lives as long as the process: out of the collector's reach, a full
     # collection no longer walks it (those walks held the loop for 60-90 ms of CPU; docs/operator.md).
     gc.collect()
@@ -141,9 +158,71 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
         )
     finally:
         lag.cancel()
+        if holding is not None:
+            holding.cancel()
         await events.drain()
         await kube.close()
+        if elector is not None:  # last: nothing of the controller runs any more
+            await elector.release()
+            await elector.close()
     return 0
+
+
+async def _elect(options: OperatorOptions, credentials: Any, stats: Any, log: logging.Logger) -> Any:
+    """Stand by until this replica holds the Lease (its Elector), serving /healthz meanwhile (kopf's liveness
+    endpoint exists only once kopf runs, and the kubelet would restart a standby whose probe fails); None when
+    SIGTERM or SIGINT comes first."""
+    import signal
+
+    from aiohttp import web
+
+    from .kube import api_client
+    from .leader import ApiLeaseStore, Elector, identity
+    from .stats import Leadership
+
+    timing = options.leader_timing
+    namespace = options.lease_namespace or os.environ.get("POD_NAMESPACE") or "default"
+    store = ApiLeaseStore(api_client(credentials), namespace, options.lease_name, timing.renew_deadline_s / 2)
+    leadership = Leadership(stats.registry)
+    elector = Elector(store, identity(), timing, on_change=leadership.changed)
+    log.info(
+        "leader election",
+        extra={
+            "lease": f"{namespace}/{options.lease_name}",
+            "identity": elector.identity,
+            **dataclasses.asdict(timing),
+        },
+    )
+    runner = None
+    if options.health_port:
+        app = web.Application()
+
+        async def healthz(_: web.Request) -> web.StreamResponse:
+            return web.json_response({"standby": elector.identity})
+
+        app.router.add_get("/healthz", healthz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, options.health_host, options.health_port).start()
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    acquiring = asyncio.create_task(elector.acquire(), name="acquire")
+    stopping = asyncio.create_task(stop.wait(), name="stop")
+    try:
+        await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        stopping.cancel()
+        acquiring.cancel()
+        if runner is not None:
+            await runner.cleanup()
+    if stop.is_set() or not acquiring.done() or acquiring.cancelled() or acquiring.exception() is not None:
+        await elector.release()
+        await elector.close()
+        return None
+    return elector
 
 
 def run_operator(options: OperatorOptions) -> int:

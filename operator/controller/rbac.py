@@ -49,6 +49,10 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # see GKE's partition-state label and the Ready condition of the nodes a running job's pods are on.
     # Cluster-scoped, so granted by the ClusterRole even with rbac.namespaced.
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    # Leader election (leader.py, --leader-elect): the one Lease, in the operator's own namespace only (the chart
+    # grants it with a Role there, never cluster-wide). get: a standby's polls; create: the first replica;
+    # update: acquire, renew, release (an update carries the read's resourceVersion: of two, one wins).
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     # kopf peering, only without --standalone (kopf's KopfPeering CRDs installed).
     {
         "apiGroups": ["kopf.dev"],

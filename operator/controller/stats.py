@@ -97,3 +97,26 @@ class Stats:
         if result in FAILED:
             errors.inc()
         self.duration.labels(handler).observe(seconds)
+
+
+class Leadership:
+    """Which replica leads (leader.py): `tpu_operator_leader` is 1 on the replica that holds the Lease and 0 on a
+    standby; `tpu_operator_leader_changes_total{change}` counts this process's `acquired` and `lost` (a replica
+    that loses the Lease exits, so its `lost` is seldom scraped: the Lease's leaseTransitions is the record)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.leader = Gauge(
+            "tpu_operator_leader", "1 while this replica holds the leader Lease and acts, else 0.", registry=registry
+        )
+        self.changes = Counter(
+            "tpu_operator_leader_changes",
+            "Leadership changes of this replica: acquired, lost (or released on a clean stop).",
+            ["change"],
+            registry=registry,
+        )
+        for change in ("acquired", "lost"):
+            self.changes.labels(change)
+
+    def changed(self, leading: bool) -> None:
+        self.leader.set(1 if leading else 0)
+        self.changes.labels("acquired" if leading else "lost").inc()

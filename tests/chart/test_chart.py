@@ -23,8 +23,11 @@ PROXY_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "pods/proxy"}
 CRD_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "customresourcedefinitions"}
 NAMESPACE_RULES = {k: v for k, v in _OPERATOR.items() if k[1] in ("namespaces", "nodes")}  # cluster-scoped reads
 PEERING = {k for k in _OPERATOR if k[0] == "kopf.dev"}  # the chart runs --standalone: no peering
+LEASE_RULES = {k: v for k, v in _OPERATOR.items() if k == ("coordination.k8s.io", "leases")}  # its own namespace only
 NAMESPACED_RULES = {
-    k: v for k, v in _OPERATOR.items() if k not in {**PROXY_RULES, **CRD_RULES, **NAMESPACE_RULES} and k not in PEERING
+    k: v
+    for k, v in _OPERATOR.items()
+    if k not in {**PROXY_RULES, **CRD_RULES, **NAMESPACE_RULES, **LEASE_RULES} and k not in PEERING
 }
 
 LONG_RELEASE = "a-release-name-that-is-exactly-fifty-three-characters"  # helm's maximum
@@ -44,6 +47,10 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
                 assert key not in result, f"{key} granted twice in {role['metadata']['name']}"
                 result[key] = set(rule["verbs"])
     return result
+
+
+def is_leader_rbac(doc: dict) -> bool:
+    return doc["metadata"]["name"].endswith("-leader")
 
 
 def config_hash(docs: list[dict]) -> str:
@@ -133,7 +140,7 @@ def test_chart_readme_lists_every_value():
 
 def test_default_rbac_is_cluster_wide_least_privilege(helm, tmp_path):
     docs = render(helm, tmp_path)
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding") and not is_leader_rbac(d)]
     role = one(docs, "ClusterRole")
     assert rules_of(role) == {**NAMESPACED_RULES, **CRD_RULES, **NAMESPACE_RULES}
     # Kueue's Workloads are followed through a watch and only ever patched for spec.active (a queued job's
@@ -177,8 +184,8 @@ def test_namespace_scoped_rbac(helm, tmp_path):
         tmp_path,
         {"rbac": {"namespaced": True}, "operator": {"watchNamespaces": ["team-a", "team-b"], "metricsAccess": "proxy"}},
     )
-    roles = [d for d in docs if d["kind"] == "Role"]
-    bindings = [d for d in docs if d["kind"] == "RoleBinding"]
+    roles = [d for d in docs if d["kind"] == "Role" and not is_leader_rbac(d)]
+    bindings = [d for d in docs if d["kind"] == "RoleBinding" and not is_leader_rbac(d)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for role in roles:
@@ -208,13 +215,21 @@ def test_jobset_install_true_is_refused_with_instructions(helm, tmp_path):
 # --- the Deployment ---------------------------------------------------------------------------------
 
 
-def test_deployment_is_one_hardened_standalone_replica(helm, tmp_path):
+def test_deployment_is_two_hardened_replicas_electing_a_leader(helm, tmp_path):
     deployment, container = deployment_container(render(helm, tmp_path))
     spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Two replicas; a roll starts a new one before it stops an old one, so a standby is always there.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert container["image"] == "registry.example/tpu-operator:0.1.0"
     assert container["args"] == [
         "--standalone",
+        "--leader-elect",
+        "--leader-elect-resource-name=t-tpu-operator-leader",
+        "--leader-elect-resource-namespace=tpu-system",
+        "--leader-elect-lease-duration=15",
+        "--leader-elect-renew-deadline=10",
+        "--leader-elect-retry-period=2",
         "--all-namespaces",
         "--health-port=8080",
         "--metrics-port=9090",
@@ -223,6 +238,8 @@ def test_deployment_is_one_hardened_standalone_replica(helm, tmp_path):
         "--metrics-interval=15",
         "--resync-interval=60",
     ]
+    # The Lease's holderIdentity starts with the pod's name (the downward API).
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
     assert {"name": "TPUJOB_LOG_LEVEL", "value": "INFO"} in container["env"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -326,7 +343,10 @@ def test_the_images_are_required_with_how_to_build_them(helm, tmp_path, missing)
         ({"rbac": {"namespaced": "yes"}}, "rbac.namespaced"),
         ({"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
         ({"metrics": {"service": {"port": "http"}}}, "metrics.service.port"),
-        ({"replicaCount": 2}, "replicaCount"),
+        ({"replicaCount": 0}, "replicaCount"),
+        ({"replicaCount": "two"}, "replicaCount"),
+        ({"leaderElection": {"leaseDuration": "15s"}}, "leaseDuration"),
+        ({"leaderElection": {"elect": True}}, "elect"),
     ],
 )
 def test_schema_rejects_wrong_values(helm, tmp_path, values, field):
@@ -334,6 +354,75 @@ def test_schema_rejects_wrong_values(helm, tmp_path, values, field):
     assert result.returncode != 0, f"{values} was accepted"
     assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
     assert field.split(".")[-1] in result.stderr, result.stderr
+
+
+# --- replicas and the leader ------------------------------------------------------------------------
+
+
+def test_the_lease_is_granted_by_a_role_in_the_release_namespace_only(helm, tmp_path):
+    for values in ({}, {"rbac": {"namespaced": True}, "operator": {"watchNamespaces": ["team-a"]}}):
+        docs = render(helm, tmp_path, values)
+        role, binding = (one([d for d in docs if is_leader_rbac(d)], kind) for kind in ("Role", "RoleBinding"))
+        assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "tpu-system"
+        assert rules_of(role) == LEASE_RULES == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": one(docs, "ServiceAccount")["metadata"]["name"],
+                "namespace": "tpu-system",
+            }
+        ]
+        for cluster_role in (d for d in docs if d["kind"] == "ClusterRole"):
+            assert ("coordination.k8s.io", "leases") not in rules_of(cluster_role)
+
+
+def test_replicas_spread_across_nodes_and_a_drain_leaves_one(helm, tmp_path):
+    docs = render(helm, tmp_path)
+    deployment = one(docs, "Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    [term] = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": selector},
+    }
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1"
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    # A user's own affinity replaces the default; one replica needs no budget.
+    mine = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    docs = render(helm, tmp_path, {"affinity": mine, "replicaCount": 1})
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["affinity"] == mine
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+
+
+def test_one_replica_without_election_is_allowed_two_are_refused(helm, tmp_path):
+    docs = render(helm, tmp_path, {"replicaCount": 1, "leaderElection": {"enabled": False}})
+    assert not [a for a in deployment_container(docs)[1]["args"] if a.startswith("--leader-elect")]
+    assert not [d for d in docs if is_leader_rbac(d)]
+    result = run_helm(helm, "template", "t", str(CHART), values={"leaderElection": {"enabled": False}}, tmp=tmp_path)
+    assert result.returncode != 0 and "replicaCount > 1 needs leaderElection.enabled=true" in result.stderr
+    result = run_helm(helm, "template", "t", str(CHART), values={"leaderElection": {"renewDeadline": 15}}, tmp=tmp_path)
+    assert result.returncode != 0 and "renewDeadline must be below leaderElection.leaseDuration" in result.stderr
+
+
+def test_the_chart_arguments_are_flags_the_operator_takes(helm, tmp_path):
+    """Every argument the chart renders parses with `tpujob operator`'s own parser, and the election's
+    timings reach the operator's options as the values say."""
+    from tpu_operator.cli import build_parser, operator_options
+
+    values = {"leaderElection": {"leaseDuration": 20, "renewDeadline": 12, "retryPeriod": 3}}
+    args = deployment_container(render(helm, tmp_path, values))[1]["args"]
+    options = operator_options(build_parser().parse_args(["operator", *args]))
+    assert options.leader_elect and options.standalone
+    assert (options.lease_name, options.lease_namespace) == ("t-tpu-operator-leader", "tpu-system")
+    timing = options.leader_timing
+    assert (timing.lease_duration_s, timing.renew_deadline_s, timing.retry_period_s) == (20, 12, 3)
 
 
 if __name__ == "__main__":  # print the values table of charts/tpu-operator/README.md

@@ -151,12 +151,13 @@ def chart(cluster: Cluster, helm: str) -> str:
 
 def chart_args(cluster: Cluster, namespace: str, release: str) -> list[str]:
     """The operator's arguments as the chart's Deployment gives them, less its ports (a local process picks
-    free ones): the operators under test run as the chart configures them."""
+    free ones) and its leader election (each test runs its operator alone; test_leader.py elects): the
+    operators under test run as the chart configures them."""
     deployment = json.loads(
         cluster.kubectl("get", "deployment", f"{release}-tpu-operator", "-n", namespace, "-o", "json").stdout
     )
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    return [a for a in args if not a.startswith(("--health-port", "--metrics-port", "--standalone"))]
+    return [a for a in args if not a.startswith(("--health-port", "--metrics-port", "--standalone", "--leader-elect"))]
 
 
 @pytest.fixture(scope="session")

@@ -251,3 +251,19 @@ def test_no_request_of_the_charts_operator_was_forbidden_in_the_whole_suite(
             }
         ),
     )
+
+
+def test_the_leader_lease_is_granted_in_the_release_namespace_only(local_cluster: Cluster, chart: str):
+    """The chart's Role for the leader election: get, create and update on Leases in the release namespace, and
+    nothing on Leases anywhere else (the API server's own answer, `kubectl auth can-i`)."""
+    user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
+
+    def can(verb: str, namespace: str) -> bool:
+        answer = local_cluster.kubectl(
+            "auth", "can-i", verb, "leases.coordination.k8s.io", "-n", namespace, f"--as={user}", check=False
+        )
+        return answer.stdout.strip() == "yes"
+
+    assert all(can(verb, OPERATOR_NAMESPACE) for verb in ("get", "create", "update"))
+    assert not any(can(verb, OPERATOR_NAMESPACE) for verb in ("delete", "list", "watch", "patch"))
+    assert not any(can(verb, "default") for verb in ("get", "create", "update"))

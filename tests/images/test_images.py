@@ -176,12 +176,13 @@ def test_build_context_holds_only_what_the_images_install(images, tmp_path):
 
 
 def chart_environment(container: dict[str, Any]) -> dict[str, str]:
-    """The container's env as a kubelet resolves it (the only fieldRef is the pod's namespace)."""
+    """The container's env as a kubelet resolves it (the only fieldRefs are the pod's namespace and name)."""
     env = {}
+    fields = {"metadata.namespace": NAMESPACE, "metadata.name": "tpu-images-operator-0"}
     for var in container["env"]:
         if "valueFrom" in var:
-            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, var
-            env[var["name"]] = NAMESPACE
+            assert set(var["valueFrom"]) == {"fieldRef"} and var["valueFrom"]["fieldRef"]["fieldPath"] in fields, var
+            env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
             env[var["name"]] = var["value"]
     return env

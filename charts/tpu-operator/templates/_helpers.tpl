@@ -54,12 +54,26 @@ app.kubernetes.io/component: operator
 {{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The leader Lease's name (in the release namespace). */}}
+{{- define "tpu-operator.leaseName" -}}
+{{- include "tpu-operator.suffixed" (list . "leader") }}
+{{- end }}
+
 {{/*
 The operator's command-line arguments (after the image's entrypoint `tpujob operator`).
-Single replica without kopf peering, hence --standalone (see the Deployment).
+--standalone: no kopf peering (it is not leader election: same-priority peers all pause); the replicas
+elect a leader on a Lease instead (--leader-elect).
 */}}
 {{- define "tpu-operator.args" -}}
 - --standalone
+{{- if .Values.leaderElection.enabled }}
+- --leader-elect
+- --leader-elect-resource-name={{ include "tpu-operator.leaseName" . }}
+- --leader-elect-resource-namespace={{ .Release.Namespace }}
+- --leader-elect-lease-duration={{ .Values.leaderElection.leaseDuration }}
+- --leader-elect-renew-deadline={{ .Values.leaderElection.renewDeadline }}
+- --leader-elect-retry-period={{ .Values.leaderElection.retryPeriod }}
+{{- end }}
 {{- if .Values.operator.watchNamespaces }}
 {{- range .Values.operator.watchNamespaces }}
 - --namespace={{ . }}
@@ -86,6 +100,10 @@ Single replica without kopf peering, hence --standalone (see the Deployment).
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+- name: POD_NAME  # the leader Lease's holderIdentity starts with it
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
 {{- with .Values.operator.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -158,6 +176,14 @@ permission a real API server answers 403 and kopf retries its namespace watch fo
   verbs: ["list", "watch"]
 {{- end }}
 
+{{/* The leader election's Lease (operator/controller/leader.py): get (standbys poll it), create (the first
+replica), update (acquire, renew, release). */}}
+{{- define "tpu-operator.leaseRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
+{{- end }}
+
 {{/* Refuse value combinations the schema cannot express. */}}
 {{- define "tpu-operator.validate" -}}
 {{- if .Values.jobset.install }}
@@ -165,6 +191,12 @@ permission a real API server answers 403 and kopf retries its namespace watch fo
 {{- end }}
 {{- if and .Values.rbac.namespaced (not .Values.operator.watchNamespaces) }}
 {{- fail "rbac.namespaced=true needs operator.watchNamespaces: a Role is created in each watched namespace, and watching all namespaces needs cluster-wide RBAC." }}
+{{- end }}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
+{{- fail "replicaCount > 1 needs leaderElection.enabled=true: replicas without a leader would all reconcile every job." }}
+{{- end }}
+{{- if and .Values.leaderElection.enabled (not (lt (float64 .Values.leaderElection.renewDeadline) (float64 .Values.leaderElection.leaseDuration))) }}
+{{- fail "leaderElection.renewDeadline must be below leaderElection.leaseDuration: a leader must have stopped before a standby can take the Lease." }}
 {{- end }}
 {{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.service.enabled) }}
 {{- fail "metrics.serviceMonitor.enabled=true needs metrics.service.enabled=true (a ServiceMonitor selects the Service)." }}
