@@ -322,6 +322,20 @@ def event_table() -> list[ReasonRow]:
             "after a lost slice (Warning), all of them again (Normal).",
         ),
         ReasonRow("Warning", "", "Hung", "no progress for the hang timeout."),
+        ReasonRow(
+            "Warning",
+            "",
+            "Diverged",
+            "the trainer exited 43: a non-finite loss or gradient norm (step, metric and value in status.divergence); "
+            "restarted from the last checkpoint with onDivergence Rewind, else the job fails.",
+        ),
+        ReasonRow(
+            "Warning",
+            "",
+            "NodesHeld",
+            "a node under the job is NotReady while most TPU nodes are: its stop waits (docs/failures.md).",
+        ),
+        ReasonRow("Normal", "", "NodesReleased", "the hold on the job's nodes is over."),
         ReasonRow("Normal", "", "Suspended", "the JobSet is suspended."),
         ReasonRow("Normal", "", "Resumed", "the JobSet is resumed."),
         ReasonRow("Normal", "", "Succeeded", "the job succeeded."),

@@ -97,10 +97,10 @@ def test_an_unhealthy_node_of_slice_1_stops_the_job_with_grace_and_it_goes_on_on
     _run(kube, at(5))
     assert job_status(kube).phase == "Running"
     kube.calls.clear()
-    assert _run(kube, at(6), unhealthy={"other-node": "label x=UNHEALTHY"}) == []  # not this job's node
+    assert _run(kube, at(6), unhealthy={"other-node": health.Unhealthy("label x=UNHEALTHY", at_once=True)}) == []  # not this job's node
     assert job_status(kube).restarts is None or job_status(kube).restarts.total == 0
     kube.calls.clear()
-    events = _run(kube, at(8), unhealthy={"n1": health.unhealthy_reason(node("n1", state="UNHEALTHY"))})
+    events = _run(kube, at(8), unhealthy={"n1": health.judge(node("n1", state="UNHEALTHY"))})
     status = job_status(kube)
     assert events == ["Restarted", "Resized"] and status.phase == "Restarting"
     # Not charged against maxRestarts 0: the infrastructure's fault, as a preemption is.

@@ -151,7 +151,7 @@ def test_to_sample_keeps_good_values_and_drops_bad_ones():
         "loss": 1.0,
         "state": "training",
     }
-    assert to_sample(body) == Sample(step=7, step_time_seconds=0.5, loss=1.0)
+    assert to_sample(body) == Sample(step=7, step_time_seconds=0.5, loss=1.0, non_finite=(("mfu", "nan"),))
     with pytest.raises(Unreachable):
         to_sample([1, 2])
 
