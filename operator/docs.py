@@ -381,6 +381,7 @@ def _label_values() -> dict[str, str]:
         "error) are retried and counted in `tpu_operator_reconcile_errors_total` too",
         "namespace": "the job's namespace",
         "job": "the job's name",
+        "state": "total (every TPU node), not_ready (Ready False or Unknown)",
     }
 
 
@@ -392,6 +393,7 @@ def metrics_operator() -> str:
     stats = Stats()
     stats.observe("job", "done", 0.0)
     stats.job(("ns", "job"), TPUTrainingJobStatus.model_validate({"goodput": 0.5, "badput": {}, "restarts": {}}))
+    stats.node_hold(False, 0, 0)
     values, rows = _label_values(), []
     for family in stats.registry.collect():
         # The operator turns off prometheus_client's *_created series (controller/main.py).
