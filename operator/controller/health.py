@@ -142,6 +142,7 @@ class HardwareLoss:
     reason: str  # unhealthy_reason's words
     pod: str
     slice_index: int | None
+    selector: str | None = None  # the labels that select this pod alone in its JobSet (children.replace_jobset)
 
     def describe(self) -> str:
         where = f"slice {self.slice_index}'s " if self.slice_index is not None else ""
@@ -150,12 +151,23 @@ class HardwareLoss:
 
 def placed(pods: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, int | None]]:
     """node name -> (pod, slice index) of the pods still running or starting on a node."""
-    out: dict[str, tuple[str, int | None]] = {}
+    return {node: (pod, index) for node, (pod, index, _) in _placed(pods).items()}
+
+
+def _placed(pods: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, int | None, str | None]]:
+    out: dict[str, tuple[str, int | None, str | None]] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        out.setdefault(node, ((pod.get("metadata") or {}).get("name", "?"), names.slice_index(pod)))
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        index, host = labels.get(names.LABEL_JOB_INDEX), labels.get(names.LABEL_COMPLETION_INDEX)
+        selector = (
+            f"{names.LABEL_JOB_INDEX}={index},{names.LABEL_COMPLETION_INDEX}={host}"
+            if isinstance(index, str) and isinstance(host, str) and index.isdigit() and host.isdigit()
+            else None
+        )
+        out.setdefault(node, ((pod.get("metadata") or {}).get("name", "?"), names.slice_index(pod), selector))
     return out
 
 
@@ -178,13 +190,13 @@ def judged(
 ) -> Judged:
     """The first (by slice, then node name) of the job's nodes whose grace is over, and when the next one's is."""
     hits, waits = [], []
-    for node, (pod, index) in placed(pods).items():
+    for node, (pod, index, selector) in _placed(pods).items():
         found = unhealthy.get(node)
         if found is None:
             continue
         left = wait_s(found, grace_s, hold, now)
         if left <= 0:
-            hits.append(HardwareLoss(node, found.reason, pod, index))
+            hits.append(HardwareLoss(node, found.reason, pod, index, selector))
         else:
             waits.append(left)
     hits.sort(key=lambda h: (h.slice_index is None, h.slice_index or 0, h.node))

@@ -404,7 +404,8 @@ async def act(
         else:
             assert written.last_restart is not None  # replaced, and not by a grow-back: by a restart
             cause = written.last_restart.cause
-        await children.replace_jobset(kube, job_obj["metadata"].get("namespace", "default"), made.jobset, cause)
+        lost = observed.hardware.selector if observed.hardware is not None and cause == "hardware" else None
+        await children.replace_jobset(kube, job_obj["metadata"].get("namespace", "default"), made.jobset, cause, lost)
     if done is not None and (probe is not None or written.slices is not None):
         await growback.follow(kube, job, means.config.default_image, written, observed.jobset_created, probe)
     return ReconcileResult(

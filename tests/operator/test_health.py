@@ -179,7 +179,9 @@ def _grace_job(kube: FakeKube, grace: int = 60) -> str:
     _run(kube, at(0), jobset=None)
     running(kube)
     uid = kube.jobset()["metadata"]["uid"]
-    kube.objects[PODS.path("default", f"tiny-slice-0-0-{uid}")] = pod(f"tiny-slice-0-0-{uid}", "n0", 0)
+    p = pod(f"tiny-slice-0-0-{uid}", "n0", 0)
+    p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = "0"
+    kube.objects[PODS.path("default", f"tiny-slice-0-0-{uid}")] = p
     _run(kube, at(5))
     assert job_status(kube).phase == "Running"
     return uid
@@ -198,8 +200,11 @@ def test_a_node_not_ready_for_less_than_the_grace_restarts_nothing_and_past_it_o
     result, events = _reconcile(kube, at(30), blip)
     assert events == [] and job_status(kube).phase == "Running" and job_status(kube).restarts.total == 0
     assert result.nodes_after_s == 40  # the manager looks again when the grace ends (a "node" trigger)
+    kube.calls.clear()
     result, events = _reconcile(kube, at(71), blip)
     status = job_status(kube)
+    # The pod on the silent node is deleted at once (no kubelet may confirm it), then the JobSet with its grace.
+    assert [c[0] for c in kube.calls] == ["LIST", "PATCH", "DELETECOLLECTION", "DELETE"], kube.calls
     assert events == ["Restarted"] and status.phase == "Restarting" and result.nodes_after_s is None
     assert (status.restarts.hardware, status.restarts.total, status.last_restart.cause) == (1, 1, "hardware")
     assert "node n0 of slice 0's pod" in status.message and "Ready=Unknown" in status.message
