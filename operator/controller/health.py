@@ -241,6 +241,8 @@ def follow(
     before = status.condition("NodesHeld")
     was = before is not None and before.status == "True"
     if nodes is not None and nodes.held and not restarting:
+        if was:  # said once, with the counts when it began: a disruption's every node event writes no status
+            return status, []
         message = f"{hold}; this job's NotReady node stops it only after that" if hold else "held"
         conds = set_condition(status.conditions, "NodesHeld", "True", "ClusterDisrupted", message, now, generation)
         return status.model_copy(update=dict(conditions=conds)), [] if was else [

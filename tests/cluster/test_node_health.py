@@ -18,6 +18,7 @@ share the nodes.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -188,11 +189,12 @@ def test_most_tpu_nodes_not_ready_together_hold_every_restart_and_say_why(local_
             WAIT_S,
             "NodesHeld=True",
         )
-        message = condition(held, "NodesHeld")["message"]
         assert condition(held, "NodesHeld")["reason"] == "ClusterDisrupted"
-        assert "24 of 28 TPU nodes are NotReady together" in message, message
+        # Said once, with the count when the hold began: at least 16 of the 28 (0.55); the metric follows the nodes.
+        found = re.search(r"(\d+) of 28 TPU nodes are NotReady together", condition(held, "NodesHeld")["message"])
+        assert found and 16 <= int(found[1]) <= 24, condition(held, "NodesHeld")["message"]
         assert "tpu_operator_node_hold 1.0" in operator.metrics()
-        assert 'tpu_operator_tpu_nodes{state="not_ready"} 24.0' in operator.metrics()
+        wait_for(lambda: 'tpu_operator_tpu_nodes{state="not_ready"} 24.0' in operator.metrics(), WAIT_S, "24 NotReady")
         time.sleep(3 * GRACE_S)  # three graces: a single node would have stopped the job by now
         status = cluster.status(ns, "held")
         assert status["phase"] == "Running" and restarts(status)["total"] == 0, status
