@@ -179,7 +179,8 @@ def test_a_node_deleted_under_a_running_job_restarts_it_once_as_hardware(local_c
 
 def test_most_tpu_nodes_not_ready_together_hold_every_restart_and_say_why(local_cluster: Cluster, operator: Operator):
     cluster, ns = local_cluster, local_cluster.namespace("nodehold")
-    cluster.apply(job("held"), namespace=ns)
+    grace = 15  # under the hold a node's stop waits 5 x this: far longer than the test looks
+    cluster.apply(job("held", nodeUnhealthyGraceSeconds=grace), namespace=ns)
     running_on(cluster, ns, "held")
     kwok = kwok_tpu_nodes(cluster)
     assert len(kwok) == 24
@@ -195,7 +196,7 @@ def test_most_tpu_nodes_not_ready_together_hold_every_restart_and_say_why(local_
         assert found and 16 <= int(found[1]) <= 24, condition(held, "NodesHeld")["message"]
         assert "tpu_operator_node_hold 1.0" in operator.metrics()
         wait_for(lambda: 'tpu_operator_tpu_nodes{state="not_ready"} 24.0' in operator.metrics(), WAIT_S, "24 NotReady")
-        time.sleep(3 * GRACE_S)  # three graces: a single node would have stopped the job by now
+        time.sleep(2 * grace)  # two graces: without the hold, the job's node would have stopped it by now
         status = cluster.status(ns, "held")
         assert status["phase"] == "Running" and restarts(status)["total"] == 0, status
     released = wait_for(
