@@ -322,6 +322,20 @@ def event_table() -> list[ReasonRow]:
             "after a lost slice (Warning), all of them again (Normal).",
         ),
         ReasonRow("Warning", "", "Hung", "no progress for the hang timeout."),
+        ReasonRow(
+            "Warning",
+            "",
+            "Diverged",
+            "the trainer exited 43: a non-finite loss or gradient norm (step, metric and value in status.divergence); "
+            "restarted from the last checkpoint with onDivergence Rewind, else the job fails.",
+        ),
+        ReasonRow(
+            "Warning",
+            "",
+            "NodesHeld",
+            "a node under the job is NotReady while most TPU nodes are: its stop waits (docs/failures.md).",
+        ),
+        ReasonRow("Normal", "", "NodesReleased", "the hold on the job's nodes is over."),
         ReasonRow("Normal", "", "Suspended", "the JobSet is suspended."),
         ReasonRow("Normal", "", "Resumed", "the JobSet is resumed."),
         ReasonRow("Normal", "", "Succeeded", "the job succeeded."),
@@ -367,6 +381,7 @@ def _label_values() -> dict[str, str]:
         "error) are retried and counted in `tpu_operator_reconcile_errors_total` too",
         "namespace": "the job's namespace",
         "job": "the job's name",
+        "state": "total (every TPU node), not_ready (Ready False or Unknown)",
     }
 
 
@@ -379,6 +394,7 @@ def metrics_operator() -> str:
     Leadership(stats.registry)  # registered by a replica run with --leader-elect (controller/main.py)
     stats.observe("job", "done", 0.0)
     stats.job(("ns", "job"), TPUTrainingJobStatus.model_validate({"goodput": 0.5, "badput": {}, "restarts": {}}))
+    stats.node_hold(False, 0, 0)
     values, rows = _label_values(), []
     for family in stats.registry.collect():
         # The operator turns off prometheus_client's *_created series (controller/main.py).

@@ -1,14 +1,17 @@
 """The restart policy (api/failures.py), the termination record (api/lifecycle.py) and the goodput
 ledger (api/goodput.py): pure, shared by the operator and the local runner."""
 
+import datetime
+
 import pytest
 
 from tests.conftest import tiny_job
 from tpu_operator.api import goodput as g
-from tpu_operator.api.failures import PodExit, RestartCounts, root_cause, verdict
-from tpu_operator.api.lifecycle import Progress, TerminationRecord, exit_code
+from tpu_operator.api.failures import Failure, PodExit, RecentRestarts, RestartCounts, record, root_cause, verdict
+from tpu_operator.api.lifecycle import Divergence, Progress, TerminationRecord, exit_code
 from tpu_operator.api.spec import FailurePolicySpec
 from tpu_operator.api.validation import InvalidJob, parse_job
+from tpu_operator.controller.restarts import failure_of
 
 
 def rec(code, error=""):
@@ -145,3 +148,118 @@ def test_goodput_reads_the_same_until_the_ledger_changes_and_ignores_stale_repor
     assert hung.unsettled.last_checkpoint_step == 0 and g.report(hung, 0.0, 100.0)[2].hung == 88.0
     restarted = g.start_attempt(hung, 110.0, 0.0)
     assert g.reported(restarted, p, 111.0, 0.0) is restarted  # from the hung process: older than the attempt
+
+
+# --- issue 30: per-cause budgets, the window, divergence, a pod lost with its node -------------------------------
+
+T = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+def ago(*seconds: int) -> tuple[datetime.datetime, ...]:
+    return tuple(T - datetime.timedelta(seconds=s) for s in seconds)
+
+
+def diverged(value: str = "nan") -> Failure:
+    record = TerminationRecord(
+        code=43,
+        error="Diverged: loss",
+        diverged=Divergence(step=120, metric="loss", value=value, lastCheckpointStep=100),
+    )
+    return root_cause([PodExit("h0", 143, rec(143), 9.0), PodExit("h1", 43, record, 5.0)])
+
+
+def hw() -> Failure:
+    return Failure(cause="hardware", code=None, pod="h1", error="node n1 of pod h1 is unhealthy")
+
+
+REWIND = {"onDivergence": "Rewind"}
+WINDOW = {"restartWindowSeconds": 600}
+
+
+@pytest.mark.parametrize(
+    "policy, counts, failure, restart, cause, says",
+    [
+        # Divergence: Fail by default; Rewind within its own budget (2) and maxRestarts' total.
+        ({}, RestartCounts(), diverged(), False, None, "h1 exited with code 43 (diverged: a non-finite loss"),
+        ({}, RestartCounts(), diverged(), False, None, "at step 120: loss nan: Diverged: loss; onDivergence is Fail"),
+        (REWIND, RestartCounts(), diverged("inf"), True, "diverged", "restart 1 (diverged)"),
+        (REWIND, RestartCounts(diverged=2, total=2), diverged(), False, None, "diverged restart budget spent (2 of "),
+        (REWIND, RestartCounts(failure=3, total=3), diverged(), False, None, "(3 of maxRestarts 3 used)"),
+        # maxRestarts is the total of the job's own faults: a divergence counts toward a failure's limit.
+        ({}, RestartCounts(failure=2, diverged=1, total=3), f(42), False, None, "(3 of maxRestarts 3 used)"),
+        # Hardware: charged against its own budget (10 by default), never against maxRestarts.
+        ({"maxRestarts": 0}, RestartCounts(hardware=9, total=9), hw(), True, "hardware", "restart 10 (hardware)"),
+        ({}, RestartCounts(hardware=10, total=10), hw(), False, None, "hardware restart budget spent (10 of "),
+        ({"restartBudgets": {"hardware": 1}}, RestartCounts(hardware=1, total=1), hw(), False, None, "hardware 1 used"),
+        # A failure's own budget beside maxRestarts; preemption uncharged unless it has one.
+        ({"restartBudgets": {"failure": 1}}, RestartCounts(failure=1, total=1), f(42), False, None, "failure 1 used"),
+        ({}, RestartCounts(preemption=500, total=500), f(143), True, "preemption", "restart 501 (preemption)"),
+        ({"restartBudgets": {"preemption": 2}}, RestartCounts(preemption=2, total=2), f(143), False, None, "2 used"),
+        # A pod lost with its node: hardware, whatever the exit codes of its peers.
+        (
+            {"maxRestarts": 0},
+            RestartCounts(),
+            root_cause([PodExit("h0", 42, rec(42, "gloo: reset"), 1.0), PodExit("h1", None, lost="DeletionByPodGC")]),
+            True,
+            "hardware",
+            "pod h1 was lost with its node (DeletionByPodGC)",
+        ),
+    ],
+)
+def test_verdict_per_cause(policy, counts, failure, restart, cause, says):
+    v = verdict(FailurePolicySpec.model_validate({"backoffSeconds": 1, **policy}), counts, failure, now=T)
+    assert (v.restart, v.cause) == (restart, cause) and says in v.message, v.message
+
+
+@pytest.mark.parametrize(
+    "policy, recent, failure, restart, says",
+    [
+        # Within the window: two hardware restarts in the last 10 minutes spend a budget of 2.
+        ({"restartBudgets": {"hardware": 2}}, {"hardware": ago(30, 90)}, hw(), False, "2 of restartBudgets.hardware 2"),
+        # One of them is older than the window: it no longer counts (as Kubernetes forgets a crash back-off).
+        ({"restartBudgets": {"hardware": 2}}, {"hardware": ago(30, 700)}, hw(), True, "restart"),
+        ({"maxRestarts": 1}, {"failure": ago(601)}, f(42), True, "restart"),
+        ({"maxRestarts": 1}, {"hang": ago(10)}, f(42), False, "1 of maxRestarts 1 used within restartWindowSeconds"),
+        # A time in the future (a clock that moved back) still counts: never more restarts than asked for.
+        ({"maxRestarts": 1}, {"failure": (T + datetime.timedelta(hours=1),)}, f(42), False, "1 of maxRestarts 1"),
+    ],
+)
+def test_the_window_counts_only_recent_restarts(policy, recent, failure, restart, says):
+    counts = RestartCounts(failure=50, hang=50, hardware=50, total=150, recent=RecentRestarts(**recent))
+    v = verdict(FailurePolicySpec.model_validate({**WINDOW, **policy}), counts, failure, now=T)
+    assert v.restart == restart and says in v.message, v.message
+
+
+def test_recent_restart_times_are_bounded_by_the_budgets_that_read_them():
+    policy = FailurePolicySpec.model_validate({**WINDOW, "maxRestarts": 3, "restartBudgets": {"hardware": 100}})
+    counts = RestartCounts()
+    for i in range(150):
+        counts = record(policy, counts, "hardware", T + datetime.timedelta(seconds=i))
+        counts = record(policy, counts, "failure", T + datetime.timedelta(seconds=i))
+    assert (counts.hardware, counts.failure, counts.total) == (150, 150, 300)  # the counts are the job's whole life
+    assert len(counts.recent.hardware) == 100 and counts.recent.hardware[-1] == T + datetime.timedelta(seconds=149)
+    assert len(counts.recent.failure) == 64  # maxRestarts 3, but the backoff's exponent reads up to 64
+    later = record(policy, counts, "hang", T + datetime.timedelta(seconds=149 + 601))
+    assert later.recent.hardware == () and later.recent.hang == (T + datetime.timedelta(seconds=750),)  # all expired
+    assert record(FailurePolicySpec(), RestartCounts(), "failure", T).recent is None  # no window: counts suffice
+    # Old statuses (no diverged, no recent) read as before.
+    old = RestartCounts.model_validate({"failure": 1, "preemption": 2, "hang": 0, "hardware": 1, "total": 4})
+    assert old.charged == 1 and old.diverged == 0
+
+
+def test_a_pod_garbage_collected_with_its_node_is_hardware_and_a_disrupted_one_a_preemption():
+    def pod(name, reason=None, code=None):
+        status = {"phase": "Failed", "conditions": []}
+        if reason:
+            status["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": reason})
+        if code is not None:
+            status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": code}}}]
+        return {"metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/job-index": "1"}}, "status": status}
+
+    gc = failure_of([pod("p0", code=143), pod("p1", "DeletionByPodGC")], "")
+    assert (gc.cause, gc.pod, gc.slice_index) == ("hardware", "p1", 1)
+    assert failure_of([pod("p0", "PreemptionByScheduler", 143)], "").cause == "preemption"
+    assert failure_of([pod("p0", "x" * 10_000, 137)], "").cause == "preemption"  # a huge reason is just a reason
+    gone = failure_of([], "jobset failed due to job failure")  # the pods vanished with their node before the list
+    assert gone.cause == "hardware" and "the JobSet says: jobset failed due to job failure" in gone.describe()
+    assert verdict(FailurePolicySpec(maxRestarts=0), RestartCounts(), gone).restart

@@ -73,7 +73,7 @@ BUCKETS = (
     "other",
 )
 # How an attempt ended. The first three are final; after the others the job runs again.
-Ending = Literal["succeeded", "failed", "user", "failure", "preemption", "hang", "hardware", "suspended"]
+Ending = Literal["succeeded", "failed", "user", "failure", "preemption", "hang", "hardware", "diverged", "suspended"]
 ResizeKind = Literal["shrink", "grow"]  # the next attempt runs on fewer slices, or on every slice again
 FINAL = ("succeeded", "failed", "user")
 

@@ -569,7 +569,10 @@ class FailurePolicySpec(Base):
     )
     node_unhealthy_grace_seconds: int = _desc(
         "How long a node under a running pod must report Ready False or Unknown before the job is stopped "
-        "and restarted (cause hardware); GKE's TPU partition-state UNHEALTHY label acts at once.",
+        "and restarted (cause hardware); GKE's TPU partition-state UNHEALTHY label acts at once. The default "
+        "rides out a kubelet restart or an API-server blip (Ready turns Unknown after the 40 s node-monitor "
+        "grace period) and still acts long before GKE's auto-repair (about 10 minutes). While most TPU nodes "
+        "are NotReady together, 5 x this (docs/failures.md).",
         default=120,
         ge=0,
         le=L.MAX_TIMEOUT_S,

@@ -13,6 +13,7 @@ from pydantic.alias_generators import to_camel
 from .contract import Base, StepResources, _desc
 from .failures import LastRestart, RestartCounts
 from .goodput import Badput, Ledger
+from .lifecycle import Divergence
 from .timestamps import Timestamp
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -22,7 +23,8 @@ class Condition(Base):
     """A Kubernetes-shaped condition; `lastTransitionTime` moves only when `status` changes."""
 
     type: str = _desc(
-        "Ready, Planned, SpecChange, Admitted, Scheduled, ContainersReady, Running, Succeeded, Failed, Metrics, Hung."
+        "Ready, Planned, SpecChange, Admitted, Scheduled, ContainersReady, Running, Succeeded, Failed, Metrics, Hung, "
+        "NodesHeld."
     )
     status: ConditionStatus = _desc("True, False or Unknown.")
     reason: str = _desc("CamelCase reason.", default="")
@@ -98,6 +100,20 @@ class SliceStatus(Base):
         return self
 
 
+NonFinite = Literal["nan", "inf", "-inf"]
+
+
+class NonFiniteMetrics(Base):
+    """The trainer's values that were not finite at the latest read: JSON has no number for them, so the field
+    of that name is left out of the status and this says what it was (never the last finite value)."""
+
+    loss: NonFinite | None = _desc("status.loss was this.", default=None)
+    eval_loss: NonFinite | None = _desc("status.evalLoss was this.", default=None)
+    step_time_seconds: NonFinite | None = _desc("status.stepTimeSeconds was this.", default=None)
+    tokens_per_second: NonFinite | None = _desc("status.tokensPerSecond was this.", default=None)
+    mfu: NonFinite | None = _desc("status.mfu was this.", default=None)
+
+
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -143,6 +159,15 @@ class TPUTrainingJobStatus(Base):
     tokens_per_second: float | None = _desc("Training throughput, tokens per second, all slices.", default=None)
     mfu: float | None = _desc("Model FLOPs utilisation, 0..1.", default=None)
     last_checkpoint_step: int | None = _desc("Step of the latest complete checkpoint.", default=None)
+    non_finite: NonFiniteMetrics | None = _desc(
+        "The values of the latest read that were not finite (nan, inf, -inf): their fields above are left out.",
+        default=None,
+    )
+    divergence: Divergence | None = _desc(
+        "Where the run last diverged (exit code 43): the step, the metric (loss or grad_norm), its value, and "
+        "the latest checkpoint (all written from finite state).",
+        default=None,
+    )
     metrics_time: Timestamp | None = _desc("When the metrics above were read.", default=None)
     start_time: Timestamp | None = _desc("When the job first ran.", default=None)
     completion_time: Timestamp | None = _desc("When the job succeeded or failed.", default=None)

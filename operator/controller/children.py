@@ -217,12 +217,14 @@ async def delete_unstarted(kube: Kube, jobset: Obj) -> None:
     )
 
 
-async def replace_jobset(kube: Kube, namespace: str, jobset: Obj, cause: str) -> None:
+async def replace_jobset(kube: Kube, namespace: str, jobset: Obj, cause: str, lost: str | None = None) -> None:
     """Delete a JobSet a restart replaces (foreground: its pods go first; only this uid). Its DELETED
     event brings the job back, and the reconcile creates the JobSet again once the backoff is over.
     Unless the restart is for a preemption or an unhealthy node (its pods are saving the step in flight), the pods go at
     once (gracePeriodSeconds 0): a JAX process cannot save without all of its peers, so a failed or
-    hung attempt's survivors would only sit out their grace period in a collective."""
+    hung attempt's survivors would only sit out their grace period in a collective. The pod on an unhealthy node
+    (`lost`: the labels that select it) goes at once too: a silent host's kubelet never confirms its deletion, and
+    the foreground deletion would wait for it until the node itself is deleted."""
     meta = jobset["metadata"]
     if meta.get("deletionTimestamp"):
         return
@@ -232,6 +234,13 @@ async def replace_jobset(kube: Kube, namespace: str, jobset: Obj, cause: str) ->
                 PODS,
                 namespace,
                 f"{names.LABEL_JOBSET}={meta['name']}",
+                {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+            )
+        elif lost is not None:  # the pod on the unhealthy node: no kubelet may be left to end it, which would hold
+            await kube.delete_all(  # the foreground deletion (and the restart) until GKE replaced the node
+                PODS,
+                namespace,
+                f"{names.LABEL_JOBSET}={meta['name']},{lost}",
                 {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
             )
         await kube.delete(

@@ -152,6 +152,10 @@ TYPES: tuple[ConditionType, ...] = (
         "the trainer's /status was read on the last try",
         (
             _r("Read", "True: read from pod 0 of slice 0"),
+            _r(
+                "NonFinite",
+                "True: read, and a value was not finite (nan, inf): status.nonFinite names it, its field is left out",
+            ),
             _r("Unreachable", "False: the read failed; the values in the status are the last ones read"),
         ),
     ),
@@ -162,6 +166,19 @@ TYPES: tuple[ConditionType, ...] = (
         (
             _r("NoProgress", "True: no step for longer than the hang or start-up timeout; the job restarts"),
             _r("Progressing", "False: steps complete again"),
+        ),
+    ),
+    ConditionType(
+        "NodesHeld",
+        "False",
+        "a node under the job is NotReady while so many TPU nodes are that the operator holds its stop "
+        "(docs/failures.md#unhealthy-tpu-nodes)",
+        (
+            _r(
+                "ClusterDisrupted",
+                "True: most TPU nodes are NotReady together; stops on Ready wait 5 x nodeUnhealthyGraceSeconds",
+            ),
+            _r("Released", "False: the hold is over, or a restart replaced the job"),
         ),
     ),
     ConditionType(
@@ -177,6 +194,11 @@ TYPES: tuple[ConditionType, ...] = (
         (
             _r("JobSetFailed", "True: the JobSet failed and no restart was decided"),
             _r("RestartPolicy", "True: the restart policy gave up (a user error, an exit code, the budget)"),
+            _r(
+                "Diverged",
+                "True: the loss or gradient norm was not finite and onDivergence is Fail, or its budget is spent "
+                "(status.divergence says where)",
+            ),
         ),
     ),
     ConditionType(

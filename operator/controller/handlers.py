@@ -1,7 +1,9 @@
 """Every kopf handler of the operator, each a line or two that hands over to the manager.
 
-- An index of GKE's TPU nodes (label `cloud.google.com/gke-tpu-accelerator`) that are unhealthy, with why
-  (health.py); a node event that says unhealthy has every Running job look at where its pods are.
+- An index of GKE's TPU nodes (label `cloud.google.com/gke-tpu-accelerator`) that are unhealthy, with why and
+  since when (health.py), and one that counts the TPU nodes and the NotReady ones (the hold: health.holding);
+  a node event that says unhealthy, or that starts or ends the hold, has every Running job look at where
+  its pods are.
 - Indices of TPUTrainingJobs, of the JobSets labelled `training.tpu-operator.dev/job`, of the
   pre-flight batch Jobs (preflight.py), and of the Kueue Workloads a JobSet owns: the manager's
   caches, filled from kopf's watches (kopf runs the other handlers only once all are filled from
@@ -103,12 +105,16 @@ def register(
 
     @kopf.index(*NODE, id="nodes", labels=TPU_NODES, registry=registry)
     async def nodes(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-        reason = health.unhealthy_reason(body)  # only the unhealthy ones are kept: a name and a sentence each
-        return {name: reason} if reason else {}
+        found = manager.node_health(name, body)  # only the unhealthy ones are kept: a sentence and a time each
+        return {name: found} if found else {}
+
+    @kopf.index(*NODE, id="node_counts", labels=TPU_NODES, registry=registry)
+    async def node_counts(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        return {"tpu": None, **({"not_ready": None} if health.not_ready(body) else {})}  # counts, not nodes
 
     @kopf.on.event(*NODE, id="node", labels=TPU_NODES, registry=registry)
-    async def node_event(body: kopf.Body, **_: Any) -> None:
-        manager.node_seen(body)
+    async def node_event(body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002 - kopf's name
+        manager.node_seen(body, deleted=type == "DELETED")
 
     @kopf.on.event(*JOB, id="job", registry=registry)
     async def job_event(namespace: str | None, name: str, **_: Any) -> None:
@@ -135,10 +141,11 @@ def register(
         jobsets: kopf.Index[Key, Obj],
         workloads: kopf.Index[Key, Obj],
         preflights: kopf.Index[Key, Obj],
-        nodes: kopf.Index[str, str],
+        nodes: kopf.Index[str, health.Unhealthy],
+        node_counts: kopf.Index[str, None],
         **_: Any,
     ) -> None:
-        manager.start(jobs, jobsets, workloads, preflights, nodes)
+        manager.start(jobs, jobsets, workloads, preflights, nodes, node_counts)
 
     @kopf.on.cleanup(id="manager", registry=registry)
     async def stop(**_: Any) -> None:

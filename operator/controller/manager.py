@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import random
 import time
@@ -88,7 +89,10 @@ class Manager:
         self.jobsets: Index[Key, Obj] = {}
         self.workloads: Index[Key, Obj] = {}
         self.preflights: Index[Key, Obj] = {}
-        self.nodes: Index[str, str] = {}  # TPU node name -> why it is unhealthy (only unhealthy ones: health.py)
+        self.nodes: Index[str, health.Unhealthy] = {}  # TPU node name -> why and since when (only unhealthy ones)
+        self.node_counts: Index[str, None] = {}  # "tpu" / "not_ready" -> one entry per such TPU node (health.py)
+        self.unhealthy_since: dict[str, datetime.datetime] = {}  # when this operator first saw a node unhealthy
+        self.held = False  # so many TPU nodes are NotReady that Ready-based stops wait (health.holding)
         self.written: dict[Key, Obj] = {}
         self.superseded: dict[Key, set[str | None]] = {}  # resourceVersions older than `written`'s
         self.made: dict[Key, Obj] = {}  # JobSets created or adopted here that the watch has not delivered yet
@@ -110,11 +114,14 @@ class Manager:
         jobsets: Index[Key, Obj],
         workloads: Index[Key, Obj],
         preflights: Index[Key, Obj] | None = None,
-        nodes: Index[str, str] | None = None,
+        nodes: Index[str, health.Unhealthy] | None = None,
+        node_counts: Index[str, None] | None = None,
     ) -> None:
         self.jobs, self.jobsets, self.workloads = jobs, jobsets, workloads
         self.preflights = preflights if preflights is not None else {}
         self.nodes = nodes if nodes is not None else {}
+        self.node_counts = node_counts if node_counts is not None else {}
+        self.held = self._holding()
         self.tasks = [
             asyncio.create_task(self.queue.run_timers(), name="queue-timers"),
             asyncio.create_task(self._ticker(), name="ticker"),
@@ -141,16 +148,49 @@ class Manager:
         if key is not None:
             self.queue.add(key, "preflight")
 
-    def node_seen(self, node: Mapping[str, Any]) -> None:
-        """A TPU node changed: if GKE says it is unhealthy, every Running job looks at where its pods are (one pod
-        list each; the jobs on healthy nodes change nothing). Which jobs run on a node is not cached: pods are
-        never watched (rbac.py)."""
-        if health.unhealthy_reason(node) is not None:
+    def node_health(self, name: str, node: Mapping[str, Any]) -> health.Unhealthy | None:
+        """The node index's value: why and since when the node is unhealthy (None: it is not), with when this
+        operator first saw it so standing in for a Ready lastTransitionTime it cannot use (health.judge)."""
+        found = health.judge(node, self.unhealthy_since.get(name) or self.now())
+        if found is None:
+            self.unhealthy_since.pop(name, None)
+            return None
+        self.unhealthy_since.setdefault(name, self.now())
+        return found
+
+    def node_seen(self, node: Mapping[str, Any], deleted: bool = False) -> None:
+        """A TPU node changed: if GKE says it is unhealthy, or the hold starts or ends, every Running job looks at
+        where its pods are (one pod list each; the jobs on healthy nodes change nothing). Which jobs run on a
+        node is not cached: pods are never watched (rbac.py)."""
+        if deleted:
+            self.unhealthy_since.pop(str((node.get("metadata") or {}).get("name")), None)
+        held, self.held = self.held, self._holding()
+        if held != self.held:
+            log.warning("TPU nodes NotReady together: %s", self.hold_message() or "the hold is over")
+        if health.judge(node) is not None or held != self.held:
             for key in list(self.due_metrics):  # the Running jobs
                 self.queue.add(key, "node")
 
-    def unhealthy(self) -> dict[str, str]:
-        return {name: reason for name, store in self.nodes.items() for reason in store}
+    def node_totals(self) -> tuple[int, int]:
+        """(TPU nodes, of them NotReady): counts kept by the node_counts index, never the nodes."""
+        return len(self.node_counts.get("tpu") or ()), len(self.node_counts.get("not_ready") or ())
+
+    def _holding(self) -> bool:
+        held = health.holding(*self.node_totals())
+        self.stats.node_hold(held, *self.node_totals())
+        return held
+
+    def hold_message(self) -> str | None:
+        if not self.held:
+            return None
+        tpu, not_ready = self.node_totals()
+        return (
+            f"{not_ready} of {tpu} TPU nodes are NotReady together (a control-plane or network disruption, "
+            f"not the hosts): stops on a node's Ready wait {health.HOLD_FACTOR} x nodeUnhealthyGraceSeconds"
+        )
+
+    def unhealthy(self) -> dict[str, health.Unhealthy]:
+        return {name: found for name, store in self.nodes.items() for found in store}
 
     def workload_seen(self, workload: Mapping[str, Any]) -> None:
         """A Workload changed: reconcile the job whose JobSet owns it (if the JobSet is one of ours)."""
@@ -266,6 +306,7 @@ class Manager:
             probe=_first(self.jobsets.get((key[0], names.growback_name(key[1])))),
             unhealthy=self.unhealthy(),
             look_at_nodes=bool(reasons & LOOK_AT_NODES),
+            hold=self.hold_message(),
         )
         outcome = await reconcile(self.means, job, seen)
         if outcome.job is not None:
@@ -276,6 +317,8 @@ class Manager:
             self.made[key] = outcome.jobset
         if outcome.requeue_after_s is not None:
             self.queue.add_after(key, outcome.requeue_after_s, "retry")
+        if outcome.nodes_after_s is not None:  # a node's grace runs out then (health.py)
+            self.queue.add_after(key, outcome.nodes_after_s, "node")
         self._schedule(key, outcome.job or self.job(key))
         return outcome.result
 

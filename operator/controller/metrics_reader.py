@@ -51,6 +51,9 @@ FIELDS: dict[str, tuple[str, type]] = {
 }
 
 
+MAX_VALUE = 1e18  # larger readings are garbage (a step count, a rate): left out, as malformed ones are
+
+
 class Unreachable(Exception):
     """The trainer's status endpoint could not be read; the message says why."""
 
@@ -82,20 +85,41 @@ def pick_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(live, key=lambda p: p["metadata"].get("creationTimestamp") or "", default=None)
 
 
+NON_FINITE = {"nan": "nan", "inf": "inf", "+inf": "inf", "infinity": "inf", "-inf": "-inf", "-infinity": "-inf"}
+
+
+def non_finite(value: Any) -> str | None:
+    """ "nan", "inf" or "-inf" for a non-finite reading: a float (Python's json reads NaN and Infinity) or the
+    trainer's text for one (its wire format: a number when finite, else one of those strings); None otherwise."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, str) and len(value) <= 16:
+        return NON_FINITE.get(value.strip().lower())
+    return None
+
+
 def to_sample(body: Any) -> Sample:
-    """The Sample of one /status answer; missing, null or malformed values are left out."""
+    """The Sample of one /status answer; missing, null or malformed values are left out. A non-finite float value
+    is a reading, not an error: it is kept in `non_finite` (a diverged run must never show its last finite loss)."""
     if not isinstance(body, dict):
         raise Unreachable(f"the status endpoint answered {type(body).__name__}, not a JSON object")
     values: dict[str, Any] = {}
+    odd: list[tuple[str, str]] = []
     for key, (field, kind) in FIELDS.items():
         value = body.get(key)
+        if kind is float and (text := non_finite(value)) is not None:
+            odd.append((field, text))
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        if kind is float and not math.isfinite(value):
+        if not math.isfinite(value) or abs(value) > MAX_VALUE:
             continue
         values[field] = int(value) if kind is int else round(float(value), 6)
     return Sample(
-        **values, progress=Progress.lenient(body.get("progress")), profile=ProfileReport.lenient(body.get("profile"))
+        **values,
+        non_finite=tuple(odd),
+        progress=Progress.lenient(body.get("progress")),
+        profile=ProfileReport.lenient(body.get("profile")),
     )
 
 

@@ -6,7 +6,8 @@ The phase rule, first match wins (`phase_of`):
    finished, e.g. by its TTL, does not make the job Pending again).
 2. Succeeded: the JobSet has condition Completed=True, or terminalState Completed.
 3. Failed: the restart policy gave up on the JobSet's failure (`restart` is "given-up": a user
-   error, an exit code not restarted, the restart budget spent; restarts.py, api/failures.py), or
+   error, an exit code not restarted, the restart budget spent; or "diverged": a non-finite loss or
+   gradient norm with onDivergence Fail or its budget spent; restarts.py, api/failures.py), or
    the JobSet failed and no restart decision was taken about it.
 4. Suspended: the JobSet is suspended (condition Suspended=True, or spec.suspend is true) and the
    job has no queue or its user suspended it (the job's spec.suspend).
@@ -87,7 +88,7 @@ class Intent:
     queued: bool = False  # the job names a Kueue queue: Kueue decides when its JobSet runs
 
 
-Restart = Literal["replaced", "given-up"] | None
+Restart = Literal["replaced", "given-up", "diverged"] | None  # diverged: given up after a divergence
 
 
 def phase_of(
@@ -105,7 +106,7 @@ def phase_of(
     if "Completed" in js.true_conditions or js.terminal_state == "Completed":
         return "Succeeded"
     failed = "Failed" in js.true_conditions or js.terminal_state == "Failed"
-    if restart == "given-up" or (failed and restart is None):
+    if restart in ("given-up", "diverged") or (failed and restart is None):
         return "Failed"
     if suspended and (not intent.queued or intent.suspend):
         return "Suspended"
@@ -202,7 +203,13 @@ def follow(
         conds = set_condition(conds, "Succeeded", "True", "JobSetCompleted", message, now, generation)
     if phase == "Failed":
         conds = set_condition(
-            conds, "Failed", "True", "RestartPolicy" if restart else "JobSetFailed", message, now, generation
+            conds,
+            "Failed",
+            "True",
+            "Diverged" if restart == "diverged" else "RestartPolicy" if restart else "JobSetFailed",
+            message,
+            now,
+            generation,
         )
     new = status.model_copy(
         update=dict(

@@ -88,6 +88,7 @@ class ReconcileResult:
     job: Obj | None = None
     requeue_after_s: float | None = None
     jobset: Obj | None = None  # the JobSet this reconcile created or adopted (the watch may not have it yet)
+    nodes_after_s: float | None = None  # look at the job's nodes again then: an unhealthy node's grace ends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +113,9 @@ class Seen:
     preflights: Sequence[Obj] = ()  # its pre-flight Jobs as the watch saw them
     look_at_pods: bool = False  # a JobSet event or a resync: the pods may be listed once
     probe: Obj | None = None  # the job's grow-back probe JobSet as watched (growback.py), None: none known
-    unhealthy: Mapping[str, str] | None = None  # TPU node -> why GKE says it is unhealthy (health.py)
+    unhealthy: Mapping[str, health.Unhealthy] | None = None  # TPU node -> why and since when it is unhealthy
     look_at_nodes: bool = False  # a node event, a JobSet event or a resync: a Running job's pods may be listed once
+    hold: str | None = None  # why Ready-based stops are held (health.holding), None: they are not
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,16 +326,18 @@ async def observe(
         )
     if seen.look_at_pods and diagnosis.needs_pods(view):  # one list per JobSet event or resync, never per pod
         pods = await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
-    hardware = None  # only while some TPU node is unhealthy: then a Running job's pods say which nodes it is on
+    nodes = None  # only while some TPU node is unhealthy: then a Running job's pods say which nodes it is on
     if (
-        seen.unhealthy
-        and seen.look_at_nodes
+        seen.look_at_nodes
         and failure is None
         and status_of(job_obj).phase == "Running"
         and not restarts.replaced(status_of(job_obj), uid)
     ):
-        pods = pods if pods is not None else await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
-        hardware = health.lost(pods, seen.unhealthy)
+        nodes = health.Judged()  # every TPU node healthy: nothing to list
+        if seen.unhealthy:
+            pods = pods if pods is not None else await kube.list(PODS, namespace, f"{LABEL_JOBSET}={name}")
+            grace = float(job.spec.failure_policy.node_unhealthy_grace_seconds)
+            nodes = health.judged(pods, seen.unhealthy, grace, seen.hold is not None, now)
     profile, old = None, status_of(job_obj)
     request = profiles.requested(job_obj["metadata"].get("annotations"))
     read = sample is not None and sample.error is None
@@ -374,7 +378,9 @@ async def observe(
         tpu=job.spec.tpu,
         jobset_created=timestamps.parse_or_none(jobset["metadata"].get("creationTimestamp")),
         probe_ready=growback.probe_placed(seen.probe),
-        hardware=hardware,
+        hardware=nodes.loss if nodes is not None else None,
+        nodes=nodes,
+        hold=seen.hold,
     )
 
 
@@ -398,13 +404,15 @@ async def act(
         else:
             assert written.last_restart is not None  # replaced, and not by a grow-back: by a restart
             cause = written.last_restart.cause
-        await children.replace_jobset(kube, job_obj["metadata"].get("namespace", "default"), made.jobset, cause)
+        lost = observed.hardware.selector if observed.hardware is not None and cause == "hardware" else None
+        await children.replace_jobset(kube, job_obj["metadata"].get("namespace", "default"), made.jobset, cause, lost)
     if done is not None and (probe is not None or written.slices is not None):
         await growback.follow(kube, job, means.config.default_image, written, observed.jobset_created, probe)
     return ReconcileResult(
         "created" if made.created else "adopted" if made.ensured else "followed",
         done,
         jobset=made.jobset if made.ensured else None,
+        nodes_after_s=observed.nodes.next_s if observed.nodes is not None and observed.nodes.loss is None else None,
     )
 
 

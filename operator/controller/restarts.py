@@ -4,7 +4,11 @@
   `state.terminated` (exitCode, finishedAt, and `message`: the trainer's termination record, or
   the tail of its log when it died before writing one, by `FallbackToLogsOnError`), and the pod
   condition `DisruptionTarget=True` the cluster sets on a pod it stops (preemption, eviction, a
-  node taint), which makes it a preemption whatever the code.
+  node taint), which makes it a preemption whatever the code; but with reason `DeletionByPodGC`
+  (the pod garbage collector deletes the pods of a node that is gone: GKE's node repair and upgrades
+  delete nodes) the pod was lost with its node: a hardware failure of its slice.
+- `failure_of`: the root cause (api/failures.py); a failed JobSet with no pod left to say why lost its
+  pods with their node (deleted and garbage-collected before the list): hardware, never a terminal failure.
 - `hang`: why a running attempt is hung, or None. It is judged only on a read of the trainer's
   /status that succeeded (`answered`): a trainer that answers and says no step completed for
   `hangTimeoutSeconds` (default the larger of 600 s and 20 x the median step time), or, before its
@@ -23,7 +27,7 @@ import datetime
 from typing import Any
 
 from ..api import elastic, names
-from ..api.failures import Failure, LastRestart, PodExit, RestartCounts, Verdict, root_cause, verdict
+from ..api.failures import Failure, LastRestart, PodExit, RestartCounts, Verdict, record, root_cause, verdict
 from ..api.lifecycle import TerminationRecord
 from ..api.spec import FailurePolicySpec, TPUSpec
 from ..api.status import ConditionStatus, SliceStatus, TPUTrainingJobStatus
@@ -32,6 +36,10 @@ from .phases import Notice
 from .status import Sample
 
 CONTAINER = "trainer"
+# DisruptionTarget reasons of a pod lost with its node (k8s.io/api core/v1 PodReasonDeletionByPodGC: the pod GC
+# deletes the pods bound to a node that no longer exists). DeletionByTaintManager, EvictionByEvictionAPI,
+# PreemptionByScheduler and TerminationByKubelet stay preemptions: the pod was stopped, its node is there.
+LOST_WITH_NODE = ("DeletionByPodGC",)
 MIN_HANG_TIMEOUT_S = 600
 HANG_STEP_FACTOR = 20
 
@@ -46,9 +54,17 @@ def pod_exits(pods: list[dict[str, Any]]) -> list[PodExit]:
         terminated = (container.get("state") or {}).get("terminated") or (container.get("lastState") or {}).get(
             "terminated"
         )
-        disrupted = any(
-            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
+        disruption = next(
+            (
+                c
+                for c in status.get("conditions") or []
+                if isinstance(c, dict) and c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+            ),
+            None,
         )
+        disrupted = disruption is not None
+        why = str((disruption or {}).get("reason") or "")[:64]
+        lost = f"DisruptionTarget {why}" if why in LOST_WITH_NODE else None
         if terminated is None and not disrupted and status.get("phase") != "Failed":
             continue
         code = terminated.get("exitCode") if terminated else None
@@ -60,15 +76,21 @@ def pod_exits(pods: list[dict[str, Any]]) -> list[PodExit]:
                 slice_index=names.slice_index(pod),
                 record=TerminationRecord.parse((terminated or {}).get("message"), code),
                 finished_at=(terminated or {}).get("finishedAt"),
+                lost=lost,
             )
         )
     return exits
 
 
 def failure_of(pods: list[dict[str, Any]], jobset_message: str) -> Failure:
-    """Why the JobSet failed: its root-cause pod, or (its pods gone) the JobSet's own message."""
+    """Why the JobSet failed: its root-cause pod, or (no pod says why: they were lost with their node and
+    garbage-collected) a hardware failure, with the JobSet's own message."""
     return root_cause(pod_exits(pods)) or Failure(
-        cause="failure", code=None, pod="a pod", error=jobset_message or "the JobSet failed"
+        cause="hardware",
+        code=None,
+        pod="a pod",
+        error="no pod of the failed JobSet is left to say why (lost with its node, deleted or garbage-collected)"
+        + (f"; the JobSet says: {jobset_message[:512]}" if jobset_message else ""),
     )
 
 
@@ -115,8 +137,12 @@ def decide(
     """The status after a failed (`failure`) or hung (`hung`) attempt of the JobSet `jobset_uid`; for an elastic
     job (`tpu`), also the slices the next JobSet runs on (api/elastic.py), in status.slices."""
     counts = status.restarts or RestartCounts()
-    v = verdict(policy, counts, failure, hung)
+    v = verdict(policy, counts, failure, hung, now)
     conds, notices = status.conditions, []
+    divergence = failure.divergence if failure is not None and failure.cause == "diverged" else None
+    if failure is not None and failure.cause == "diverged":
+        notices.append(Notice("Warning", "Diverged", v.message))
+        status = status.model_copy(update=dict(divergence=divergence or status.divergence))
     if hung is not None:
         conds = set_condition(conds, "Hung", "True", "NoProgress", hung, now, generation)
         notices.append(Notice("Warning", "Hung", hung))
@@ -139,7 +165,7 @@ def decide(
         status.model_copy(
             update=dict(
                 conditions=conds,
-                restarts=counts.plus(v.cause),
+                restarts=record(policy, counts, v.cause, now),
                 last_restart=last,
                 slices=slices,
                 next_restart_time=now + datetime.timedelta(seconds=v.delay_s),

@@ -69,6 +69,17 @@ class Stats:
             ["namespace", "job", "cause"],
             registry=self.registry,
         )
+        self.hold = Gauge(
+            "tpu_operator_node_hold",
+            "1 while so many TPU nodes are NotReady together that stops on a node's Ready wait (controller/health.py).",
+            registry=self.registry,
+        )
+        self.tpu_nodes = Gauge(
+            "tpu_operator_tpu_nodes",
+            "GKE TPU nodes the operator sees, all of them (state total) and those whose Ready is False or Unknown.",
+            ["state"],
+            registry=self.registry,
+        )
 
     def job(self, key: tuple[str, str], status: TPUTrainingJobStatus) -> None:
         """Publish a job's figures from its status (nothing until it has some)."""
@@ -76,14 +87,14 @@ class Stats:
             self.goodput.labels(*key).set(status.goodput)
         for bucket in BADPUT_BUCKETS if status.badput is not None else ():
             self.badput.labels(*key, bucket).set(getattr(status.badput, bucket))
-        for cause in ("failure", "preemption", "hang", "hardware") if status.restarts is not None else ():
+        for cause in ("failure", "preemption", "hang", "hardware", "diverged") if status.restarts is not None else ():
             self.restarts.labels(*key, cause).set(getattr(status.restarts, cause))
 
     def forget_job(self, key: tuple[str, str]) -> None:
         for gauge, extra in (
             (self.goodput, ((),)),
             (self.badput, [(b,) for b in BADPUT_BUCKETS]),
-            (self.restarts, [(c,) for c in ("failure", "preemption", "hang", "hardware")]),
+            (self.restarts, [(c,) for c in ("failure", "preemption", "hang", "hardware", "diverged")]),
         ):
             for labels in extra:
                 try:
@@ -97,6 +108,11 @@ class Stats:
         if result in FAILED:
             errors.inc()
         self.duration.labels(handler).observe(seconds)
+
+    def node_hold(self, held: bool, tpu_nodes: int, not_ready: int) -> None:
+        self.hold.set(1 if held else 0)
+        self.tpu_nodes.labels("total").set(tpu_nodes)
+        self.tpu_nodes.labels("not_ready").set(not_ready)
 
 
 class Leadership:

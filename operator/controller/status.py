@@ -19,7 +19,7 @@ from typing import Any
 from ..api.failures import RestartCounts
 from ..api.lifecycle import Progress
 from ..api.profiling import ProfileReport
-from ..api.status import TPUTrainingJobStatus
+from ..api.status import NonFiniteMetrics, TPUTrainingJobStatus
 from .conditions import set_condition
 from .phases import Notice
 
@@ -134,10 +134,22 @@ class Sample:
     progress: Progress | None = None  # the trainer's clock (goodput, hang detection: accounting.py)
     profile: ProfileReport | None = None  # the trainer's word on a profile asked for (profiles.py)
     error: str | None = None
+    non_finite: tuple[tuple[str, str], ...] = ()  # (status field, "nan" | "inf" | "-inf"): read, not finite
 
     def values(self) -> dict[str, Any]:
-        """The status fields it sets."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("error", "progress", "profile") and v is not None}
+        """The status fields it sets: its finite values, None for those it read as non-finite (left out of the
+        status: never the last finite value), and `non_finite` saying what they were (None: all finite)."""
+        values = {
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("error", "progress", "profile", "non_finite") and v is not None
+        }
+        odd = dict(self.non_finite)
+        return {
+            **values,
+            **{k: None for k in odd},
+            "non_finite": NonFiniteMetrics.model_validate(odd) if odd else None,
+        }
 
 
 def with_sample(
@@ -153,7 +165,16 @@ def with_sample(
     values = sample.values()
     if metrics is not None and metrics.status == "True" and all(getattr(status, k) == v for k, v in values.items()):
         return status
-    conds = set_condition(status.conditions, "Metrics", "True", "Read", "read from pod 0 of slice 0", now, generation)
+    odd = ", ".join(f"{k} {v}" for k, v in sample.non_finite)
+    conds = set_condition(
+        status.conditions,
+        "Metrics",
+        "True",
+        "NonFinite" if odd else "Read",
+        f"read from pod 0 of slice 0: {odd} (not finite)" if odd else "read from pod 0 of slice 0",
+        now,
+        generation,
+    )
     return status.model_copy(update=dict(**values, metrics_time=now, conditions=conds))
 
 

@@ -10,6 +10,7 @@ The steps, in order (`STEPS`); each reads the draft the ones before it left:
 4. `diagnosed`: the pods as last listed, or all ready (diagnosis.py).
 5. `ledger_observed`: the trainer's latest report into the goodput ledger, which 6 reads (accounting.py).
 6. `restart`: a failed or hung attempt, or one on an unhealthy node, meets the restart policy (restarts.py).
+6a. `nodes_held`: NodesHeld while a node under the job is NotReady and the cluster-wide hold delays its stop.
 6b. `grown`: an elastic job on fewer slices goes back to all once its probe is placed (growback.py).
 7. `phase`: the JobSet's status mapped onto the phase, with 6's decision (phases.py).
 8. `metrics`: the trainer's sample (status.with_sample).
@@ -64,7 +65,9 @@ class Observed:
     tpu: TPUSpec | None = None  # spec.tpu: the slices asked for, and elastic (api/elastic.py)
     jobset_created: datetime.datetime | None = None  # the JobSet's creationTimestamp
     probe_ready: bool = False  # the grow-back probe's pods are all placed and running (growback.py)
-    hardware: health.HardwareLoss | None = None  # a node of the running pods GKE says is unhealthy (health.py)
+    hardware: health.HardwareLoss | None = None  # a node of the running pods unhealthy past its grace (health.py)
+    nodes: health.Judged | None = None  # what the job's nodes call for, when looked at now (None: not looked)
+    hold: str | None = None  # why Ready-based stops are held cluster-wide (health.holding), None: they are not
 
 
 class _More(TypedDict, total=False):
@@ -135,7 +138,12 @@ def restart(d: Draft, o: Observed) -> Draft:
     if failure is None and hung is None:
         return d
     new, verdict, notices = restarts.decide(d.status, o.jobset_uid, failure, hung, o.policy, o.now, o.generation, o.tpu)
-    return d.then(new, notices, restart="replaced" if verdict.restart else "given-up")
+    gave_up: phases.Restart = "diverged" if failure is not None and failure.cause == "diverged" else "given-up"
+    return d.then(new, notices, restart="replaced" if verdict.restart else gave_up)
+
+
+def nodes_held(d: Draft, o: Observed) -> Draft:
+    return d.then(*health.follow(d.status, o.nodes, o.hold, d.restart is not None, o.now, o.generation))
 
 
 def grown(d: Draft, o: Observed) -> Draft:
@@ -205,6 +213,7 @@ STEPS: tuple[Step, ...] = (
     diagnosed,
     ledger_observed,
     restart,
+    nodes_held,
     grown,
     phase,
     metrics,

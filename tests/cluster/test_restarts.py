@@ -56,9 +56,14 @@ def test_retryable_exit_restarts_by_cause_after_the_backoff_until_the_budget_is_
         WAIT_S,
         "a restart counted",
     )
-    assert restarting["restarts"] == {"failure": 1, "preemption": 0, "hang": 0, "hardware": 0, "total": 1}, restarting[
-        "restarts"
-    ]
+    assert restarting["restarts"] == {
+        "failure": 1,
+        "preemption": 0,
+        "hang": 0,
+        "hardware": 0,
+        "diverged": 0,
+        "total": 1,
+    }, restarting["restarts"]
     assert restarting["lastRestart"]["exitCode"] == 42 and restarting["lastRestart"]["jobSetUid"] == first
     assert "Retryable: gloo: connection reset by peer" in restarting["lastRestart"]["message"]
     # The real JobSet controller failed the first JobSet: its Job failed with the pod (backoffLimit 0).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import json
 
 import pytest
@@ -151,9 +152,30 @@ def test_to_sample_keeps_good_values_and_drops_bad_ones():
         "loss": 1.0,
         "state": "training",
     }
-    assert to_sample(body) == Sample(step=7, step_time_seconds=0.5, loss=1.0)
+    assert to_sample(body) == Sample(step=7, step_time_seconds=0.5, loss=1.0, non_finite=(("mfu", "nan"),))
     with pytest.raises(Unreachable):
         to_sample([1, 2])
+
+
+def test_a_non_finite_reading_is_reported_never_hidden_behind_the_last_finite_value():
+    """A diverged run's /status: the trainer sends "nan" (its wire format) or a bare NaN token (Python's json
+    reads it); the status drops the stale finite loss, says what was read, and a finite read clears it."""
+    t0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    healthy = status_lib.with_sample(TPUTrainingJobStatus(), to_sample({"step": 5, "loss": 2.5, "mfu": 0.4}), t0)
+    nan = to_sample(json.loads('{"step": 6, "loss": "nan", "mfu": NaN, "eval_loss": "-Infinity", "step_time_s": "x"}'))
+    assert dict(nan.non_finite) == {"loss": "nan", "mfu": "nan", "eval_loss": "-inf"}
+    later = t0 + datetime.timedelta(seconds=10)
+    diverged = status_lib.with_sample(healthy, nan, later)
+    wire = diverged.to_wire()
+    assert "loss" not in wire and "mfu" not in wire and wire["step"] == 6 and wire["metricsTime"] == rfc3339(later)
+    assert wire["nonFinite"] == {"loss": "nan", "mfu": "nan", "evalLoss": "-inf"}
+    metrics = diverged.condition("Metrics")
+    assert (metrics.status, metrics.reason) == ("True", "NonFinite") and "loss nan" in metrics.message
+    recovered = status_lib.with_sample(diverged, to_sample({"step": 7, "loss": 2.4}), later)
+    assert recovered.non_finite is None and recovered.loss == 2.4 and recovered.condition("Metrics").reason == "Read"
+    # Untrusted: text where an integer belongs, absurd numbers and long strings are left out, as malformed values are.
+    odd = to_sample({"step": "nan", "last_checkpoint_step": 1e300, "loss": "nan" * 1000, "mfu": 1e300})
+    assert odd == status_lib.Sample()
 
 
 def test_pick_pod_prefers_the_newest_running_pod():

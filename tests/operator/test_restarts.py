@@ -19,6 +19,7 @@ from tpu_operator.api.spec import FailurePolicySpec
 from tpu_operator.api.status import TPUTrainingJobStatus
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import reconcile, restarts
+from tpu_operator.controller.kube import PODS
 from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_operator.controller.stats import Stats
 from tpu_operator.controller.status import Sample
@@ -212,3 +213,81 @@ def test_an_elastic_job_that_loses_a_slice_is_recreated_on_the_slices_left_fake_
     run(kube, at(45))
     status = job_status(kube)
     assert status.slices.running == 2 and status.condition("Resized").reason == "Restarted"
+
+
+def _diverge(kube: FakeKube, at_s: int = 10) -> None:
+    js = failed_jobset(kube, "tiny", "jobset failed")
+    record = TerminationRecord(
+        code=43,
+        error="Diverged: loss is nan at step 120",
+        diverged={"step": 120, "metric": "loss", "value": "nan", "lastCheckpointStep": 100},
+        last={"step": 119, "loss": "nan"},
+    )
+    failed_pod(kube, js, "tiny-slice-0-0", 43, record.message(), at(at_s))
+    failed_pod(kube, js, "tiny-slice-0-1", 143, "", at(at_s + 1))
+
+
+def test_a_diverged_run_fails_by_default_saying_where_and_rewinds_within_its_budget_with_rewind():
+    kube = FakeKube()
+    new_job(kube)
+    running(kube)
+    run(kube, at(5))
+    _diverge(kube)
+    _, events = run(kube, at(20))
+    status = job_status(kube)
+    assert status.phase == "Failed" and events == ["Diverged", "Failed"], events
+    assert status.condition("Failed").reason == "Diverged" and "onDivergence is Fail" in status.message
+    assert "exited with code 43 (diverged: a non-finite loss or gradient norm) at step 120: loss nan" in status.message
+    d = status.divergence
+    assert (d.step, d.metric, d.value, d.last_checkpoint_step) == (120, "loss", "nan", 100)
+    assert status.restarts.total == 0
+
+    kube = FakeKube()
+    new_job(kube, onDivergence="Rewind", restartBudgets={"diverged": 1}, maxRestarts=5)
+    for attempt in range(2):
+        running(kube)
+        run(kube, at(100 * attempt + 5))
+        _diverge(kube, 100 * attempt + 10)
+        _, events = run(kube, at(100 * attempt + 20))
+        status = job_status(kube)
+        if attempt == 0:
+            assert events == ["Diverged", "Restarted"] and status.phase == "Restarting"
+            assert (status.restarts.diverged, status.restarts.total, status.last_restart.cause) == (1, 1, "diverged")
+            run(kube, at(100 * attempt + 90), None)  # the backoff is over: the JobSet again
+    assert status.phase == "Failed" and status.condition("Failed").reason == "Diverged"
+    assert "diverged restart budget spent (1 of restartBudgets.diverged 1 used)" in status.message
+
+
+def _look_at_nodes(kube: FakeKube, now: datetime.datetime, unhealthy: dict[str, Any]) -> list[str]:
+    notices: list[str] = []
+    means = reconcile.Means(kube, OperatorConfig(), lambda o, n: notices.append(n.reason), clock=lambda: now)
+    seen = reconcile.Seen(kube.jobset(), unhealthy=unhealthy, look_at_nodes=True)
+    asyncio.run(reconcile.reconcile(means, kube.job(), seen))
+    return notices
+
+
+def test_a_flapping_node_restarts_the_job_until_the_hardware_budget_is_spent_fake_kubelet():
+    """Every restart on an unhealthy node is charged as hardware: a node that keeps failing no longer restarts a
+    job without end (maxRestarts, the job's own faults, is untouched)."""
+    from tpu_operator.controller import health
+
+    kube = FakeKube()
+    new_job(kube, maxRestarts=0, restartBudgets={"hardware": 2}, nodeUnhealthyGraceSeconds=0, backoffSeconds=1)
+    bad = {"n0": health.Unhealthy("condition Ready=False (KubeletNotReady)", since=when(0))}
+    for attempt in range(3):
+        running(kube)
+        uid = kube.jobset()["metadata"]["uid"]
+        kube.objects[PODS.path("default", f"p-{uid}")] = {
+            "metadata": {"name": f"p-{uid}", "labels": {"jobset.sigs.k8s.io/jobset-name": "tiny"}},
+            "spec": {"nodeName": "n0"},
+            "status": {"phase": "Running"},
+        }
+        run(kube, at(100 * attempt + 5))
+        notices = _look_at_nodes(kube, when(100 * attempt + 6), bad)
+        if attempt < 2:
+            assert notices == ["Restarted"] and job_status(kube).restarts.hardware == attempt + 1
+            kube.objects.pop(PODS.path("default", f"p-{uid}"))
+            run(kube, at(100 * attempt + 50), None)
+    status = job_status(kube)
+    assert status.phase == "Failed" and status.restarts.hardware == 2 and status.restarts.charged == 0
+    assert "hardware restart budget spent (2 of restartBudgets.hardware 2 used)" in status.message
