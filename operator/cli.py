@@ -246,7 +246,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 def operator_options(args: argparse.Namespace):  # noqa: ANN201 -- OperatorOptions, imported lazily
     """`tpujob operator`'s flags as the operator's options."""
-    from .controller.leader import Timing
+    from .controller.leader import LeaseTiming
     from .controller.main import OperatorOptions
     from .controller.preflight import Timing as PreflightTiming
     from .controller.reconcile import OperatorConfig
@@ -267,7 +267,7 @@ def operator_options(args: argparse.Namespace):  # noqa: ANN201 -- OperatorOptio
         ),
     )
     try:
-        timing = Timing(
+        timing = LeaseTiming(
             **given(
                 lease_duration_s=args.leader_elect_lease_duration,
                 renew_deadline_s=args.leader_elect_renew_deadline,

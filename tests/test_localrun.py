@@ -127,7 +127,15 @@ def test_a_retryable_exit_restarts_the_whole_slice_after_its_backoff(tmp_path, c
     assert f"restart 1 ({cause}) in 0.5 s" in result.stdout
     status = _status(tmp_path)
     assert status["phase"] == "Succeeded" and status["step"] == 6
-    assert status["restarts"] == {"failure": 0, "preemption": 0, "hang": 0, "hardware": 0, cause: 1, "total": 1}
+    assert status["restarts"] == {
+        "failure": 0,
+        "preemption": 0,
+        "hang": 0,
+        "hardware": 0,
+        "diverged": 0,
+        cause: 1,
+        "total": 1,
+    }
 
 
 @pytest.mark.e2e

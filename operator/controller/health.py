@@ -122,7 +122,7 @@ def holding(tpu_nodes: int, not_ready_nodes: int) -> bool:
     )
 
 
-def wait_s(node: Unhealthy, grace_s: float, held: bool, now: datetime.datetime) -> float:
+def grace_left_s(node: Unhealthy, grace_s: float, held: bool, now: datetime.datetime) -> float:
     """Seconds until an unhealthy node stops the job on it (0: now). The partition label acts at once; Ready
     after the grace (HOLD_FACTOR x the grace under a hold), counted from `since`; without a since (never seen
     before), the whole grace from now."""
@@ -194,7 +194,7 @@ def judged(
         found = unhealthy.get(node)
         if found is None:
             continue
-        left = wait_s(found, grace_s, hold, now)
+        left = grace_left_s(found, grace_s, hold, now)
         if left <= 0:
             hits.append(HardwareLoss(node, found.reason, pod, index, selector))
         else:

@@ -56,7 +56,7 @@ JITTER = 0.2  # a standby's polls come RetryPeriod to 1.2 x RetryPeriod apart
 
 
 @dataclasses.dataclass(frozen=True)
-class Timing:
+class LeaseTiming:
     """The election's three durations, in seconds (controller-runtime's defaults)."""
 
     lease_duration_s: float = 15.0
@@ -115,7 +115,7 @@ class Candidate:
     `now` is a monotonic clock (seconds); `wall` the wall clock, used only for the timestamps written into the
     Lease for people and tests to read, never for a decision."""
 
-    def __init__(self, identity: str, timing: Timing):
+    def __init__(self, identity: str, timing: LeaseTiming):
         self.identity, self.timing = identity, timing
         self.observed: Record | None = None
         self.observed_at = -float("inf")  # when (our clock) the record last changed as we saw it
@@ -255,7 +255,7 @@ class Elector:
         self,
         store: LeaseStore,
         identity: str,
-        timing: Timing,
+        timing: LeaseTiming,
         on_change: Callable[[bool], None] = lambda leading: None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,

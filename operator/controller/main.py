@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any
 
-from .leader import Timing
+from .leader import LeaseTiming
 from .rbac import RBAC_RULES, rbac_yaml
 from .reconcile import OperatorConfig
 
@@ -44,7 +44,7 @@ class OperatorOptions:
     verbose: bool = False
     print_rbac: bool = False
     leader_elect: bool = False  # wait to hold the Lease before acting (two replicas or more)
-    leader_timing: Timing = Timing()
+    leader_timing: LeaseTiming = LeaseTiming()
     lease_name: str = "tpu-operator-leader"
     lease_namespace: str = ""  # empty: $POD_NAMESPACE, else "default"
 

@@ -139,15 +139,15 @@ def test_a_not_ready_node_waits_its_grace_counted_from_its_transition_and_the_pa
     # Ready=Unknown since t=10: 90 s of a 120 s grace are spent, 30 s left.
     u = health.judge(not_ready("a", at(10)), first_seen)
     assert (u.reason, u.since, u.at_once) == ("condition Ready=Unknown (NodeStatusUnknown)", parse(at(10)), False)
-    assert health.wait_s(u, 120, False, now) == 30 and health.wait_s(u, 60, False, now) == 0
-    assert health.wait_s(u, 120, True, now) == 5 * 120 - 90  # under a hold: 5 x the grace
-    assert health.wait_s(health.judge(node("b", state="UNHEALTHY"), first_seen), 120, True, now) == 0
+    assert health.grace_left_s(u, 120, False, now) == 30 and health.grace_left_s(u, 60, False, now) == 0
+    assert health.grace_left_s(u, 120, True, now) == 5 * 120 - 90  # under a hold: 5 x the grace
+    assert health.grace_left_s(health.judge(node("b", state="UNHEALTHY"), first_seen), 120, True, now) == 0
     # Untrusted times: missing, unreadable or in the future stand as when the operator first saw it so, so the grace
     # is never skipped and never endless; a time in the past is the API's word (an operator back from an outage).
     for since in (None, "yesterday", 12, at(10_000)):
         u = health.judge(not_ready("a", since), first_seen)
-        assert u.since == first_seen and health.wait_s(u, 120, False, now) == 120, since
-        assert health.wait_s(u, 120, False, parse(at(220))) == 0
+        assert u.since == first_seen and health.grace_left_s(u, 120, False, now) == 120, since
+        assert health.grace_left_s(u, 120, False, parse(at(220))) == 0
     assert health.judge(not_ready("a", at(10), status="True")) is None
     assert health.judge({"metadata": {"name": "a"}}) is None and health.judge({}) is None  # not reported yet
 

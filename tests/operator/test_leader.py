@@ -17,19 +17,19 @@ from tpu_operator.controller.leader import (
     Candidate,
     Conflict,
     Elector,
+    LeaseTiming,
     Record,
-    Timing,
     micro_time,
 )
 
-T = Timing()  # controller-runtime's defaults: 15, 10, 2
+T = LeaseTiming()  # controller-runtime's defaults: 15, 10, 2
 
 
 def test_the_defaults_are_controller_runtimes_and_bad_timings_are_refused():
     assert (T.lease_duration_s, T.renew_deadline_s, T.retry_period_s) == (15.0, 10.0, 2.0)
     for bad in ((10, 10, 2), (15, 20, 2), (15, 10, 9), (15, 10, 0)):
         with pytest.raises(ValueError, match="lease duration > renew deadline"):
-            Timing(*bad)
+            LeaseTiming(*bad)
 
 
 def test_the_first_candidate_creates_the_record():
@@ -63,7 +63,7 @@ def test_the_records_timestamps_are_never_compared_with_this_clock():
 
 
 def test_the_holders_lease_duration_counts_not_the_observers():
-    b = Candidate("b", Timing(30, 20, 2))
+    b = Candidate("b", LeaseTiming(30, 20, 2))
     b.saw(Record("a", 15, "t", "t", 0), now=0.0)
     assert b.may_take(15.0)
 
@@ -71,7 +71,7 @@ def test_the_holders_lease_duration_counts_not_the_observers():
 def test_a_fractional_lease_duration_is_written_rounded_up():
     """The Lease keeps whole seconds: 6.5 s is written as 7, never 6, so a standby never comes sooner than the
     leader's renew deadline allows for."""
-    assert Candidate("a", Timing(6.5, 6.2, 2)).claim(wall=0.0).lease_duration_s == 7
+    assert Candidate("a", LeaseTiming(6.5, 6.2, 2)).claim(wall=0.0).lease_duration_s == 7
 
 
 def test_a_released_lease_is_taken_at_once_and_counts_a_transition():
@@ -197,7 +197,7 @@ def test_a_leader_that_sees_another_holder_exits_at_once():
     async def scenario() -> None:
         store, clock, exits = MemoryLease(), Clock(), []
         a = elector(store, "a", clock, exits)
-        a.candidate.timing = Timing(15, 10, 0.01)  # renew at once in hold()
+        a.candidate.timing = LeaseTiming(15, 10, 0.01)  # renew at once in hold()
         assert await a._try()
         store.lease["spec"]["holderIdentity"] = "intruder"  # type: ignore[index]
         store.lease["metadata"]["resourceVersion"] = "99"  # type: ignore[index]

@@ -37,8 +37,9 @@ def run(kube: FakeKube, when: str, jobset_seen: Any = "index", sample: Sample | 
     return outcome, [n.reason for n in notices]
 
 
-def new_job(kube: FakeKube, **policy: Any) -> None:
-    kube.add_job(tiny_job(failurePolicy={"backoffSeconds": 10, **policy}))
+def new_job(kube: FakeKube, checkpoint: dict[str, Any] | None = None, **policy: Any) -> None:
+    sections = {"checkpoint": checkpoint} if checkpoint else {}
+    kube.add_job(tiny_job(failurePolicy={"backoffSeconds": 10, **policy}, **sections))
     kube.objects[next(iter(kube.objects))]["metadata"]["creationTimestamp"] = T0
     run(kube, at(0), None)
 
@@ -243,7 +244,8 @@ def test_a_diverged_run_fails_by_default_saying_where_and_rewinds_within_its_bud
     assert status.restarts.total == 0
 
     kube = FakeKube()
-    new_job(kube, onDivergence="Rewind", restartBudgets={"diverged": 1}, maxRestarts=5)
+    rewinds = {"onDivergence": "Rewind", "restartBudgets": {"diverged": 1}, "maxRestarts": 5}
+    new_job(kube, checkpoint={"directory": "gs://bucket/ckpt"}, **rewinds)  # a rewind restores a checkpoint
     for attempt in range(2):
         running(kube)
         run(kube, at(100 * attempt + 5))

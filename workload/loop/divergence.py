@@ -44,7 +44,7 @@ MARKER = "divergence.json"
 CHECKED = ("loss", "grad_norm")  # in this order: Divergence.metric names the first that is not finite
 
 
-def check(step: int, values: dict, last_checkpoint_step: int | None) -> Diverged | None:
+def diverged_at(step: int, values: dict, last_checkpoint_step: int | None) -> Diverged | None:
     """The failure of step `step` whose metrics read back as `values`, or None where it was finite."""
     if values.get("finite", True):
         return None

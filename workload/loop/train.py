@@ -461,7 +461,7 @@ class _Reports:
         earlier, finite steps: they finish, and the rewind restores the latest."""
         run = self.run
         last = run.clock.finish_checkpoints(run.ckpt) if run.ckpt else None
-        failure = divergence.check(step, values, last)
+        failure = divergence.diverged_at(step, values, last)
         if run.ckpt and jax.process_index() == 0:
             marker = divergence.write_marker(
                 run.cfg.checkpoint.directory, failure.divergence, run.skipped, run.cfg.divergence.skip_batches
