@@ -39,7 +39,8 @@ def _checkpoints(run_dir):
     return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
 
 
-def test_a_nan_fails_the_job_as_diverged_with_nothing_saved_after_it(tmp_path):
+@pytest.mark.long  # a local run (about 30 s); tests/operator/test_restarts.py and tests/workload/test_divergence.py
+def test_a_nan_fails_the_job_as_diverged_with_nothing_saved_after_it(tmp_path):  # hold each half in the default run
     result, status, run_dir = _run(tmp_path)
     assert result.returncode != 0, result.stdout[-3000:]
     assert status["phase"] == "Failed" and status["restarts"]["total"] == 0
