@@ -132,7 +132,6 @@ def test_a_retryable_exit_restarts_the_whole_slice_after_its_backoff(tmp_path, c
         "preemption": 0,
         "hang": 0,
         "hardware": 0,
-        "diverged": 0,
         cause: 1,
         "total": 1,
     }

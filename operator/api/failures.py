@@ -105,10 +105,13 @@ class RestartCounts(Base):
         default=0,
         ge=0,
     )
-    diverged: int = _desc(
+    # Absent until the first rewind, with no default in the CRD: the previous release's operator reads
+    # status.restarts with its own fields only, and a field it never wrote would stop it (an upgrade's roll,
+    # a rollback; tests/cluster/test_upgrade.py). `count` reads it as 0.
+    diverged: int | None = _desc(
         "Rewinds after a non-finite loss or gradient norm (exit code 43, onDivergence Rewind); charged "
-        "against maxRestarts and restartBudgets.diverged.",
-        default=0,
+        "against maxRestarts and restartBudgets.diverged. Absent: none.",
+        default=None,
         ge=0,
     )
     total: int = _desc("All restarts.", default=0, ge=0)
@@ -119,10 +122,13 @@ class RestartCounts(Base):
     @property
     def charged(self) -> int:
         """The restarts `maxRestarts` is enforced against (over the job's life)."""
-        return sum(getattr(self, c) for c in CHARGED)
+        return sum(self.count(c) for c in CHARGED)
+
+    def count(self, cause: Cause) -> int:
+        return getattr(self, cause) or 0
 
     def plus(self, cause: Cause) -> RestartCounts:
-        return self.model_copy(update={cause: getattr(self, cause) + 1, "total": self.total + 1})
+        return self.model_copy(update={cause: self.count(cause) + 1, "total": self.total + 1})
 
 
 class LastRestart(Base):
@@ -244,7 +250,7 @@ def used(
     decided within the window before `now` (a time after `now`, a clock that moved back, still counts)."""
     window = policy.restart_window_seconds
     if window is None or now is None:
-        return sum(getattr(restarts, c) for c in causes)
+        return sum(restarts.count(c) for c in causes)
     since = now - datetime.timedelta(seconds=window)
     recent = restarts.recent or RecentRestarts()
     return sum(1 for c in causes for t in getattr(recent, c) if t is not None and t > since)

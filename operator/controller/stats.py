@@ -88,7 +88,7 @@ class Stats:
         for bucket in BADPUT_BUCKETS if status.badput is not None else ():
             self.badput.labels(*key, bucket).set(getattr(status.badput, bucket))
         for cause in ("failure", "preemption", "hang", "hardware", "diverged") if status.restarts is not None else ():
-            self.restarts.labels(*key, cause).set(getattr(status.restarts, cause))
+            self.restarts.labels(*key, cause).set(status.restarts.count(cause))
 
     def forget_job(self, key: tuple[str, str]) -> None:
         for gauge, extra in (

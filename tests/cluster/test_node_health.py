@@ -122,7 +122,7 @@ def test_a_node_not_ready_for_less_than_the_grace_restarts_nothing_and_past_it_o
             WAIT_S,
             "a restart after the grace",
         )
-    assert restarts(restarted) == {"failure": 0, "preemption": 0, "hang": 0, "hardware": 1, "diverged": 0, "total": 1}
+    assert restarts(restarted) == {"failure": 0, "preemption": 0, "hang": 0, "hardware": 1, "total": 1}
     last = restarted["lastRestart"]
     assert last["cause"] == "hardware" and last["jobSetUid"] == first, last
     assert f"node {node} of slice 0's pod" in last["message"] and "Ready=False (KubeletNotReady)" in last["message"]

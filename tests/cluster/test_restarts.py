@@ -61,7 +61,6 @@ def test_retryable_exit_restarts_by_cause_after_the_backoff_until_the_budget_is_
         "preemption": 0,
         "hang": 0,
         "hardware": 0,
-        "diverged": 0,
         "total": 1,
     }, restarting["restarts"]
     assert restarting["lastRestart"]["exitCode"] == 42 and restarting["lastRestart"]["jobSetUid"] == first
