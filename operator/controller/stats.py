@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ..api.failures import CAUSES
 from ..api.goodput import BUCKETS as BADPUT_BUCKETS
 from ..api.status import TPUTrainingJobStatus
 
@@ -87,8 +88,9 @@ class Stats:
             self.goodput.labels(*key).set(status.goodput)
         for bucket in BADPUT_BUCKETS if status.badput is not None else ():
             self.badput.labels(*key, bucket).set(getattr(status.badput, bucket))
-        for cause in ("failure", "preemption", "hang", "hardware", "diverged") if status.restarts is not None else ():
-            self.restarts.labels(*key, cause).set(status.restarts.count(cause))
+        if status.restarts is not None:
+            for cause in CAUSES:
+                self.restarts.labels(*key, cause).set(status.restarts.count(cause))
 
     def forget_job(self, key: tuple[str, str]) -> None:
         for gauge, extra in (
