@@ -95,8 +95,10 @@ def snapshot(cluster: Cluster, ns: str, names: list[str]) -> dict[str, tuple[str
 
 
 def test_helm_upgrade_from_the_previous_chart_with_ten_jobs_running_restarts_and_loses_none(
-    local_cluster: Cluster, helm: str, tmp_path
+    local_cluster: Cluster, helm: str, chart: str, tmp_path
 ):
+    # `chart`: the suite's install of this chart puts the CRD as it is now in place first (helm installs a
+    # chart's crds/ only where none exists, so the previous chart's install must not be the first).
     cluster = local_cluster
     commit = previous_release()
     old_chart, old_code = checkout(commit, tmp_path / "previous")
