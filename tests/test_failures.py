@@ -247,6 +247,24 @@ def test_recent_restart_times_are_bounded_by_the_budgets_that_read_them():
     assert old.charged == 1 and old.diverged is None
 
 
+def test_a_status_a_later_operator_wrote_reads_with_its_unknown_fields_left_out():
+    """A rollback: the operator reads a status that a newer version wrote (new counts, condition fields,
+    badput buckets); what it does not know is ignored, so it goes on reconciling (tests/cluster/test_upgrade.py)."""
+    from tpu_operator.api.status import TPUTrainingJobStatus
+
+    status = TPUTrainingJobStatus.model_validate(
+        {
+            "phase": "Running",
+            "restarts": {"failure": 1, "total": 2, "laterCause": 1, "recent": {"laterCause": []}},
+            "conditions": [{"type": "Ready", "status": "True", "laterField": "x"}],
+            "badput": {"laterBucket": 2.0},
+            "plan": {"fits": True, "laterFigure": 1.0},
+        }
+    )
+    assert status.restarts is not None and (status.restarts.failure, status.restarts.total) == (1, 2)
+    assert status.conditions[0].type == "Ready" and status.plan is not None and status.plan.fits
+
+
 def test_a_pod_garbage_collected_with_its_node_is_hardware_and_a_disrupted_one_a_preemption():
     def pod(name, reason=None, code=None):
         status = {"phase": "Failed", "conditions": []}

@@ -33,6 +33,14 @@ class Base(BaseModel):
     )
 
 
+class Recorded(Base):
+    """A part of a job's `.status`, read back from the API server: another version of the operator (an upgrade's
+    roll, a rollback) may have written fields this one does not know, and they are ignored, never an error
+    (the previous release forbade them, so a new status field stopped it: tests/cluster/test_upgrade.py)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
 def _desc(text: str, **kw: Any) -> Any:
     return Field(description=text, **kw)
 

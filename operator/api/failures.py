@@ -51,7 +51,7 @@ import datetime
 from typing import Any, Literal
 
 from .backoff import exponential
-from .contract import Base, _desc
+from .contract import Recorded, _desc
 from .lifecycle import NEVER_RESTARTED, Divergence, ExitCode, Progress, TerminationRecord
 from .spec import FailurePolicySpec
 from .timestamps import Timestamp
@@ -79,7 +79,7 @@ def _recent(cause: str) -> Any:
     )
 
 
-class RecentRestarts(Base):
+class RecentRestarts(Recorded):
     """When each cause's recent restarts were decided: only kept with spec.failurePolicy.restartWindowSeconds,
     and only as many per cause as the largest budget that reads them."""
 
@@ -90,7 +90,7 @@ class RecentRestarts(Base):
     diverged: tuple[Timestamp, ...] = _recent("diverged")
 
 
-class RestartCounts(Base):
+class RestartCounts(Recorded):
     """Restarts of the whole job by cause; `total` is their sum."""
 
     failure: int = _desc("Restarts after a failed pod (an exit code in restartOnExitCodes).", default=0, ge=0)
@@ -131,7 +131,7 @@ class RestartCounts(Base):
         return self.model_copy(update={cause: self.count(cause) + 1, "total": self.total + 1})
 
 
-class LastRestart(Base):
+class LastRestart(Recorded):
     """The latest restart the operator decided: why, and which JobSet it replaced."""
 
     cause: Cause = _desc("failure, preemption, hang, hardware or diverged.")

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .contract import Base, _desc
+from .contract import Recorded, _desc
 from .lifecycle import Progress
 
 BUCKETS = (
@@ -78,7 +78,7 @@ ResizeKind = Literal["shrink", "grow"]  # the next attempt runs on fewer slices,
 FINAL = ("succeeded", "failed", "user")
 
 
-class Badput(Base):
+class Badput(Recorded):
     """Seconds of the job's wall time that did not train, by cause (docs/failures.md: Goodput)."""
 
     queued: float = _desc("Created → pods first running, and suspended time.", default=0.0, ge=0)
@@ -108,14 +108,14 @@ class Badput(Base):
         return total
 
 
-class Attempt(Base):
+class Attempt(Recorded):
     """The attempt in progress: when its pods ran, and the latest its trainer said."""
 
     running_since: float = _desc("Epoch seconds its pods were running (the trainer's own start once known).")
     progress: Progress | None = _desc("The trainer's latest report in this attempt.", default=None)
 
 
-class Unsettled(Base):
+class Unsettled(Recorded):
     """An ended attempt whose surviving steps are known once the next attempt says where it resumed."""
 
     first_step: int = _desc("Its first step (counted as start-up).")
@@ -129,7 +129,7 @@ class Unsettled(Base):
         return self.seconds_per_step * (kept - self.first_step), self.seconds_per_step * (self.step - kept)
 
 
-class Ledger(Base):
+class Ledger(Recorded):
     """The goodput bookkeeping of one job, kept in its status (epoch seconds)."""
 
     productive: float = _desc("Seconds of surviving steps of attempts already settled.", default=0.0, ge=0)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from .contract import Base, StepResources, _desc
+from .contract import Base, Recorded, StepResources, _desc
 from .failures import LastRestart, RestartCounts
 from .goodput import Badput, Ledger
 from .lifecycle import Divergence
@@ -19,7 +19,7 @@ from .timestamps import Timestamp
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
-class Condition(Base):
+class Condition(Recorded):
     """A Kubernetes-shaped condition; `lastTransitionTime` moves only when `status` changes."""
 
     type: str = _desc(
@@ -33,7 +33,7 @@ class Condition(Base):
     observed_generation: int | None = _desc("metadata.generation the condition describes.", default=None)
 
 
-class PlanStatus(Base):
+class PlanStatus(Recorded):
     """What the pre-flight compile found (spec.plan)."""
 
     hbm_per_device_gib: float | None = Field(
@@ -65,7 +65,7 @@ class PlanStatus(Base):
     checked_at: Timestamp | None = _desc("When the pre-flight finished.", default=None)
 
 
-class ProfileStatus(Base):
+class ProfileStatus(Recorded):
     """A profile asked for with the annotation training.tpu-operator.dev/profile (api/profiling.py), as the
     trainer answered it."""
 
@@ -80,7 +80,7 @@ class ProfileStatus(Base):
     message: str | None = _desc("Why it failed, or what the trainer changed (steps already run).", default=None)
 
 
-class SliceStatus(Base):
+class SliceStatus(Recorded):
     """How many slices the job asks for and how many its JobSet runs (fewer after an elastic shrink)."""
 
     desired: int = _desc("spec.tpu.slices.", ge=1)
@@ -103,7 +103,7 @@ class SliceStatus(Base):
 NonFinite = Literal["nan", "inf", "-inf"]
 
 
-class NonFiniteMetrics(Base):
+class NonFiniteMetrics(Recorded):
     """The trainer's values that were not finite at the latest read: JSON has no number for them, so the field
     of that name is left out of the status and this says what it was (never the last finite value)."""
 
