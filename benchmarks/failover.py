@@ -25,9 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.cluster import failover, launcher  # noqa: E402
-from tests.cluster.kube import JOBSETS, Cluster, wait_for  # noqa: E402
+from tests.cluster.kube import JOBSETS, wait_for  # noqa: E402
 
-TPUJOB_CRD = ROOT / "crds" / "tputrainingjob.yaml"
 DONE = ("Suspended", "Succeeded")
 
 
@@ -44,14 +43,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--every", type=float, default=30.0, help="seconds between two kills")
     args = parser.parse_args()
-    running = launcher.current()
-    started = running is None
-    if started:
-        running = launcher.up()
-    try:
-        cluster = Cluster(running.kubeconfig, running.logs, running.audit_log)
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(TPUJOB_CRD))
-        cluster.kubectl("wait", "--for=condition=established", "crd/tputrainingjobs.training.tpu-operator.dev")
+    with launcher.benchmark_cluster() as cluster:
         ns = cluster.namespace("bench-failover")
         cluster.kubectl("create", "serviceaccount", "op", "-n", ns)
         cluster.kubectl("create", "clusterrolebinding", ns, "--clusterrole=cluster-admin", f"--serviceaccount={ns}:op")
@@ -106,9 +98,6 @@ def main() -> None:
         )
         cluster.delete_namespaces()
         cluster.kubectl("delete", "clusterrolebinding", ns, "--ignore-not-found")
-    finally:
-        if started:
-            launcher.down()
 
 
 if __name__ == "__main__":

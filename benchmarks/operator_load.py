@@ -44,7 +44,6 @@ from tests.cluster.kube import JOBS, JOBSETS, Cluster, wait_for  # noqa: E402
 from tests.conftest import EXAMPLES  # noqa: E402
 from tpu_operator.local.pods import free_port  # noqa: E402
 
-TPUJOB_CRD = ROOT / "crds" / "tputrainingjob.yaml"
 # apiserver_request_total series that only an operator adds to here: (verb, resource, subresource).
 OPERATOR_ONLY = {("PATCH", "tputrainingjobs", "status"), ("POST", "jobsets", "")}
 
@@ -221,14 +220,7 @@ def main() -> None:
     example["spec"]["suspend"] = True
     example["spec"].pop("serviceAccountName", None)
     example["spec"]["image"] = "registry.example/tpu-operator/workload:bench"  # the examples name none; no pod runs
-    running = launcher.current()
-    started = running is None
-    if started:
-        running = launcher.up()
-    try:
-        cluster = Cluster(running.kubeconfig, running.logs, running.audit_log)
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(TPUJOB_CRD))
-        cluster.kubectl("wait", "--for=condition=established", "crd/tputrainingjobs.training.tpu-operator.dev")
+    with launcher.benchmark_cluster() as cluster:
         with tempfile.TemporaryDirectory() as tmp:
             for n in args.jobs:
                 floor, ours = (burst(cluster, kind, n, example, Path(tmp)) for kind in ("floor", "tpujob"))
@@ -246,9 +238,6 @@ def main() -> None:
                     f"requests per job {ours['requests_per_job']:.1f} vs {floor['requests_per_job']:.1f}",
                     flush=True,
                 )
-    finally:
-        if started:
-            launcher.down()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ ServiceAccounts).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -361,6 +363,26 @@ def current() -> Running | None:
     pids = json.loads(state.read_text())["pids"]
     kwok_pids = [int(p.read_text()) for p in (directory / "kwok" / "clusters" / NAME / "pids").glob("*.pid")]
     return Running(directory) if kwok_pids and all(_alive(p) for p in [*pids.values(), *kwok_pids]) else None
+
+
+@contextlib.contextmanager
+def benchmark_cluster() -> Iterator[Any]:
+    """For benchmarks/: the cluster `up` left running, else one brought up here and down at the end, with the
+    TPUTrainingJob CRD as it is now applied; a tests.cluster.kube.Cluster."""
+    from tests.cluster.kube import Cluster  # kube does not import the launcher
+
+    running = current()
+    started = running is None
+    if running is None:
+        running = up()
+    try:
+        cluster = Cluster(running.kubeconfig, running.logs, running.audit_log)
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / "tputrainingjob.yaml"))
+        cluster.kubectl("wait", "--for=condition=established", "crd/tputrainingjobs.training.tpu-operator.dev")
+        yield cluster
+    finally:
+        if started:
+            down()
 
 
 def down(quiet: bool = False) -> None:
