@@ -336,7 +336,9 @@ def event_table() -> list[ReasonRow]:
             "a node under the job is NotReady while most TPU nodes are: its stop waits (docs/failures.md).",
         ),
         ReasonRow("Normal", "", "NodesReleased", "the hold on the job's nodes is over."),
-        ReasonRow("Normal", "", "Suspended", "the JobSet is suspended."),
+        ReasonRow(
+            "Normal", "", "Suspended", "the JobSet is suspended (a job made suspended has only its `Created` Event)."
+        ),
         ReasonRow("Normal", "", "Resumed", "the JobSet is resumed."),
         ReasonRow("Normal", "", "Succeeded", "the job succeeded."),
         ReasonRow("Warning", "", "Failed", "the job failed."),

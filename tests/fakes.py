@@ -13,6 +13,7 @@ from tpu_operator.api.status import TPUTrainingJobStatus
 from tpu_operator.api.timestamps import format as rfc3339
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import phases, preflight, reconcile
+from tpu_operator.controller.admitted import AdmittedShapes
 from tpu_operator.controller.kube import BATCH_JOBS, JOBS, JOBSETS, PODS, ApiError, Resource
 from tpu_operator.controller.manager import Manager
 from tpu_operator.controller.metrics_reader import MetricsReader
@@ -117,10 +118,13 @@ def run_reconcile(
     obj: dict[str, Any],
     jobset_seen: dict[str, Any] | None = None,
     config: OperatorConfig | None = None,
+    shapes: AdmittedShapes | None = None,
 ) -> tuple[reconcile.ReconcileResult, list[phases.Notice]]:
     config = config or OperatorConfig()
     notices: list[phases.Notice] = []
-    means = reconcile.Means(kube, config, lambda o, n: notices.append(n), clock=lambda: NOW)
+    means = reconcile.Means(
+        kube, config, lambda o, n: notices.append(n), clock=lambda: NOW, shapes=shapes or AdmittedShapes()
+    )
     outcome = asyncio.run(reconcile.reconcile(means, obj, reconcile.Seen(jobset_seen)))
     return outcome, notices
 

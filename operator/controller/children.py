@@ -20,7 +20,8 @@ from typing import Any
 from ..api import names
 from ..api.models import KIND, TPUTrainingJob
 from ..rendering.manifests import applied_spec, render
-from . import control
+from . import admitted, control
+from .admitted import AdmittedShapes
 from .kube import CONFIGMAPS, JOBSETS, PODS, SECRETS, ApiError, Kube, Obj, Resource
 
 
@@ -115,22 +116,65 @@ async def ensure_children(
     config_map_exists: bool = False,
     gate: Any = None,
     running: int | None = None,
+    shapes: AdmittedShapes | None = None,
 ) -> tuple[Obj, bool]:
     """The control Secret and the ConfigMap (unless known to exist: the pre-flight made it), then the JobSet
     (through `gate`, e.g. the pre-flight's admission gate, when given): (the JobSet, whether it was created
     now). The JobSet comes last: an operator killed in between finds no JobSet and makes them again (a 409
     adopts them), where one found with its JobSet would never be looked for, and its pods would wait for a
-    volume for good."""
+    volume for good.
+
+    Nothing is left half-made by a refusal: the pods, which the API server sees only long after, are
+    admitted first in a dry run (once per shape among `shapes`, admitted.py); a refusal of the ConfigMap,
+    the Secret or the JobSet themselves comes from their own create, and undoes what this call created."""
     if running is not None and running not in job.spec.tpu.slice_counts:  # the spec changed under it: all slices
         running = None
     made_config_map, jobset = await asyncio.to_thread(render, job, default_image, running)  # off the loop, as parsing
     if gate is not None:
         jobset = gate(jobset)
+    shape = admitted.shape(job, default_image, running)
+    if shapes is None or shape not in shapes:
+        await dry_run(kube, job.metadata.namespace, *((PODS, p) for p in pods_of(jobset)))
+        if shapes is not None:
+            shapes.add(shape)
     # The control credential the pods mount (control.py): made with the JobSet, kept if it exists.
     children = [(SECRETS, control.secret(job))] + ([] if config_map_exists else [(CONFIGMAPS, made_config_map)])
-    await dry_run(kube, job.metadata.namespace, *children, (JOBSETS, jobset), *((PODS, p) for p in pods_of(jobset)))
-    await ensure_all(kube, job.metadata.uid or "", *children)
-    return await ensure_child(kube, JOBSETS, jobset, job.metadata.uid or "")
+    uid = job.metadata.uid or ""
+    results = await asyncio.gather(*(ensure_child(kube, r, m, uid) for r, m in children), return_exceptions=True)
+    made = [(r, result[0]) for (r, _), result in zip(children, results) if isinstance(result, tuple) and result[1]]
+    try:
+        for (_, manifest), result in zip(children, results):
+            if isinstance(result, BaseException):
+                raise _refused(manifest, result)
+        return await ensure_child(kube, JOBSETS, jobset, uid)
+    except (ApiError, Inadmissible) as exc:
+        if isinstance(exc, Inadmissible) or inadmissible(exc):
+            await _undo(kube, made)
+            raise _refused(jobset, exc) from None
+        raise
+
+
+def _refused(manifest: Obj, exc: BaseException) -> BaseException:
+    """A create's error as the job shows it: Inadmissible, in the API's words, when the object is refused."""
+    if isinstance(exc, ApiError) and inadmissible(exc):
+        return Inadmissible(f"the API server refuses {manifest['kind']} {manifest['metadata']['name']}: {exc.message}")
+    return exc
+
+
+async def _undo(kube: Kube, made: list[tuple[Resource, Obj]]) -> None:
+    """Delete the children just created (only those uids) when a sibling was refused: nothing half-made."""
+    for resource, obj in made:
+        meta = obj["metadata"]
+        try:
+            await kube.delete(
+                resource,
+                meta.get("namespace", "default"),
+                meta["name"],
+                {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta.get("uid")}},
+            )
+        except ApiError as exc:
+            if exc.status not in (404, 409):  # gone, or no longer that object: nothing of ours to delete
+                raise
 
 
 def pods_of(jobset: Obj) -> list[Obj]:

@@ -32,7 +32,7 @@ import kopf
 from ..api import names
 from ..api.models import GROUP, PLURAL, VERSION
 from ..rendering.preflight import LABEL_ROLE, ROLE
-from . import health, kueue, preflight
+from . import health, kueue, preflight, trimmed
 from .kube import BATCH_JOBS, JOBSETS, Obj
 from .manager import Key, Manager
 
@@ -88,11 +88,11 @@ def register(
 
     @kopf.index(*JOB, id="jobs", registry=registry)
     async def jobs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-        return {(namespace, name): _plain(body)}
+        return {(namespace, name): trimmed.job(body)}
 
     @kopf.index(*JOBSET, id="jobsets", labels=OURS, registry=registry)
     async def jobsets(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-        return {(namespace, name): _plain(body)}
+        return {(namespace, name): trimmed.jobset(body)}  # its pod templates are never read
 
     @kopf.index(**WORKLOAD, id="workloads", when=_owned_by_a_jobset, registry=registry)
     async def workloads(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:

@@ -13,8 +13,10 @@
   generation changes or `refused_retry_s` (10 minutes) passes.
 - A JobSet event or a resync may list the JobSet's pods once, if some are not ready, to say why
   (diagnosis.py); nothing else lists pods, except the metrics reader finding pod 0 once.
-- A ticker adds unfinished jobs with a JobSet every `resync_interval_s` (the reconcile then GETs the
-  JobSet once, to catch up on an event that was lost), and reads the trainer of every Running job every
+- A ticker adds unfinished jobs with a JobSet every `resync_interval_s`, reconciled from the caches,
+  and every `REREAD_EVERY`th time as a `reread`: the reconcile then GETs the JobSet once, to catch up
+  on an event that was lost (client-go's informers resync from their cache alone; one GET per job per
+  resync was the largest request cost of a quiet job), and reads the trainer of every Running job every
   `metrics_interval_s`, outside the workers (a slow trainer never holds up a reconcile), one read per
   job at most: a read due while the job's last one is pending is skipped; the sample is applied, and
   written if something changed, by the next reconcile of that job.
@@ -38,7 +40,7 @@ from typing import Any, TypeVar
 from ..api import names, timestamps
 from ..api.spec import RuntimeSpec
 from ..api.status import TPUTrainingJobStatus
-from . import health, kueue, preflight
+from . import health, kueue, preflight, trimmed
 from .children import owner_of
 from .kube import JOBSETS, ApiError, Kube, Obj
 from .metrics_reader import MetricsReader
@@ -53,9 +55,15 @@ _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
 Index = Mapping[_K, Collection[_V]]  # kopf.Index: key -> a store of the values indexed under it
 # The reason a reconcile ran, for the operator's metrics: the first of these it was queued for.
-TRIGGERS = ("job", "jobset", "workload", "preflight", "node", "resync", "metrics", "retry")
-LOOK_AT_PODS = {"jobset", "resync"}  # the only triggers that may list a JobSet's pods
-LOOK_AT_NODES = {"node", "jobset", "resync"}  # ... and, while a TPU node is unhealthy, a Running job's (health.py)
+TRIGGERS = ("job", "jobset", "workload", "preflight", "node", "reread", "resync", "metrics", "retry")
+REREAD_EVERY = 10  # resyncs of a job per GET of its JobSet
+LOOK_AT_PODS = {"jobset", "reread", "resync"}  # the only triggers that may list a JobSet's pods
+LOOK_AT_NODES = {
+    "node",
+    "jobset",
+    "reread",
+    "resync",
+}  # ... and, while a TPU node is unhealthy, a Running job's (health.py)
 
 
 def _first(store: Collection[Obj] | None) -> Obj | None:
@@ -98,6 +106,7 @@ class Manager:
         self.made: dict[Key, Obj] = {}  # JobSets created or adopted here that the watch has not delivered yet
         self.samples: dict[Key, Sample] = {}
         self.due_resync: dict[Key, float] = {}
+        self.resyncs: dict[Key, int] = {}  # resyncs left before the next reread (a GET of the JobSet)
         self.due_metrics: dict[Key, float] = {}
         self.refused: dict[Key, tuple[int | None, float]] = {}  # a permanent refusal: (generation, retry after)
         self.reads = asyncio.Semaphore(concurrent_reads)
@@ -290,7 +299,7 @@ class Manager:
         if self._held(key, job):
             return "held"
         jobset = self.jobset(key)
-        if "resync" in reasons:  # one GET: the JobSet as it is, whatever the watch delivered
+        if "reread" in reasons:  # one GET: the JobSet as it is, whatever the watch delivered
             try:
                 jobset = await self.kube.get(JOBSETS, key[0], names.jobset_name(key[1]))
             except ApiError as exc:
@@ -314,7 +323,7 @@ class Manager:
                 self.superseded.setdefault(key, set()).add(_rv(job))
             self.written[key] = outcome.job
         if outcome.jobset is not None:
-            self.made[key] = outcome.jobset
+            self.made[key] = trimmed.jobset(outcome.jobset)  # as the index will keep it
         if outcome.requeue_after_s is not None:
             self.queue.add_after(key, outcome.requeue_after_s, "retry")
         if outcome.nodes_after_s is not None:  # a node's grace runs out then (health.py)
@@ -349,6 +358,7 @@ class Manager:
             self.made,
             self.samples,
             self.due_resync,
+            self.resyncs,
             self.due_metrics,
         ):
             table.pop(key, None)
@@ -357,13 +367,20 @@ class Manager:
         self.reader.forget(key[0], names.jobset_name(key[1]))
         self.reader.tokens.forget(key[0], names.jobset_name(key[1]))  # a job made again under the name has its own
 
+    def _resync_kind(self, key: Key) -> str:
+        """`reread` every REREAD_EVERY resyncs of a job (the first after a random number of them, so jobs made
+        together are not read together), else `resync`."""
+        left = self.resyncs.get(key, self.rng.randrange(REREAD_EVERY))
+        self.resyncs[key] = left - 1 if left > 0 else REREAD_EVERY - 1
+        return "resync" if left > 0 else "reread"
+
     async def _ticker(self) -> None:
         while True:
             now = self.clock()
             for key, due in list(self.due_resync.items()):
                 if due <= now:
                     self.due_resync[key] = now + self.config.resync_interval_s
-                    self.queue.add(key, "resync")
+                    self.queue.add(key, self._resync_kind(key))
             for key, due in list(self.due_metrics.items()):
                 if due <= now:
                     self.due_metrics[key] = now + self.config.metrics_interval_s

@@ -227,7 +227,7 @@ def follow(
             notices.append(Notice("Normal", "Succeeded", message))
         elif phase == "Failed":
             notices.append(Notice("Warning", "Failed", message))
-        elif phase == "Suspended":
+        elif phase == "Suspended" and before is not None:  # made suspended: the Created Event is its one Event
             notices.append(Notice("Normal", "Suspended", "the JobSet is suspended"))
         elif before == "Suspended":
             notices.append(Notice("Normal", "Resumed", f"the JobSet is resumed ({phase})"))

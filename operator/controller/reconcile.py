@@ -58,6 +58,7 @@ from . import (
 from . import (
     status as status_lib,
 )
+from .admitted import AdmittedShapes
 from .children import Inadmissible, NameConflict, owner_of
 from .kube import JOBS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 from .metrics_reader import MetricsReader
@@ -101,6 +102,7 @@ class Means:
     emit: Emit
     reader: MetricsReader | None = None
     clock: Clock = timestamps.utc_now
+    shapes: AdmittedShapes = dataclasses.field(default_factory=AdmittedShapes)  # pods admitted lately (admitted.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,6 +286,7 @@ async def converge(
             means.config.default_image,
             planned is not None and planned.config_map_exists,
             running=slices.running if slices and slices.running else None,
+            shapes=means.shapes,
         )
         return Converged(made, created, True, planned.compute if planned else None)
     except NameConflict as exc:

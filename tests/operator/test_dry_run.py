@@ -1,6 +1,8 @@
-"""Before anything of a job is created, the API server is asked, in a dry run, to admit what it renders: the
-ConfigMap, the JobSet and one pod per pod template (children.dry_run). What it refuses makes the job Invalid
-with the API's words, and nothing is created. Over the in-memory API, which refuses as it is told."""
+"""Nothing of a job is left half-made by the API server's refusal. Its pods, which the API server sees only
+when the Job controller makes them, are admitted first in a dry run, once per shape (admitted.py); the
+ConfigMap, the Secret and the JobSet are refused, if at all, by their own create, which undoes what was
+made beside them (children.ensure_children). What it refuses makes the job Invalid with the API's words.
+Over the in-memory API, which refuses as it is told."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from tests.conftest import operator_job as tiny_job
 from tests.conftest import tiny_job as planned_job
 from tests.fakes import FakeKube, job_status, run_reconcile
 from tests.fakes import run_with_preflights as run
+from tpu_operator.controller.admitted import AdmittedShapes
 from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBSETS, PODS, SECRETS, ApiError
 
 TOLERATION = (
@@ -30,17 +33,35 @@ def creates(kube: FakeKube) -> list[tuple[str, str]]:
     return [c for c in kube.calls if c[0] in ("POST", "DRYRUN")]
 
 
-def test_everything_is_dry_run_first_then_created():
+def test_the_pods_are_dry_run_first_then_everything_is_created():
     kube = FakeKube()
-    obj = kube.add_job(tiny_job())
-    outcome, _ = run_reconcile(kube, obj)
+    outcome, _ = run_reconcile(kube, kube.add_job(tiny_job()))
     assert outcome.result == "created"
-    dry = [path for method, path in creates(kube) if method == "DRYRUN"]
-    assert sorted(dry) == sorted(
-        [SECRETS.path("default"), CONFIGMAPS.path("default"), JOBSETS.path("default"), PODS.path("default")]
-    )
-    first_post = next(i for i, c in enumerate(creates(kube)) if c[0] == "POST")
-    assert all(c[0] == "DRYRUN" for c in creates(kube)[:first_post])  # every dry run before the first create
+    assert [path for method, path in creates(kube) if method == "DRYRUN"] == [PODS.path("default")]
+    assert creates(kube)[0] == ("DRYRUN", PODS.path("default"))  # before the first create
+
+
+def test_jobs_of_one_shape_have_their_pods_dry_run_once():
+    kube, shapes = FakeKube(), AdmittedShapes()
+    for i, spec in enumerate([{}, {}, {"image": "registry.example/other:1"}]):
+        kube.calls.clear()
+        doc = tiny_job(**spec)
+        doc["metadata"]["name"] = f"tiny-{i}"
+        outcome, _ = run_reconcile(kube, kube.add_job(doc, uid=f"uid-{i}"), shapes=shapes)
+        assert outcome.result == "created"
+        assert [c for c in creates(kube) if c[0] == "DRYRUN"] == ([] if i == 1 else [("DRYRUN", PODS.path("default"))])
+
+
+def test_a_shape_is_admitted_again_once_its_time_is_up():
+    now = [0.0]
+    shapes = AdmittedShapes(ttl_s=600, size=2, clock=lambda: now[0])
+    shapes.add("a")
+    assert "a" in shapes and "b" not in shapes
+    now[0] = 600.0
+    assert "a" not in shapes
+    for key in ("a", "b", "c"):
+        shapes.add(key)
+    assert "a" not in shapes and "b" in shapes and "c" in shapes  # the least recently admitted goes
 
 
 def test_a_pod_the_api_refuses_makes_the_job_invalid_in_its_words_with_nothing_created():
@@ -56,12 +77,17 @@ def test_a_pod_the_api_refuses_makes_the_job_invalid_in_its_words_with_nothing_c
     assert not [p for p in kube.objects if p.startswith(CONFIGMAPS.path("default"))]
 
 
-@pytest.mark.parametrize("resource, message", [(JOBSETS, WEBHOOK), (PODS, PODSECURITY)])
-def test_a_webhook_or_pod_security_denial_is_invalid_too(resource, message):
+@pytest.mark.parametrize(
+    "resource, message",
+    [(JOBSETS, WEBHOOK), (PODS, PODSECURITY), (CONFIGMAPS, 'admission webhook "cm.example" denied the request')],
+)
+def test_a_webhook_or_pod_security_denial_is_invalid_too_and_leaves_nothing(resource, message):
     kube = FakeKube()
     kube.refuse[resource] = ApiError(403, message, "POST")
     run_reconcile(kube, kube.add_job(tiny_job()))
     assert job_status(kube).phase == "Invalid" and message in job_status(kube).message
+    left = [p for p in kube.objects if p.startswith((CONFIGMAPS.path("default"), SECRETS.path("default")))]
+    assert left == [] and kube.jobset() is None
 
 
 def test_rbac_or_quota_refusals_are_not_the_jobs():

@@ -336,7 +336,7 @@ def test_a_conflicting_status_write_rereads_once_then_leaves_it():
 # --- the manager ------------------------------------------------------------------------------------------------
 
 
-def test_manager_resync_catches_up_a_lost_completion_with_one_get():
+def test_manager_reread_catches_up_a_lost_completion_with_one_get():
     async def scenario() -> None:
         kube = FakeKube()
         manager, clock, notices = manager_for(kube)
@@ -350,7 +350,9 @@ def test_manager_resync_catches_up_a_lost_completion_with_one_get():
         kube.objects[JOBSETS.path("default", "tiny")]["status"] = jobset(conditions=("Completed",))["status"]
         index[("default", "tiny")] = [kube.job()]
         kube.calls.clear()
-        manager.add(("default", "tiny"), "resync")
+        manager.add(("default", "tiny"), "resync")  # a resync from the caches: no request, nothing new
+        assert await drain(manager, index, jobset_index) == ["followed"] and kube.calls == []
+        manager.add(("default", "tiny"), "reread")
         assert await drain(manager, index, jobset_index) == ["followed"]
         # The JobSet once, pod 0 for the trainer's final values (there is none here), the status once.
         assert [c[0] for c in kube.calls] == ["GET", "LIST", "PATCH"]
@@ -369,7 +371,7 @@ def test_manager_recreates_a_missing_jobset_exactly_once():
         await drain(manager, index, {})
         del kube.objects[JOBSETS.path("default", "tiny")]  # deleted, and its DELETED event lost
         index[("default", "tiny")] = [kube.job()]
-        manager.add(("default", "tiny"), "resync")
+        manager.add(("default", "tiny"), "reread")
         assert await drain(manager, index, {("default", "tiny"): [{"metadata": {"name": "stale"}}]}) == ["created"]
         manager.add(("default", "tiny"), "resync")
         index[("default", "tiny")] = [kube.job()]
@@ -377,6 +379,13 @@ def test_manager_recreates_a_missing_jobset_exactly_once():
         assert writes(kube).count(("POST", JOBSETS.path("default"))) == 2  # the first one and the re-creation
 
     asyncio.run(scenario())
+
+
+def test_manager_rereads_a_jobset_once_every_ten_resyncs_of_its_job():
+    manager, _, _ = manager_for(FakeKube())
+    kinds = [manager._resync_kind(("default", "tiny")) for _ in range(30)]
+    assert kinds.count("reread") == 3 and kinds.count("resync") == 27
+    assert {kinds.index("reread", 10 * i, 10 * i + 10) - 10 * i for i in range(3)} == {kinds.index("reread")}
 
 
 def test_manager_remembers_the_jobset_it_created_until_the_watch_delivers_it():
