@@ -1,6 +1,6 @@
 """The operator against the floor, in one run, on the real API server of the local cluster (tests/cluster).
 
-    python benchmarks/operator_load.py [--jobs 100 500]
+    python benchmarks/operator_load.py [--jobs 100 500 2000]
 
 Needs the built cluster (`bash scripts/build-cluster.sh`); it uses one that `python -m tests.cluster up`
 left running, or brings one up and down itself.
@@ -10,7 +10,9 @@ For N jobs created back to back (the 8B example's spec, so both operators render
 controller makes the Jobs but no pods: the scheduler and kwok stay out of the measurement), for the floor
 (benchmarks/floor_operator.py: bare kopf, POST the JobSet, one status patch) and for `tpujob operator`,
 each in a namespace of its own, it prints create -> JobSet and create -> first status (p50/p95/p99, seen
-through watches), the API requests per job and the operator's peak RSS (VmHWM); then ours over the floor.
+through watches), the API requests per job and the operator's peak RSS (VmHWM); then ours over the floor,
+against issue 30's targets: p50 and p99 at most 1.1x the floor's, at most one request per job more than
+the floor, peak RSS at most 150 MiB at 500 jobs and 250 MiB at 2,000.
 
 Requests are counted twice: exactly, per operator, in the API server's audit log (each operator runs
 with a token of a ServiceAccount of its own; watches left out), and with the API server's own counter
@@ -45,6 +47,7 @@ from tests.conftest import EXAMPLES  # noqa: E402
 from tpu_operator.local.pods import free_port  # noqa: E402
 
 # apiserver_request_total series that only an operator adds to here: (verb, resource, subresource).
+RSS_TARGET_MIB = {500: 150, 2000: 250}  # issue 30: peak RSS of the operator at that many jobs
 OPERATOR_ONLY = {("PATCH", "tputrainingjobs", "status"), ("POST", "jobsets", "")}
 
 
@@ -79,6 +82,12 @@ def vm_hwm_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def quantiles(samples: list[float]) -> dict[str, float]:
@@ -128,7 +137,8 @@ def operator(kind: str, kubeconfig: Path, namespace: str, workdir: Path) -> Iter
             "--metrics-port",
             str(free_port()),
         ]
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p)  # yours first: a before/after
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": path}
     with open(workdir / f"{kind}.log", "wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -164,7 +174,7 @@ def burst(cluster: Cluster, kind: str, n: int, example: dict, workdir: Path) -> 
             create("warmup")  # the operator is up and watching before the clock starts
             wait_for(lambda: "warmup" in statuses.first, 180, f"{kind} to handle a warm-up job")
             time.sleep(1)
-            since, before = time.time(), request_counters(cluster)
+            since, before, cpu_before = time.time(), request_counters(cluster), cpu_s(process.pid)
             created: dict[str, float] = {}
             start = time.monotonic()
             for i in range(n):
@@ -179,7 +189,7 @@ def burst(cluster: Cluster, kind: str, n: int, example: dict, workdir: Path) -> 
             )
             whole = time.monotonic() - start
             time.sleep(2)  # requests the last jobs still trigger
-            after = request_counters(cluster)
+            after, cpu = request_counters(cluster), cpu_s(process.pid) - cpu_before
             user = f"system:serviceaccount:{ns}:{account}"
             audited = collections.Counter(
                 f"{e['verb']} {e['resource']}"
@@ -191,6 +201,7 @@ def burst(cluster: Cluster, kind: str, n: int, example: dict, workdir: Path) -> 
                 "jobs": n,
                 "whole_s": whole,
                 "rss_mib": vm_hwm_mib(process.pid),
+                "cpu_ms_per_job": 1e3 * cpu / n,
                 "to_jobset": quantiles([jobsets.first[m] - t for m, t in created.items()]),
                 "to_status": quantiles([statuses.first[m] - t for m, t in created.items()]),
                 "requests_per_job": sum(audited.values()) / n,
@@ -213,7 +224,7 @@ def fmt(q: dict[str, float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, nargs="+", default=[100, 500])
+    parser.add_argument("--jobs", type=int, nargs="+", default=[100, 500, 2000])
     args = parser.parse_args()
     example = yaml.safe_load((EXAMPLES / "llama3-8b-fsdp.yaml").read_text())
     example["spec"]["plan"] = {"preflight": "skip"}
@@ -228,14 +239,23 @@ def main() -> None:
                     print(
                         f"{r['kind']:7s} {n:4d} jobs: create->JobSet {fmt(r['to_jobset'])} | create->status "
                         f"{fmt(r['to_status'])} | {r['requests_per_job']:.1f} req/job | whole {r['whole_s']:.1f} s"
-                        f" | peak RSS {r['rss_mib']:.0f} MiB\n        audit: {r['by_kind']}\n"
+                        f" | peak RSS {r['rss_mib']:.0f} MiB | CPU {r['cpu_ms_per_job']:.1f} ms/job\n        audit: {r['by_kind']}\n"
                         f"        apiserver_request_total per job: {r['counter_per_job']}",
                         flush=True,
                     )
                 ratio = {q: ours["to_jobset"][q] / floor["to_jobset"][q] for q in ("p50", "p99")}
+                rss_target = RSS_TARGET_MIB.get(n)
+                met = {
+                    "p50": ratio["p50"] <= 1.1,
+                    "p99": ratio["p99"] <= 1.1,
+                    "requests": ours["requests_per_job"] <= floor["requests_per_job"] + 1,
+                    "rss": rss_target is None or ours["rss_mib"] <= rss_target,
+                }
                 print(
                     f"ours/floor at {n} jobs: create->JobSet p50 x{ratio['p50']:.2f}, p99 x{ratio['p99']:.2f}; "
-                    f"requests per job {ours['requests_per_job']:.1f} vs {floor['requests_per_job']:.1f}",
+                    f"requests per job {ours['requests_per_job']:.2f} vs {floor['requests_per_job']:.2f}; peak RSS "
+                    f"{ours['rss_mib']:.0f} MiB{f' (target {rss_target})' if rss_target else ''}; targets "
+                    + ", ".join(f"{k} {'met' if ok else 'MISSED'}" for k, ok in met.items()),
                     flush=True,
                 )
 

@@ -379,8 +379,10 @@ def _label_values() -> dict[str, str]:
         "bucket": ", ".join(BUCKETS),
         "cause": ", ".join(get_args(Cause)),
         "result": "the reconcile's outcome (`created`, `adopted`, `followed`, `waiting`, `invalid`, `gone`... "
-        "as `controller/reconcile.py` returns them); `error` (an exception) and `api_error` (an API "
-        "error) are retried and counted in `tpu_operator_reconcile_errors_total` too",
+        "as `controller/reconcile.py` returns them); `held` (refused for good, not tried yet) and `echo` "
+        "(the watch delivered the operator's own status write: not reconciled) from the manager; `error` (an "
+        "exception) and `api_error` (an API error) are retried and counted in "
+        "`tpu_operator_reconcile_errors_total` too",
         "namespace": "the job's namespace",
         "job": "the job's name",
         "state": "total (every TPU node), not_ready (Ready False or Unknown)",

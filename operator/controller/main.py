@@ -65,6 +65,7 @@ def _settings(options: OperatorOptions) -> Any:  # kopf.OperatorSettings: kopf i
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
     handlers.select_server_side(settings)
+    settings.persistence.diffbase_storage = handlers.NoEssence()  # no change handlers: nothing to diff
     return settings
 
 

@@ -291,13 +291,23 @@ class Manager:
         self.refused.pop(key, None)
         return False
 
+    def _echo(self, key: Key) -> bool:
+        """The watch delivers the status this operator wrote, and nothing else changed: its reconcile would
+        compute from what the write was computed from (a JobSet, a sample or a node has a trigger of its
+        own), so it is not run. The filter controller-runtime users write as a predicate, on every job."""
+        mine, seen = self.written.get(key), _first(self.jobs.get(key))
+        return mine is not None and seen is not None and _rv(seen) == _rv(mine)
+
     async def _reconcile(self, key: Key, reasons: set[str]) -> str:
+        echo = reasons == {"job"} and self._echo(key)
         job = self.job(key)
         if job is None:
             self._drop(key)
             return "gone"
         if self._held(key, job):
             return "held"
+        if echo:
+            return "echo"
         jobset = self.jobset(key)
         if "reread" in reasons:  # one GET: the JobSet as it is, whatever the watch delivered
             try:
