@@ -280,7 +280,7 @@ class Manager:
             return "refused"
         if written is not None and written is not job:
             self.superseded.setdefault(key, set()).add(_rv(job))
-            self.written[key] = written
+            self.written[key] = trimmed.job(written)
         return "refused"
 
     def _held(self, key: Key, job: Obj) -> bool:
@@ -329,9 +329,11 @@ class Manager:
         )
         outcome = await reconcile(self.means, job, seen)
         if outcome.job is not None:
-            if outcome.job is not job:  # a status write: the version it was computed from is older now
+            written = outcome.job
+            if written is not job:  # a status write: the version it was computed from is older now
                 self.superseded.setdefault(key, set()).add(_rv(job))
-            self.written[key] = outcome.job
+                written = trimmed.job(written)  # as the index keeps it
+            self.written[key] = written
         if outcome.jobset is not None:
             self.made[key] = trimmed.jobset(outcome.jobset)  # as the index will keep it
         if outcome.requeue_after_s is not None:
