@@ -7,6 +7,7 @@ queue           the rate-limited work queue, where transient failures are retrie
 reconcile       the level-triggered logic over a small API-client protocol: converge, observe, act
 kube            the Kubernetes API as the controller uses it (the `Kube` protocol and its client)
 children        a job's ConfigMap, JobSet and pre-flight Job: made to exist, adopted, replaced
+drift           hand edits of what the operator rendered on the JobSet and ConfigMap: put back, or reported
 steps           the status pipeline: the new status and its Events from what one reconcile observed (pure)
 status          how each thing the controller learns changes a job's status (pure)
 phases          JobSet status -> job phase, conditions and Events (pure)

@@ -215,12 +215,6 @@ def _listed(items: tuple[str, ...]) -> str:
     return named + (f" and {len(items) - MAX_ITEMS} more" if len(items) > MAX_ITEMS else "")
 
 
-def _state(found: Found) -> tuple[ConditionStatus, str]:
-    if found.edited:
-        return "False", "Edited"
-    return ("False", "ConfigMapLost") if found.lost else ("True", "Reverted")
-
-
 def recorded(
     status: TPUTrainingJobStatus, found: Found | None, now: datetime.datetime, generation: int | None
 ) -> tuple[TPUTrainingJobStatus, list[Notice]]:
@@ -236,7 +230,13 @@ def recorded(
     parts += [f"lost: {_listed(found.lost)}"] if found.lost else []
     if parts:
         message = "; ".join(parts)
-        state, reason = _state(found)
+        state: ConditionStatus
+        if found.edited:
+            state, reason = "False", "Edited"
+        elif found.lost:
+            state, reason = "False", "ConfigMapLost"
+        else:
+            state, reason = "True", "Reverted"
         conds = set_condition(conds, CONDITION, state, reason, message, now, generation)
         if found.reverted or before is None or (before.status, before.message) != (state, message):
             notices.append(Notice("Warning", "ChildEdited", message))
