@@ -149,11 +149,12 @@ async def follow_jobset(
     """Put the JobSet's rendered labels and annotations back where they drifted (one patch, none if nothing
     did): the JobSet as it is now, and what was found. A patch the API refuses (a webhook) is reported."""
     meta = jobset.get("metadata") or {}
-    labels, annotations = await asyncio.to_thread(jobset_metadata, job)  # the spec's JSON: off the loop, as parsing
-    made_now = digest(annotations[names.APPLIED_SPEC]) if created else None  # from the current spec, just now
-    recorded = made_now or (status.children or ChildrenStatus()).applied_spec_digest
-    if created or meta.get("deletionTimestamp") or replaced(status, meta.get("uid")):  # new, or going
+    recorded = (status.children or ChildrenStatus()).applied_spec_digest
+    if meta.get("deletionTimestamp") or replaced(status, meta.get("uid")):  # going: nothing to keep
         return jobset, Found(recorded)
+    labels, annotations = await asyncio.to_thread(jobset_metadata, job)  # the spec's JSON: off the loop, as parsing
+    if created:  # rendered from the current spec just now
+        return jobset, Found(digest(annotations[names.APPLIED_SPEC]))
     patch, restored, left, recorded = compare(meta, labels, annotations, recorded)
     where = f"JobSet {cut(meta.get('name', ''))}"
     edited = tuple(f"{where} {f}" for f in left)
