@@ -285,6 +285,13 @@ def event_table() -> list[ReasonRow]:
         ),
         ReasonRow("Warning", "", "NameConflict", "a child's name is taken by an object this job does not own."),
         ReasonRow("Warning", "", "SpecChangeRefused", "a spec change after the JobSet exists was refused."),
+        ReasonRow(
+            "Warning",
+            "",
+            "ChildEdited",
+            "a hand edit of the labels or annotations the operator renders on the JobSet or ConfigMap, or the "
+            "ConfigMap's deletion, was put back or is reported (`ChildrenAsMade`), once per edit.",
+        ),
         ReasonRow("Normal", "", "Planned", "the pre-flight says the step fits."),
         ReasonRow("Warning", "", "DoesNotFit", "the pre-flight says it does not fit: no JobSet for this spec."),
         ReasonRow(

@@ -24,7 +24,7 @@ class Condition(Recorded):
 
     type: str = _desc(
         "Ready, Planned, SpecChange, Admitted, Scheduled, ContainersReady, Running, Succeeded, Failed, Metrics, Hung, "
-        "NodesHeld."
+        "NodesHeld, ChildrenAsMade."
     )
     status: ConditionStatus = _desc("True, False or Unknown.")
     reason: str = _desc("CamelCase reason.", default="")
@@ -114,6 +114,24 @@ class NonFiniteMetrics(Recorded):
     mfu: NonFinite | None = _desc("status.mfu was this.", default=None)
 
 
+class ChildrenStatus(Recorded):
+    """What the operator keeps to tell its JobSet and ConfigMap as it made them from a hand edit of them
+    (controller/drift.py, docs/operations.md#hand-edits-of-a-jobs-jobset-or-configmap)."""
+
+    applied_spec_digest: str | None = _desc(
+        "sha256 (16 hex digits) of the JobSet's applied-spec annotation as the operator made it, or as it first "
+        "saw it (a JobSet made by an earlier version): the spec the JobSet was made from.",
+        default=None,
+        max_length=64,
+    )
+    edits: int | None = _desc(
+        "Hand edits of the JobSet's or ConfigMap's labels or annotations, or deletions of the ConfigMap, found "
+        "so far: each reverted or reported once (condition ChildrenAsMade, one Warning Event each).",
+        default=None,
+        ge=0,
+    )
+
+
 Phase = Literal["Pending", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Invalid"]
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -178,6 +196,10 @@ class TPUTrainingJobStatus(Base):
     )
     badput: Badput | None = _desc("The rest of the wall time, in seconds, by cause.", default=None)
     accounting: Ledger | None = _desc("The goodput ledger the figures above are computed from.", default=None)
+    children: ChildrenStatus | None = _desc(
+        "What the JobSet was made from, and the hand edits of it or of the ConfigMap found (condition ChildrenAsMade).",
+        default=None,
+    )
     profile: ProfileStatus | None = _desc(
         "The latest profile asked for with the annotation training.tpu-operator.dev/profile, and where its trace is.",
         default=None,

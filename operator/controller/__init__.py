@@ -9,6 +9,7 @@ kube            the Kubernetes API as the controller uses it (the `Kube` protoco
 children        a job's ConfigMap, JobSet and pre-flight Job: made to exist, adopted, replaced
 admitted        the pod shapes the API server admitted lately: one dry run per shape, not per job
 trimmed         what the indices keep of a job and a JobSet: the fields the reconcile reads
+drift           hand edits of what the operator rendered on the JobSet and ConfigMap: put back, or reported
 steps           the status pipeline: the new status and its Events from what one reconcile observed (pure)
 status          how each thing the controller learns changes a job's status (pure)
 phases          JobSet status -> job phase, conditions and Events (pure)

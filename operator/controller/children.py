@@ -5,7 +5,8 @@ Names are deterministic, so an operator killed at any point and restarted create
 references), and is a `NameConflict` otherwise (the user's to resolve). A ConfigMap is adopted only
 with the contents its name stands for (`<job>-config-<hash of config.json>`, rendering/manifests.py);
 one with other contents is replaced, never trusted. ConfigMaps of earlier configs (edits before the
-JobSet existed) are owned by the job and go with it. I/O only; what to do is
+JobSet existed) are owned by the job and go with it. A child's owner is its controller ownerReference, not its
+labels (`owner_of`). I/O only; what to do is
 decided by the reconcile (reconcile.py) and the pre-flight (preflight.py), which both import this
 module and nothing imports back.
 """
@@ -38,14 +39,15 @@ def owner_uids(obj: Obj) -> list[str]:
     return [ref.get("uid") for ref in (obj.get("metadata") or {}).get("ownerReferences") or []]
 
 
-def owner_of(jobset: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(namespace, job name, job uid) of the TPUTrainingJob that controls this JobSet."""
-    meta = jobset.get("metadata") or {}
-    name = (meta.get("labels") or {}).get(names.LABEL_JOB)
+def owner_of(child: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(namespace, job name, job uid) of the TPUTrainingJob that controls this JobSet (or ConfigMap): its
+    controller ownerReference, which the operator set when it made it. Not its job label: a label anyone may
+    edit is drift (drift.py), and a JobSet relabelled stays its true owner's, never the labelled job's."""
+    meta = child.get("metadata") or {}
     ref = next((r for r in meta.get("ownerReferences") or [] if r.get("kind") == KIND and r.get("controller")), None)
-    if not name or ref is None or ref.get("name") != name:
+    if ref is None or not ref.get("name") or not ref.get("uid"):
         return None
-    return meta.get("namespace", "default"), name, ref["uid"]
+    return meta.get("namespace", "default"), str(ref["name"]), str(ref["uid"])
 
 
 async def ensure_child(kube: Kube, resource: Resource, manifest: Obj, owner_uid: str) -> tuple[Obj, bool]:
@@ -245,9 +247,16 @@ def changed_fields(before: Any, after: Any, path: str = "spec") -> list[str]:
 
 
 def refused_changes(jobset: Obj, job: TPUTrainingJob) -> list[str]:
-    """The spec fields changed since the JobSet was made (its applied-spec annotation)."""
+    """The spec fields changed since the JobSet was made (its applied-spec annotation). One edited into what is
+    not a spec (reported by drift.py, which puts it back unless the spec changed) names the whole spec."""
     applied = ((jobset.get("metadata") or {}).get("annotations") or {}).get(names.APPLIED_SPEC)
-    return changed_fields(json.loads(applied), applied_spec(job)) if applied else []
+    if not applied:
+        return []
+    try:
+        made = json.loads(applied)
+    except ValueError:
+        made = None
+    return changed_fields(made, applied_spec(job)) if isinstance(made, dict) else ["spec"]
 
 
 async def delete_unstarted(kube: Kube, jobset: Obj) -> None:

@@ -100,6 +100,22 @@ TYPES: tuple[ConditionType, ...] = (
         ),
     ),
     ConditionType(
+        "ChildrenAsMade",
+        "True",
+        "the labels and annotations the operator renders on the JobSet and ConfigMap are as it made them, and the "
+        "ConfigMap the JobSet mounts exists (set once a hand edit is found: controller/drift.py)",
+        (
+            _r("Reverted", "True: a hand edit was put back (the message names the object and fields)"),
+            _r(
+                "Edited",
+                "False: a hand edit is left as found: the applied-spec annotation after a refused spec change (it "
+                "cannot be known), or a restore the API refused",
+            ),
+            _r("ConfigMapLost", "False: the ConfigMap was deleted and the current spec no longer renders it"),
+            _r("AsMade", "True: the JobSet's edit was undone by hand"),
+        ),
+    ),
+    ConditionType(
         "Resized",
         "False",
         "an elastic job runs on fewer slices than spec.tpu.slices (docs/elastic.md)",

@@ -13,7 +13,9 @@
   that once, and runs everything else without waiting for it; it starts watching if Kueue's CRDs
   appear later.
 - Events of any of them (created, changed, deleted, or listed at start-up): the job's key goes into
-  the manager's work queue.
+  the manager's work queue; the JobSet's whose job label was edited away too (drift.py).
+- Events of the ConfigMaps labelled `training.tpu-operator.dev/job` (no index): the job's key goes into the
+  queue only when the one its JobSet mounts was edited or deleted (manager.config_map_seen).
 - Start-up and clean-up: the manager's workers and ticker.
 
 kopf writes nothing on the objects: no finalizers (children go by owner references and garbage
@@ -51,6 +53,7 @@ PREFLIGHT = (BATCH_JOBS.group, BATCH_JOBS.version, BATCH_JOBS.plural)
 # A label's value or kopf.PRESENT (whose type, kopf's MetaFilterToken, kopf does not export).
 OUR_PREFLIGHTS: dict[str, Any] = {names.LABEL_JOB: kopf.PRESENT, LABEL_ROLE: ROLE}
 NODE = ("", "v1", "nodes")
+CONFIGMAP = ("", "v1", "configmaps")
 TPU_NODES = {health.ACCELERATOR_LABEL: kopf.PRESENT}  # GKE's TPU nodes only: no other node is cached
 # The same filters as label selectors of the watches themselves (kopf >= 1.45: settings.watching.label_selectors).
 # A handler's `labels=` is kopf's own filter, applied after the event arrived: without these, every JobSet, batch
@@ -59,6 +62,7 @@ SERVER_SIDE = {
     JOBSET: names.LABEL_JOB,
     PREFLIGHT: f"{names.LABEL_JOB},{LABEL_ROLE}={ROLE}",
     NODE: health.ACCELERATOR_LABEL,
+    CONFIGMAP: names.LABEL_JOB,
 }
 
 
@@ -138,9 +142,15 @@ def register(
         assert namespace is not None  # TPUTrainingJobs are namespaced
         manager.add((namespace, name), "job")
 
-    @kopf.on.event(*JOBSET, id="jobset", labels=OURS, registry=registry)
-    async def jobset_event(body: kopf.Body, **_: Any) -> None:
-        manager.jobset_seen(body)
+    # No `labels=`: the watch's selector (SERVER_SIDE) sends only ours, and a JobSet whose job label is edited
+    # away leaves it as a DELETED event without the label, which must still reach its job (drift.py).
+    @kopf.on.event(*JOBSET, id="jobset", registry=registry)
+    async def jobset_event(body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002 - kopf's name
+        manager.jobset_seen(body, deleted=type == "DELETED")
+
+    @kopf.on.event(*CONFIGMAP, id="configmap", registry=registry)  # no index: nothing of them is kept
+    async def config_map_event(body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002 - kopf's name
+        manager.config_map_seen(body, deleted=type == "DELETED")
 
     @kopf.on.event(*PREFLIGHT, id="preflight", labels=OUR_PREFLIGHTS, registry=registry)
     async def preflight_event(body: kopf.Body, **_: Any) -> None:

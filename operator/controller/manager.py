@@ -11,6 +11,9 @@
   refuses for good (`ApiError.permanent`: 400, 403, 422, 404 on a create) is not retried: it is shown on
   the job (Reconciled=False with the API's words, one Warning Event) and the job is held until its
   generation changes or `refused_retry_s` (10 minutes) passes.
+- A JobSet that leaves the JobSet watch (its job label edited: the watch says DELETED) is GET once by its
+  name; a ConfigMap event queues its job only when the ConfigMap the JobSet mounts lost labels the operator
+  rendered, or was deleted (drift.py). Neither is cached.
 - A JobSet event or a resync may list the JobSet's pods once, if some are not ready, to say why
   (diagnosis.py); nothing else lists pods, except the metrics reader finding pod 0 once.
 - A ticker adds unfinished jobs with a JobSet every `resync_interval_s`, reconciled from the caches,
@@ -40,8 +43,8 @@ from typing import Any, TypeVar
 from ..api import names, timestamps
 from ..api.spec import RuntimeSpec
 from ..api.status import TPUTrainingJobStatus
-from . import health, kueue, preflight, trimmed
-from .children import owner_of
+from . import drift, health, kueue, preflight, trimmed
+from .children import config_map_of, owner_of
 from .kube import JOBSETS, ApiError, Kube, Obj
 from .metrics_reader import MetricsReader
 from .queue import WorkQueue
@@ -55,15 +58,10 @@ _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
 Index = Mapping[_K, Collection[_V]]  # kopf.Index: key -> a store of the values indexed under it
 # The reason a reconcile ran, for the operator's metrics: the first of these it was queued for.
-TRIGGERS = ("job", "jobset", "workload", "preflight", "node", "reread", "resync", "metrics", "retry")
+TRIGGERS = ("job", "jobset", "configmap", "workload", "preflight", "node", "reread", "resync", "metrics", "retry")
 REREAD_EVERY = 10  # resyncs of a job per GET of its JobSet
 LOOK_AT_PODS = {"jobset", "reread", "resync"}  # the only triggers that may list a JobSet's pods
-LOOK_AT_NODES = {
-    "node",
-    "jobset",
-    "reread",
-    "resync",
-}  # ... and, while a TPU node is unhealthy, a Running job's (health.py)
+LOOK_AT_NODES = {"node", "jobset", "reread", "resync"}  # ... and, while a TPU node is unhealthy, a Running job's
 
 
 def _first(store: Collection[Obj] | None) -> Obj | None:
@@ -104,6 +102,8 @@ class Manager:
         self.written: dict[Key, Obj] = {}
         self.superseded: dict[Key, set[str | None]] = {}  # resourceVersions older than `written`'s
         self.made: dict[Key, Obj] = {}  # JobSets created or adopted here that the watch has not delivered yet
+        self.unlabelled: dict[Key, str] = {}  # JobSets that left the watch's selector (their job label was edited)
+        self.config_map_edits: dict[Key, drift.ConfigMapEdit] = {}  # hand edits the ConfigMap watch saw (drift.py)
         self.samples: dict[Key, Sample] = {}
         self.due_resync: dict[Key, float] = {}
         self.resyncs: dict[Key, int] = {}  # resyncs left before the next reread (a GET of the JobSet)
@@ -146,10 +146,28 @@ class Manager:
     def add(self, key: Key, reason: str) -> None:
         self.queue.add(key, reason)
 
-    def jobset_seen(self, jobset: Mapping[str, Any]) -> None:
+    def jobset_seen(self, jobset: Mapping[str, Any], deleted: bool = False) -> None:
+        """A JobSet changed: reconcile the job that controls it. One deleted from the watch without its job label
+        was not deleted: it left the watch's selector; the reconcile GETs it (the index no longer has it)."""
         owner = owner_of(jobset)
-        if owner is not None:
-            self.queue.add(owner[:2], "jobset")
+        if owner is None:
+            return
+        meta = jobset.get("metadata") or {}
+        if deleted and names.LABEL_JOB not in (meta.get("labels") or {}):
+            self.unlabelled[owner[:2]] = str(meta.get("name"))
+        self.queue.add(owner[:2], "jobset")
+
+    def config_map_seen(self, config_map: Mapping[str, Any], deleted: bool = False) -> None:
+        """A ConfigMap labelled as a job's changed: reconcile the job only when the one its JobSet mounts was
+        edited or deleted (drift.config_map_edit: O(1), no request, nothing of it kept but its name)."""
+        found = drift.config_map_edit(config_map, deleted)
+        if found is None:
+            return
+        key, edit = found
+        jobset = self.jobset(key)
+        if jobset is not None and config_map_of(jobset) == edit[0]:
+            self.config_map_edits[key] = edit
+            self.queue.add(key, "configmap")
 
     def preflight_seen(self, job: Mapping[str, Any]) -> None:
         """A pre-flight Job changed: reconcile the job it plans (preflight.py)."""
@@ -308,8 +326,8 @@ class Manager:
             return "held"
         if echo:
             return "echo"
-        jobset = self.jobset(key)
-        if "reread" in reasons:  # one GET: the JobSet as it is, whatever the watch delivered
+        jobset, left = self.jobset(key), self.unlabelled.pop(key, None)
+        if "reread" in reasons or (jobset is None and left):  # one GET: the JobSet as it is, whatever the watch says
             try:
                 jobset = await self.kube.get(JOBSETS, key[0], names.jobset_name(key[1]))
             except ApiError as exc:
@@ -326,8 +344,11 @@ class Manager:
             unhealthy=self.unhealthy(),
             look_at_nodes=bool(reasons & LOOK_AT_NODES),
             hold=self.hold_message(),
+            config_map=self.config_map_edits.get(key),
         )
         outcome = await reconcile(self.means, job, seen)
+        if seen.config_map is not None and self.config_map_edits.get(key) == seen.config_map:
+            del self.config_map_edits[key]  # handled (a failed reconcile keeps it for its retry)
         if outcome.job is not None:
             written = outcome.job
             if written is not job:  # a status write: the version it was computed from is older now
@@ -368,6 +389,8 @@ class Manager:
             self.superseded,
             self.refused,
             self.made,
+            self.unlabelled,
+            self.config_map_edits,
             self.samples,
             self.due_resync,
             self.resyncs,

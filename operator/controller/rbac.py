@@ -18,8 +18,9 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
         "verbs": ["get", "list", "watch", "create", "patch", "delete"],
     },
     # delete: a ConfigMap of ours whose contents are not its name's is replaced (children.py); immutable,
-    # it cannot be updated
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "delete"]},
+    # it cannot be updated. list, watch: the ConfigMaps labelled as a job's (no cache), to see a hand edit or
+    # deletion; patch: their labels put back (drift.py).
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     # The jobs' control credentials (control.py): create with the JobSet; get, adoption after a 409 and the
     # token the operator sends with a profile request.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},

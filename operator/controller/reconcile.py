@@ -19,6 +19,10 @@ such a change, delete the job and create it again (a checkpointed job resumes fr
 directory). The spec a JobSet was made from is rendered into its annotation
 `training.tpu-operator.dev/applied-spec`.
 
+Hand edits (drift.py): the labels and annotations the operator renders on the JobSet, checked on every
+reconcile that has it in hand without rendering it, and the ConfigMap's, as its watch saw them, are put back
+(one patch each, none when nothing drifted) or reported (ChildrenAsMade, one Event each).
+
 Restarts (the rule: api/failures.py; the pure steps: restarts.py): a JobSet that failed and was not
 counted yet has its pods listed once (exit codes, termination messages); a running one may be hung
 (the trainer's clock in the ledger). The decision is written with the status, restart counts and the
@@ -46,6 +50,7 @@ from ..api.validation import InvalidJob, parse_job
 from . import (
     children,
     diagnosis,
+    drift,
     growback,
     health,
     kueue,
@@ -118,6 +123,7 @@ class Seen:
     unhealthy: Mapping[str, health.Unhealthy] | None = None  # TPU node -> why and since when it is unhealthy
     look_at_nodes: bool = False  # a node event, a JobSet event or a resync: a Running job's pods may be listed once
     hold: str | None = None  # why Ready-based stops are held (health.holding), None: they are not
+    config_map: drift.ConfigMapEdit | None = None  # a hand edit of its ConfigMap the watch saw (drift.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,7 +454,11 @@ async def reconcile(means: Means, job_obj: Obj, seen: Seen = Seen()) -> Reconcil
     made = await converge(means, job, job_obj, seen, t)
     if isinstance(made, ReconcileResult):
         return made
+    jobset, found = await drift.follow(  # hand edits put back or reported; a JobSet relabelled is adopted again
+        means.kube, job, made.jobset, status_of(job_obj), made.created, seen.config_map, means.config.default_image
+    )
+    made = dataclasses.replace(made, jobset=jobset, ensured=made.ensured or found.relabelled)
     workload = kueue.pick(list(seen.workloads), made.jobset["metadata"].get("uid")) if job.spec.queue_name else None
     made = dataclasses.replace(made, jobset=await apply_suspend(means.kube, job, made.jobset, workload))
-    observed = await observe(means, job, job_obj, made, seen, workload, t)
+    observed = dataclasses.replace(await observe(means, job, job_obj, made, seen, workload, t), hand_edits=found)
     return await act(means, job, job_obj, observed, made, seen.probe)

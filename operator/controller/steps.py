@@ -5,6 +5,7 @@ The steps, in order (`STEPS`); each reads the draft the ones before it left:
 
 1. `preflight_decided`: the pre-flight's word for this generation, when it decided something now (preflight.py).
 2. `children_reconciled`: the JobSet exists and matches the spec, or refuses changes (status.py).
+2a. `as_made`: the JobSet's and ConfigMap's hand edits put back or reported, the applied spec's digest (drift.py).
 2b. `sliced`: status.slices, desired and running (an elastic job's restart may run fewer: 6).
 3. `queued`: the Kueue Workload's admission, for a job with a queue (kueue.py).
 4. `diagnosed`: the pods as last listed, or all ready (diagnosis.py).
@@ -33,7 +34,7 @@ from typing import TypedDict, Unpack
 from ..api.failures import Failure
 from ..api.spec import FailurePolicySpec, TPUSpec
 from ..api.status import ConditionStatus, SliceStatus, TPUTrainingJobStatus
-from . import accounting, diagnosis, growback, health, kueue, phases, profiles, restarts
+from . import accounting, diagnosis, drift, growback, health, kueue, phases, profiles, restarts
 from . import status as status_lib
 from .conditions import set_condition
 from .phases import Compute, JobSetView, Notice
@@ -68,6 +69,7 @@ class Observed:
     hardware: health.HardwareLoss | None = None  # a node of the running pods unhealthy past its grace (health.py)
     nodes: health.Judged | None = None  # what the job's nodes call for, when looked at now (None: not looked)
     hold: str | None = None  # why Ready-based stops are held cluster-wide (health.holding), None: they are not
+    hand_edits: drift.Found | None = None  # hand edits of the JobSet or ConfigMap found now (None: not looked)
 
 
 class _More(TypedDict, total=False):
@@ -103,6 +105,10 @@ def children_reconciled(d: Draft, o: Observed) -> Draft:
     return d.then(
         *status_lib.reconciled(d.status, o.jobset_name, o.config_map, o.created, list(o.refused), o.generation, o.now)
     )
+
+
+def as_made(d: Draft, o: Observed) -> Draft:
+    return d.then(*drift.recorded(d.status, o.hand_edits, o.now, o.generation))
 
 
 def sliced(d: Draft, o: Observed) -> Draft:
@@ -208,6 +214,7 @@ def refusal_cleared(d: Draft, o: Observed) -> Draft:
 STEPS: tuple[Step, ...] = (
     preflight_decided,
     children_reconciled,
+    as_made,
     sliced,
     queued,
     diagnosed,

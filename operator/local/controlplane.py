@@ -4,7 +4,8 @@ the Job controller, the scheduler and the kubelet do on a cluster.
 
 - `feed` is kopf's part (controller/handlers.py): the in-memory API's watches fill the Manager's indices
   (jobs; the JobSets labelled as a job's; its pre-flight batch Jobs) and put the job's key in its work queue
-  on every change, as the operator's event handlers do.
+  on every change, as the operator's event handlers do (a JobSet that loses its job label leaves as DELETED,
+  as from a label-selected watch); ConfigMap events go to the Manager, which queues a hand-edited one's job.
 - `MemoryHost` is the kubelet's API (kubelet.PodHost) over the in-memory API, called from the kubelet's
   threads and run on the event loop that owns the API.
 - `ControlPlane` starts them all, with the operator's config and its Event poster, and stops them all: the
@@ -57,9 +58,15 @@ def feed(api: MemoryApi, manager: Manager) -> tuple[dict[Key, list[Obj]], dict[K
         manager.add(_key(job), "job")
 
     def jobset_seen(kind: str, jobset: Obj) -> None:
-        if names.LABEL_JOB in (jobset["metadata"].get("labels") or {}):
+        labelled = names.LABEL_JOB in (jobset["metadata"].get("labels") or {})
+        if labelled or _key(jobset) in jobsets:  # one that loses the label leaves the selector: DELETED, as kopf's
+            kind = kind if labelled else "DELETED"
             index(jobsets, _key(jobset), kind, jobset)
-            manager.jobset_seen(jobset)
+            manager.jobset_seen(jobset, deleted=kind == "DELETED")
+
+    def config_map_seen(kind: str, config_map: Obj) -> None:
+        if names.LABEL_JOB in (config_map["metadata"].get("labels") or {}) or kind == "MODIFIED":
+            manager.config_map_seen(config_map, deleted=kind == "DELETED")
 
     planned: dict[Key, dict[str, Obj]] = {}  # a job may have several pre-flight Jobs (one per generation)
 
@@ -78,6 +85,7 @@ def feed(api: MemoryApi, manager: Manager) -> tuple[dict[Key, list[Obj]], dict[K
     api.watch(JOBS, job_seen)
     api.watch(JOBSETS, jobset_seen)
     api.watch(BATCH_JOBS, preflight_seen)
+    api.watch(CONFIGMAPS, config_map_seen)
     return jobs, jobsets, preflights
 
 

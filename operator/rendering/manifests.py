@@ -31,6 +31,8 @@ CONTROL_MOUNT_DIR = "/var/run/tpujob-control"
 CONTROL_TOKEN_KEY = "token"
 JOB_INDEX_FIELD = f"metadata.annotations['{names.LABEL_JOB_INDEX}']"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+# JobSet's exclusive placement: one replicated Job (a slice) per value of this node label (a GKE node pool).
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 
 
 def yaml_value(value: Any) -> str:
@@ -156,6 +158,24 @@ def applied_spec(job: TPUTrainingJob) -> dict[str, Any]:
     return job.spec.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude=set(MUTABLE_SPEC_FIELDS))
 
 
+def applied_spec_text(job: TPUTrainingJob) -> str:
+    """`applied_spec` as the JobSet's annotation holds it (canonical JSON: its digest names the spec, drift.py)."""
+    return json.dumps(applied_spec(job), sort_keys=True, separators=(",", ":"))
+
+
+def jobset_metadata(job: TPUTrainingJob) -> tuple[dict[str, str], dict[str, str]]:
+    """The JobSet's labels and annotations, as rendered (the pre-flight's admission gate aside: it is added and
+    lifted by the operator, controller/preflight.py). Also what a hand edit of them is compared with
+    (controller/drift.py), without rendering the rest."""
+    labels = {**names.labels(job.metadata.name), **placement.jobset_labels(job.spec)}
+    annotations = {
+        EXCLUSIVE_TOPOLOGY: placement.NODE_POOL,  # each slice (Job) gets a node pool of its own
+        names.APPLIED_SPEC: applied_spec_text(job),
+        **placement.jobset_annotations(job.spec),
+    }
+    return labels, annotations
+
+
 def context(job: TPUTrainingJob, default_image: str | None = None, running: int | None = None) -> dict[str, Any]:
     """Everything the templates read. `default_image` (the operator's setting) replaces the
     built-in image only where the job does not name one. `running`: the slices an elastic job runs on
@@ -167,17 +187,15 @@ def context(job: TPUTrainingJob, default_image: str | None = None, running: int 
     config_json = trainer_config_json(plan)
     config_map = names.config_map_name(name, config_json)
     volumes, mounts = _volumes(plan, config_map)
+    jobset_labels, jobset_annotations = jobset_metadata(job)
     return {
         "job": job,
         "plan": plan,
         "owner": owner_reference(job),
         "names": {"jobset": names.jobset_name(name), "config_map": config_map, "replicated_job": names.REPLICATED_JOB},
         "labels": {**names.labels(name)},
-        "jobset_labels": {**names.labels(name), **placement.jobset_labels(spec)},
-        "annotations": {
-            names.APPLIED_SPEC: json.dumps(applied_spec(job), sort_keys=True, separators=(",", ":")),
-            **placement.jobset_annotations(spec),
-        },
+        "jobset_labels": jobset_labels,
+        "annotations": jobset_annotations,
         # A queued JobSet starts suspended: Kueue unsuspends it when it admits the job (its webhook would
         # suspend it too; rendering it closes the race where the webhook is not installed yet).
         "suspend": spec.suspend or spec.queue_name is not None,

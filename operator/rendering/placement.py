@@ -28,6 +28,10 @@ KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 PROVREQ_MAX_RUN_DURATION = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
 
 # --- GKE ----------------------------------------------------------------------------------------------
+# The node label naming a node's node pool (cloud.google.com/kubernetes-engine/docs/how-to/node-pools), the
+# topology JobSet's exclusive placement gives each slice one of (jobset.sigs.k8s.io/docs/concepts, "Exclusive
+# Job to topology placement"; the annotation: rendering/manifests.py EXCLUSIVE_TOPOLOGY).
+NODE_POOL = "cloud.google.com/gke-nodepool"
 # Spot VMs: "use the cloud.google.com/gke-spot=true label in a nodeSelector or node affinity"
 # (cloud.google.com/kubernetes-engine/docs/how-to/autopilot-spot-pods; Standard: .../concepts/spot-vms).
 # Autopilot taints Spot nodes itself; on Standard the documented taint is added at node-pool creation

@@ -137,7 +137,7 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
