@@ -20,8 +20,7 @@ from typing import Any
 from ..api import names
 from ..api.models import KIND, TPUTrainingJob
 from ..rendering.manifests import applied_spec, render
-from . import control
-from .kube import CONFIGMAPS, JOBSETS, PODS, SECRETS, ApiError, Kube, Obj, Resource
+from .kube import CONFIGMAPS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 
 
 class NameConflict(Exception):
@@ -115,19 +114,20 @@ async def ensure_children(
     config_map_exists: bool = False,
     gate: Any = None,
     running: int | None = None,
+    control_digest: str | None = None,
 ) -> tuple[Obj, bool]:
-    """The control Secret and the ConfigMap (unless known to exist: the pre-flight made it), then the JobSet
-    (through `gate`, e.g. the pre-flight's admission gate, when given): (the JobSet, whether it was created
-    now). The JobSet comes last: an operator killed in between finds no JobSet and makes them again (a 409
-    adopts them), where one found with its JobSet would never be looked for, and its pods would wait for a
+    """The ConfigMap (unless known to exist: the pre-flight made it), then the JobSet, its pods given
+    `control_digest` (through `gate`, e.g. the pre-flight's admission gate, when given): (the JobSet, whether it
+    was created now). The JobSet comes last: an operator killed in between finds no JobSet and makes it again (a 409
+    adopts it), where one found with its JobSet would never be looked for, and its pods would wait for a
     volume for good."""
     if running is not None and running not in job.spec.tpu.slice_counts:  # the spec changed under it: all slices
         running = None
-    made_config_map, jobset = await asyncio.to_thread(render, job, default_image, running)  # off the loop, as parsing
+    # off the loop, as parsing
+    made_config_map, jobset = await asyncio.to_thread(render, job, default_image, running, control_digest)
     if gate is not None:
         jobset = gate(jobset)
-    # The control credential the pods mount (control.py): made with the JobSet, kept if it exists.
-    children = [(SECRETS, control.secret(job))] + ([] if config_map_exists else [(CONFIGMAPS, made_config_map)])
+    children = [] if config_map_exists else [(CONFIGMAPS, made_config_map)]
     await dry_run(kube, job.metadata.namespace, *children, (JOBSETS, jobset), *((PODS, p) for p in pods_of(jobset)))
     await ensure_all(kube, job.metadata.uid or "", *children)
     return await ensure_child(kube, JOBSETS, jobset, job.metadata.uid or "")

@@ -10,7 +10,7 @@ from tests.conftest import operator_job as tiny_job
 from tests.conftest import tiny_job as planned_job
 from tests.fakes import FakeKube, job_status, run_reconcile
 from tests.fakes import run_with_preflights as run
-from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBSETS, PODS, SECRETS, ApiError
+from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBSETS, PODS, ApiError
 
 TOLERATION = (
     'Pod "tiny-slice-x" is invalid: spec.tolerations[1].effect: Invalid value: "NoSchedule": effect must be '
@@ -36,9 +36,7 @@ def test_everything_is_dry_run_first_then_created():
     outcome, _ = run_reconcile(kube, obj)
     assert outcome.result == "created"
     dry = [path for method, path in creates(kube) if method == "DRYRUN"]
-    assert sorted(dry) == sorted(
-        [SECRETS.path("default"), CONFIGMAPS.path("default"), JOBSETS.path("default"), PODS.path("default")]
-    )
+    assert sorted(dry) == sorted([CONFIGMAPS.path("default"), JOBSETS.path("default"), PODS.path("default")])
     first_post = next(i for i, c in enumerate(creates(kube)) if c[0] == "POST")
     assert all(c[0] == "DRYRUN" for c in creates(kube)[:first_post])  # every dry run before the first create
 
