@@ -33,7 +33,7 @@ import aiohttp
 
 from ..api.lifecycle import Progress, TerminationRecord
 from ..api.names import LABEL_COMPLETION_INDEX, LABEL_JOB_INDEX, LABEL_JOBSET
-from ..api.profiling import CONTROL_REFUSED, ProfileReport
+from ..api.profiling import CONTROL_REFUSED_START, ProfileReport
 from . import bounded, control
 from .kube import PODS, ApiError, Kube
 from .status import Sample
@@ -249,7 +249,11 @@ class MetricsReader:
         except ApiError as exc:
             # The trainer's refusal, passed on by the API server (a 401 of the API server's own, for the
             # operator's credential, is not the trainer's: Unreachable, tried again later).
-            if body is not None and exc.status in REFUSALS and (exc.status != 401 or CONTROL_REFUSED in exc.message):
+            if (
+                body is not None
+                and exc.status in REFUSALS
+                and (exc.status != 401 or CONTROL_REFUSED_START in exc.message)
+            ):
                 raise Refusal(exc.message, exc.status) from None
             raise Unreachable(f"{where}: {exc}") from None
 

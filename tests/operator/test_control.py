@@ -28,6 +28,7 @@ from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_workload.process import metrics, serving
 
 REPORT = {"requested": "2-3", "steps": "2-3", "state": "pending"}
+OLD_REFUSAL = "a control request needs the job's control credential (the Secret <job>-control)"  # chart 0.2.x
 KEY = bytes(range(32))
 TOKENS = control.Tokens(KEY)
 TOKEN = TOKENS.token("ml", "job", "uid-1")
@@ -291,6 +292,8 @@ class ApiServer:
                     {serving.CONTROL_HEADER: self.headers.get("X-Tpujob-Control-Token") or ""}, control.digest(TOKEN)
                 ):
                     return self._json(401, {"error": CONTROL_REFUSED})
+                if body["steps"] == "old":  # a trainer of chart 0.2.x: its own token, its own words
+                    return self._json(401, {"error": OLD_REFUSAL})
                 if body["steps"] == "9-1":
                     return self._json(
                         400,
@@ -335,6 +338,7 @@ class ApiServer:
     "uid, steps, state, message",
     [
         ("uid-1", "2-3", "pending", ""),
+        ("uid-1", "old", "failed", "the Secret <job>-control"),  # a 0.2.x trainer's refusal is one too
         ("uid-1", "9-1", "failed", "the first step (9) is after the last (1)"),  # the trainer's refusal, passed on
         ("uid-0", "2-3", "failed", "control credential"),  # not this job's token
     ],
