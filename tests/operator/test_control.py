@@ -19,9 +19,9 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from tests.conftest import operator_job as tiny_job
-from tests.fakes import NOW, FakeKube, add_pod0, run_reconcile
+from tests.fakes import NOW, PREFLIGHT_TIMING, FakeKube, add_pod0, run_reconcile
 from tpu_operator.api.profiling import CONTROL_REFUSED
-from tpu_operator.controller import control, reconcile
+from tpu_operator.controller import control, preflight, reconcile
 from tpu_operator.controller.kube import CONFIGMAPS, JOBSETS, SECRETS, ApiError, AsyncKube
 from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable
 from tpu_operator.controller.reconcile import OperatorConfig
@@ -221,6 +221,21 @@ def test_the_pods_get_the_tokens_digest_and_no_secret_is_made():
     _reconcile_with_key(again, again.add_job(tiny_job(), uid="job-uid-2"))
     env = again.jobset()["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {e["name"]: e.get("value") for e in env}[serving.CONTROL_DIGEST] != TOKENS.digest(
+        "default", "tiny", "job-uid"
+    )
+
+
+def test_a_queued_jobs_jobset_made_beside_its_preflight_gets_the_digest_too():
+    # Held by the pre-flight's gate while it compiles, that JobSet is the one that runs once the gate is lifted.
+    kube = FakeKube()
+    obj = kube.add_job(tiny_job(queueName="tpu-queue", plan={"preflight": "compile"}))
+    reader = MetricsReader(kube, "direct", tokens=TOKENS)
+    config = OperatorConfig(preflight=PREFLIGHT_TIMING)
+    means = reconcile.Means(kube, config, lambda o, n: None, reader, clock=lambda: NOW)
+    assert asyncio.run(reconcile.reconcile(means, obj)).result == "planning"
+    env = kube.jobset()["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert preflight.gated(kube.jobset())
+    assert {e["name"]: e.get("value") for e in env}[serving.CONTROL_DIGEST] == TOKENS.digest(
         "default", "tiny", "job-uid"
     )
 
