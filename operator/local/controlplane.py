@@ -121,7 +121,7 @@ class MemoryHost:
                 if "configMap" in volume:
                     name = volume["configMap"]["name"]
                     found[name] = dict(self._call(self.api.get(CONFIGMAPS, namespace, name)).get("data") or {})
-                elif "secret" in volume:  # as a kubelet does (the operator's own pods mount none since chart 0.3.0)
+                elif "secret" in volume:  # as a kubelet does (the operator's own pods mount none since the control key)
                     name = volume["secret"]["secretName"]
                     data = self._call(self.api.get(SECRETS, namespace, name)).get("data") or {}
                     found[name] = {k: base64.b64decode(v).decode() for k, v in data.items()}

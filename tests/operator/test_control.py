@@ -28,7 +28,9 @@ from tpu_operator.controller.reconcile import OperatorConfig
 from tpu_workload.process import metrics, serving
 
 REPORT = {"requested": "2-3", "steps": "2-3", "state": "pending"}
-OLD_REFUSAL = "a control request needs the job's control credential (the Secret <job>-control)"  # chart 0.2.x
+OLD_REFUSAL = (
+    "a control request needs the job's control credential (the Secret <job>-control)"  # before the control key
+)
 KEY = bytes(range(32))
 TOKENS = control.Tokens(KEY)
 TOKEN = TOKENS.token("ml", "job", "uid-1")
@@ -185,7 +187,7 @@ def test_without_a_usable_credential_every_control_request_is_refused(tmp_path):
 
 
 def test_a_pod_of_the_previous_version_keeps_its_token_file(tmp_path):
-    # A JobSet made by operator 0.2.x mounts its Secret and names the file: still taken, as its digest.
+    # A JobSet made by an operator before the control key mounts its Secret and names the file: still taken, as its digest.
     (tmp_path / "token").write_text("s3cret\n")
     digest = serving.control_digest({serving.CONTROL_TOKEN_FILE: str(tmp_path / "token")})
     assert digest == hashlib.sha256(b"s3cret").hexdigest()
@@ -307,7 +309,7 @@ class ApiServer:
                     {serving.CONTROL_HEADER: self.headers.get("X-Tpujob-Control-Token") or ""}, control.digest(TOKEN)
                 ):
                     return self._json(401, {"error": CONTROL_REFUSED})
-                if body["steps"] == "old":  # a trainer of chart 0.2.x: its own token, its own words
+                if body["steps"] == "old":  # a trainer from before the control key: its words
                     return self._json(401, {"error": OLD_REFUSAL})
                 if body["steps"] == "9-1":
                     return self._json(
@@ -353,7 +355,7 @@ class ApiServer:
     "uid, steps, state, message",
     [
         ("uid-1", "2-3", "pending", ""),
-        ("uid-1", "old", "failed", "the Secret <job>-control"),  # a 0.2.x trainer's refusal is one too
+        ("uid-1", "old", "failed", "the Secret <job>-control"),  # an older trainer's refusal is one too
         ("uid-1", "9-1", "failed", "the first step (9) is after the last (1)"),  # the trainer's refusal, passed on
         ("uid-0", "2-3", "failed", "control credential"),  # not this job's token
     ],

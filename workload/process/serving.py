@@ -17,7 +17,8 @@ Control requests (a POST: anything that changes the trainer) need the job's cont
 in the header `X-Tpujob-Control-Token` (what passes the API server's pod proxy) or `Authorization: Bearer`; 401
 otherwise. The pod holds only the token's SHA-256 (`TPUJOB_CONTROL_TOKEN_SHA256`, hex, from the operator); the
 trainer compares the SHA-256 of the token presented with it, in constant time, after bounding its length
-(`MAX_TOKEN_CHARS`). A pod of a JobSet made by operator 0.2.x names a file holding the token itself instead
+(`MAX_TOKEN_CHARS`). A pod of a JobSet made by an operator before the control key (one that made a Secret
+`<job>-control` per job) names a file holding the token itself instead
 (`TPUJOB_CONTROL_TOKEN_FILE`, its mounted Secret), still taken. Neither given (`tpujob render` without an
 operator), or one unusable (a malformed digest, an unreadable file): every control request is refused.
 """
@@ -51,7 +52,7 @@ _BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: c
 
 
 CONTROL_DIGEST = "TPUJOB_CONTROL_TOKEN_SHA256"
-CONTROL_TOKEN_FILE = "TPUJOB_CONTROL_TOKEN_FILE"  # pods of a JobSet made by operator 0.2.x: the token in a file
+CONTROL_TOKEN_FILE = "TPUJOB_CONTROL_TOKEN_FILE"  # a JobSet made before the control key: the token in a file
 CONTROL_HEADER = "x-tpujob-control-token"
 MAX_TOKEN_CHARS = 256  # a token is 43 characters (base64url of 32 bytes); a longer header is refused unhashed
 _DIGEST = re.compile(r"[0-9a-f]{64}")
