@@ -281,6 +281,7 @@ def operator_options(args: argparse.Namespace):  # noqa: ANN201 -- OperatorOptio
         leader_timing=timing,
         lease_name=args.leader_elect_resource_name,
         lease_namespace=args.leader_elect_resource_namespace or "",
+        control_key_namespace=args.control_key_namespace or "",
         namespaces=() if args.all_namespaces else tuple(args.namespace),
         standalone=args.standalone,
         health_host=args.health_host,
@@ -403,6 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--leader-elect-resource-namespace",
         help="namespace of the leader Lease (default: $POD_NAMESPACE, else default)",
+    )
+    p.add_argument(
+        "--control-key-namespace",
+        help="namespace of the Secret tpu-operator-control-key, the key the jobs' control tokens are derived from "
+        "(made on first start; default: $POD_NAMESPACE, else the service account's namespace, else default)",
     )
     p.add_argument(
         "--leader-elect-lease-duration",

@@ -93,7 +93,9 @@ def _train(config: str, clock, shown: dict) -> None:
         profiling.for_config(cfg, train.tensorboard_dir(cfg, env.run_dir), status, metrics.emit) if main else None
     )
     # Process 0 serves /status and /metrics from start-up (compile included) until it exits.
-    server = metrics.serve(status, port, profile=profiler.answer, token=serving.control_token()) if main else None
+    server = (
+        metrics.serve(status, port, profile=profiler.answer, control_digest=serving.control_digest()) if main else None
+    )
     try:
         train.run(
             cfg,

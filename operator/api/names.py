@@ -62,11 +62,6 @@ def config_map_name(job: str, config_json: str) -> str:
     return f"{job}-config-{hashlib.sha256(config_json.encode()).hexdigest()[:10]}"
 
 
-def control_secret_name(job: str) -> str:
-    """The Secret holding the job's control credential (controller/control.py)."""
-    return f"{job}-control"
-
-
 def hostname(job: str, slice_index: int, host_index: int) -> str:
     """The pod hostname JobSet derives: <jobset>-<replicatedJob>-<jobIndex>-<podIndex>."""
     return f"{jobset_name(job)}-{REPLICATED_JOB}-{slice_index}-{host_index}"

@@ -32,8 +32,10 @@ MAX_TRACE_STEPS = 50
 # ... and however few its steps, a trace stops this long after it started (slow steps, a hang).
 MAX_TRACE_SECONDS = 600
 # The trainer's 401 to a control request without the job's credential (workload/process/serving.py), which the
-# operator tells from the API server's own 401 (controller/metrics_reader.py).
-CONTROL_REFUSED = "a control request needs the job's control credential (the Secret <job>-control)"
+# operator tells from the API server's own 401 (controller/metrics_reader.py) by its start: a trainer from before the
+# control key went on "(the Secret <job>-control)".
+CONTROL_REFUSED_START = "a control request needs the job's control credential"
+CONTROL_REFUSED = f"{CONTROL_REFUSED_START} (its token, which the operator derives)"
 # pending: asked for, its first step not reached yet; capturing: the trace is on; done: the trace is
 # written (path); failed: it could not be captured (message).
 ProfileState = Literal["pending", "capturing", "done", "failed"]

@@ -24,7 +24,7 @@ profiles        profiles on demand: the annotation sent to the trainer and follo
 accounting      the goodput ledger moved along by what a reconcile saw (pure)
 metrics_reader  the trainer's /status, read from pod 0 of slice 0
 bounded         a trainer's answer read as untrusted input: bounded in size and pace
-control         the job's control credential (a Secret), who may change a running trainer
+control         the control key (one Secret per installation) and each job's token derived from it
 events          Kubernetes Events about a job, posted in the background
 stats           the operator's own Prometheus metrics
 loop_lag        how late the event loop runs

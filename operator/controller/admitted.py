@@ -6,7 +6,7 @@ server to admit one pod per pod template in a dry run before it creates anything
 is a request per job, and a burst of jobs from one sweep renders the same pods again and again: they
 differ only in names. So a dry run that admits a job's pods is remembered, for `ttl_s`, under its
 shape: the namespace, the whole spec, the operator's default image and the slice count, which are
-everything the pods are rendered from but the job's name. A refusal is never remembered (the job is
+everything the pods are rendered from but the job's name (and its uid, through its control token's digest). A refusal is never remembered (the job is
 Invalid, and its next edit is checked afresh).
 
 What this gives up: admission that decides by a job's name (a webhook matching name prefixes) is asked

@@ -21,9 +21,9 @@ from typing import Any
 from ..api import names
 from ..api.models import KIND, TPUTrainingJob
 from ..rendering.manifests import applied_spec, render
-from . import admitted, control
+from . import admitted
 from .admitted import AdmittedShapes
-from .kube import CONFIGMAPS, JOBSETS, PODS, SECRETS, ApiError, Kube, Obj, Resource
+from .kube import CONFIGMAPS, JOBSETS, PODS, ApiError, Kube, Obj, Resource
 
 
 class NameConflict(Exception):
@@ -118,20 +118,22 @@ async def ensure_children(
     config_map_exists: bool = False,
     gate: Any = None,
     running: int | None = None,
+    control_digest: str | None = None,
     shapes: AdmittedShapes | None = None,
 ) -> tuple[Obj, bool]:
-    """The control Secret and the ConfigMap (unless known to exist: the pre-flight made it), then the JobSet
-    (through `gate`, e.g. the pre-flight's admission gate, when given): (the JobSet, whether it was created
-    now). The JobSet comes last: an operator killed in between finds no JobSet and makes them again (a 409
-    adopts them), where one found with its JobSet would never be looked for, and its pods would wait for a
-    volume for good.
+    """The ConfigMap (unless known to exist: the pre-flight made it), then the JobSet, its pods given
+    `control_digest` (through `gate`, e.g. the pre-flight's admission gate, when given): (the JobSet, whether it
+    was created now). The JobSet comes last: an operator killed in between finds no JobSet and makes it again (a
+    409 adopts the ConfigMap), where one found with its JobSet would never be looked for, and its pods would wait
+    for a volume for good.
 
     Nothing is left half-made by a refusal: the pods, which the API server sees only long after, are
-    admitted first in a dry run (once per shape among `shapes`, admitted.py); a refusal of the ConfigMap,
-    the Secret or the JobSet themselves comes from their own create, and undoes what this call created."""
+    admitted first in a dry run (once per shape among `shapes`, admitted.py); a refusal of the ConfigMap or
+    the JobSet themselves comes from their own create, and undoes what this call created."""
     if running is not None and running not in job.spec.tpu.slice_counts:  # the spec changed under it: all slices
         running = None
-    made_config_map, jobset = await asyncio.to_thread(render, job, default_image, running)  # off the loop, as parsing
+    # off the loop, as parsing
+    made_config_map, jobset = await asyncio.to_thread(render, job, default_image, running, control_digest)
     if gate is not None:
         jobset = gate(jobset)
     shape = admitted.shape(job, default_image, running)
@@ -139,8 +141,7 @@ async def ensure_children(
         await dry_run(kube, job.metadata.namespace, *((PODS, p) for p in pods_of(jobset)))
         if shapes is not None:
             shapes.add(shape)
-    # The control credential the pods mount (control.py): made with the JobSet, kept if it exists.
-    children = [(SECRETS, control.secret(job))] + ([] if config_map_exists else [(CONFIGMAPS, made_config_map)])
+    children = [] if config_map_exists else [(CONFIGMAPS, made_config_map)]
     uid = job.metadata.uid or ""
     results = await asyncio.gather(*(ensure_child(kube, r, m, uid) for r, m in children), return_exceptions=True)
     made = [(r, result[0]) for (r, _), result in zip(children, results) if isinstance(result, tuple) and result[1]]

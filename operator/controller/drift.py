@@ -68,7 +68,7 @@ class Found:
     relabelled: bool = False  # the job label was put back: the JobSet is back in the watch's selector
 
 
-def digest(text: str) -> str:
+def spec_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -94,7 +94,7 @@ def trusted_digest(recorded: str | None, annotations: Mapping[str, Any]) -> str 
     if recorded is not None:
         return recorded
     text = annotations.get(names.APPLIED_SPEC)
-    return digest(text) if isinstance(text, str) and _json_object(text) else None
+    return spec_digest(text) if isinstance(text, str) and _json_object(text) else None
 
 
 def compare(
@@ -106,7 +106,7 @@ def compare(
     have = {"labels": meta.get("labels") or {}, "annotations": meta.get("annotations") or {}}
     recorded = trusted_digest(recorded, have["annotations"])
     wanted = annotations[names.APPLIED_SPEC]
-    same_spec = recorded == digest(wanted)
+    same_spec = recorded == spec_digest(wanted)
     patch: dict[str, dict[str, str]] = {}
     restored: list[str] = []
     left: list[str] = []
@@ -119,7 +119,7 @@ def compare(
     actual = have["annotations"].get(names.APPLIED_SPEC)
     if recorded is None:
         left.append(f"{field('annotations', names.APPLIED_SPEC)} (not a spec, and no record of the JobSet's)")
-    elif not isinstance(actual, str) or digest(actual) != recorded:
+    elif not isinstance(actual, str) or spec_digest(actual) != recorded:
         if same_spec:
             patch.setdefault("annotations", {})[names.APPLIED_SPEC] = wanted
             restored.append(field("annotations", names.APPLIED_SPEC))
@@ -154,7 +154,7 @@ async def follow_jobset(
         return jobset, Found(recorded)
     labels, annotations = await asyncio.to_thread(jobset_metadata, job)  # the spec's JSON: off the loop, as parsing
     if created:  # rendered from the current spec just now
-        return jobset, Found(digest(annotations[names.APPLIED_SPEC]))
+        return jobset, Found(spec_digest(annotations[names.APPLIED_SPEC]))
     patch, restored, left, recorded = compare(meta, labels, annotations, recorded)
     where = f"JobSet {cut(meta.get('name', ''))}"
     edited = tuple(f"{where} {f}" for f in left)

@@ -10,6 +10,12 @@ WARNING, ERROR) sets the log level; `verbose` means DEBUG.
 With `leader_elect` (the chart's replicas) the process first waits to hold the Lease (leader.py), serving
 /healthz and /metrics meanwhile and doing nothing else: kopf, its watches and the controller start only once
 it leads, and the process ends when it no longer does (or hands the Lease back on a clean stop).
+
+Then, before kopf starts (nothing reconciles yet), the process loads the installation's control key
+(control.py: the Secret `tpu-operator-control-key` in --control-key-namespace, else $POD_NAMESPACE, else the
+service account's namespace, else "default"; made on first start). Only a process that is to act loads it: a
+standby needs no API server but the Lease's. A key it cannot read or make ends it with status 1 (the Lease
+handed back), the log naming the Secret and the API's answer, never the key.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class OperatorOptions:
     leader_timing: LeaseTiming = LeaseTiming()
     lease_name: str = "tpu-operator-leader"
     lease_namespace: str = ""  # empty: $POD_NAMESPACE, else "default"
+    control_key_namespace: str = ""  # empty: $POD_NAMESPACE, else the service account's namespace, else "default"
 
 
 def _settings(options: OperatorOptions) -> Any:  # kopf.OperatorSettings: kopf is imported lazily, never at module level
@@ -83,7 +90,7 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
     import kopf
     import prometheus_client
 
-    from . import handlers, loop_lag
+    from . import control, handlers, loop_lag
     from .events import EventPoster
     from .kube import AsyncKube, api_client, configuration
     from .manager import Manager
@@ -97,8 +104,10 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
         return 1
     config = options.controller
     kube = AsyncKube(api_client(credentials))
+    key_namespace = control.key_namespace(options.control_key_namespace)
     stats, events = Stats(), EventPoster(kube)
-    manager = Manager(kube, MetricsReader(kube, config.metrics_access, config.metrics_timeout_s), config, events, stats)
+    reader = MetricsReader(kube, config.metrics_access, config.metrics_timeout_s)  # its tokens: once it may act
+    manager = Manager(kube, reader, config, events, stats)
 
     async def login() -> kopf.ConnectionInfo:
         if credentials.refresh_api_key_hook is not None:  # exec plugins and in-cluster tokens expire
@@ -126,6 +135,7 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
             "metrics_access": config.metrics_access,
             "metrics_interval_s": config.metrics_interval_s,
             "resync_interval_s": config.resync_interval_s,
+            "control_key": f"{key_namespace}/{control.KEY_SECRET}",
             "rbac": [
                 f"{'/'.join(r['apiGroups'])}:{','.join(r['resources'])}:{','.join(r['verbs'])}" for r in RBAC_RULES
             ],
@@ -149,6 +159,7 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
     gc.collect()
     gc.freeze()
     try:
+        reader.tokens = control.Tokens(await control.load_key(kube, key_namespace))
         await kopf.operator(
             registry=registry,
             settings=_settings(options),
@@ -157,6 +168,9 @@ async def _operate(options: OperatorOptions, log: logging.Logger) -> int:
             namespaces=list(options.namespaces),
             liveness_endpoint=liveness,
         )
+    except control.KeyUnavailable as exc:  # its message names the Secret and the API's answer, never the key
+        log.error(str(exc))
+        return 1
     finally:
         lag.cancel()
         if holding is not None:

@@ -33,7 +33,7 @@ import aiohttp
 
 from ..api.lifecycle import Progress, TerminationRecord
 from ..api.names import LABEL_COMPLETION_INDEX, LABEL_JOB_INDEX, LABEL_JOBSET
-from ..api.profiling import CONTROL_REFUSED, ProfileReport
+from ..api.profiling import CONTROL_REFUSED_START, ProfileReport
 from . import bounded, control
 from .kube import PODS, ApiError, Kube
 from .status import Sample
@@ -126,13 +126,20 @@ def to_sample(body: Any) -> Sample:
 class MetricsReader:
     """Find pod 0 of slice 0 (remembered per JobSet) and read its status endpoint, by proxy or directly."""
 
-    def __init__(self, kube: Kube, access: Literal["proxy", "direct"] = "direct", timeout_s: float = 3.0):
+    def __init__(
+        self,
+        kube: Kube,
+        access: Literal["proxy", "direct"] = "direct",
+        timeout_s: float = 3.0,
+        tokens: control.Tokens | None = None,
+    ):
         if access not in ACCESS_MODES:
             raise ValueError(f"metrics access must be one of {ACCESS_MODES}, got {access!r}")
         self.kube, self.access, self.timeout_s = kube, access, timeout_s
         self._pods: dict[tuple[str, str], tuple[str, str]] = {}  # (ns, jobset) -> (pod name, pod IP)
         self._session: aiohttp.ClientSession | None = None
-        self.tokens = control.Tokens(kube)  # the jobs' control credentials, for POST /profile
+        # The jobs' control tokens, for POST /profile (none without the key: the requests are refused).
+        self.tokens = tokens if tokens is not None else control.Tokens()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -187,19 +194,18 @@ class MetricsReader:
     async def _read(self, namespace: str, jobset_name: str, port: int) -> Sample:
         return to_sample(await self._ask(namespace, jobset_name, port, "status"))
 
-    async def post_profile(self, namespace: str, jobset_name: str, port: int, steps: str) -> ProfileReport:
+    async def post_profile(self, namespace: str, jobset_name: str, port: int, steps: str, uid: str) -> ProfileReport:
         """`POST /profile {"steps": steps}` to process 0, the way `/status` is read: the trainer's answer,
         accepted or refused (400, 401 without the job's control credential, 409: a report with state failed
-        and its reason); Unreachable otherwise. The job's control token goes with it (control.py)."""
+        and its reason); Unreachable otherwise. The control token of the job (its name is its JobSet's, `uid`
+        its own) goes with it (control.py)."""
         headers = {}
-        token = await self.tokens.token(namespace, jobset_name)  # the job's name is its JobSet's
+        token = self.tokens.token(namespace, jobset_name, uid)
         if token is not None:
             headers[control.HEADER] = token
         try:
             answer = await self._ask(namespace, jobset_name, port, "profile", {"steps": steps}, headers)
         except Refusal as exc:
-            if exc.status == 401:  # a Secret made again since it was read: read it afresh next time
-                self.tokens.forget(namespace, jobset_name)
             return ProfileReport(requested=steps, state="failed", message=str(exc))
         except Unreachable:
             self.forget(namespace, jobset_name)
@@ -243,7 +249,11 @@ class MetricsReader:
         except ApiError as exc:
             # The trainer's refusal, passed on by the API server (a 401 of the API server's own, for the
             # operator's credential, is not the trainer's: Unreachable, tried again later).
-            if body is not None and exc.status in REFUSALS and (exc.status != 401 or CONTROL_REFUSED in exc.message):
+            if (
+                body is not None
+                and exc.status in REFUSALS
+                and (exc.status != 401 or CONTROL_REFUSED_START in exc.message)
+            ):
                 raise Refusal(exc.message, exc.status) from None
             raise Unreachable(f"{where}: {exc}") from None
 

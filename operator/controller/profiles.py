@@ -105,10 +105,17 @@ def _notices(before: ProfileStatus | None, new: ProfileStatus) -> list[Notice]:
 
 
 async def send(
-    reader: MetricsReader, namespace: str, jobset_name: str, port: int, request: str, total_steps: int, running: bool
+    reader: MetricsReader,
+    namespace: str,
+    jobset_name: str,
+    port: int,
+    request: str,
+    total_steps: int,
+    running: bool,
+    uid: str,
 ) -> Answer | None:
-    """Send the annotation's request to process 0 (a bad value is refused here, at any phase); None while the
-    job is not Running (a later reconcile sends it)."""
+    """Send the annotation's request to process 0 (a bad value is refused here, at any phase), with the control
+    token of the job of that `uid`; None while the job is not Running (a later reconcile sends it)."""
     invalid = refusal(request, total_steps)
     if invalid is not None:
         return Answer(request, invalid=invalid)
@@ -117,6 +124,6 @@ async def send(
     steps = _steps(request)
     assert steps is not None  # refusal() parsed it
     try:
-        return Answer(request, report=await reader.post_profile(namespace, jobset_name, port, steps))
+        return Answer(request, report=await reader.post_profile(namespace, jobset_name, port, steps, uid))
     except Unreachable as exc:
         return Answer(request, error=str(exc))

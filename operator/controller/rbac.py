@@ -21,9 +21,6 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # it cannot be updated. list, watch: the ConfigMaps labelled as a job's (no cache), to see a hand edit or
     # deletion; patch: their labels put back (drift.py).
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    # The jobs' control credentials (control.py): create with the JobSet; get, adoption after a 409 and the
-    # token the operator sends with a profile request.
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # The pre-flight compile (a kopf index of our batch Jobs); get: adoption after a 409.
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
     # list: pod 0 of a JobSet, for its metrics; a JobSet's pods when some are not ready, to say why (one
@@ -54,6 +51,9 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     # grants it with a Role there, never cluster-wide). get: a standby's polls; create: the first replica;
     # update: acquire, renew, release (an update carries the read's resourceVersion: of two, one wins).
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    # The control key (control.py): one Secret, in the operator's own namespace only (the chart grants it with a
+    # Role there, never cluster-wide; `get` limited to its name). get: at start-up; create: the first start.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # kopf peering, only without --standalone (kopf's KopfPeering CRDs installed).
     {
         "apiGroups": ["kopf.dev"],

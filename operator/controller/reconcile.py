@@ -233,6 +233,13 @@ async def apply_suspend(kube: Kube, job: TPUTrainingJob, jobset: Obj, workload: 
     return jobset
 
 
+def pod_digest(means: Means, job: TPUTrainingJob) -> str | None:
+    """What the job's pods hold of its control token (control.py), from the reader's key; None without a reader."""
+    if means.reader is None:
+        return None
+    return means.reader.tokens.digest(job.metadata.namespace, job.metadata.name, job.metadata.uid or "")
+
+
 async def run_preflight(
     means: Means,
     job: TPUTrainingJob,
@@ -251,7 +258,9 @@ async def run_preflight(
         assert jobset is not None  # gated: the JobSet seen holds the gate
         await children.delete_unstarted(kube, jobset)
     elif not gated and planned.result == "planning" and preflight.overlaps(job):
-        await children.ensure_children(kube, job, config.default_image, True, gate=preflight.with_gate)
+        await children.ensure_children(
+            kube, job, config.default_image, True, gate=preflight.with_gate, control_digest=pod_digest(means, job)
+        )
     done = await write_status(kube, job_obj, planned.compute or (lambda s, g: (s, [])), means.emit)
     return ReconcileResult(planned.result if done else "gone", done, planned.requeue_after_s)
 
@@ -293,6 +302,7 @@ async def converge(
             planned is not None and planned.config_map_exists,
             running=slices.running if slices and slices.running else None,
             shapes=means.shapes,
+            control_digest=pod_digest(means, job),
         )
         return Converged(made, created, True, planned.compute if planned else None)
     except NameConflict as exc:
@@ -362,6 +372,7 @@ async def observe(
             request,
             job.spec.training.steps,
             old.phase == "Running",
+            job.metadata.uid or "",
         )
     return steps.Observed(
         now=now,

@@ -9,19 +9,22 @@ the Job controller, the scheduler and the kubelet do on a cluster.
 - `MemoryHost` is the kubelet's API (kubelet.PodHost) over the in-memory API, called from the kubelet's
   threads and run on the event loop that owns the API.
 - `ControlPlane` starts them all, with the operator's config and its Event poster, and stops them all: the
-  Manager's workers, the stand-in, and every process (SIGTERM, SIGKILL after a grace period).
+  Manager's workers, the stand-in, and every process (SIGTERM, SIGKILL after a grace period). Its control key
+  (controller/control.py) is a fresh one per run, held in memory only: nothing outlives the run that would need
+  the same tokens again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import secrets
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from ..api import names
-from ..controller import preflight
+from ..controller import control, preflight
 from ..controller.events import EventPoster
 from ..controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS, ApiError, Obj
 from ..controller.manager import Manager
@@ -126,7 +129,7 @@ class MemoryHost:
                 if "configMap" in volume:
                     name = volume["configMap"]["name"]
                     found[name] = dict(self._call(self.api.get(CONFIGMAPS, namespace, name)).get("data") or {})
-                elif "secret" in volume:  # the job's control credential (controller/control.py)
+                elif "secret" in volume:  # as a kubelet does (the operator's own pods mount none since the control key)
                     name = volume["secret"]["secretName"]
                     data = self._call(self.api.get(SECRETS, namespace, name)).get("data") or {}
                     found[name] = {k: base64.b64decode(v).decode() for k, v in data.items()}
@@ -148,9 +151,10 @@ class ControlPlane:
             run_dir.resolve(),
         )  # the processes run in their pod directories
         self.events = EventPoster(api)
+        tokens = control.Tokens(secrets.token_bytes(control.KEY_BYTES))
         self.manager = Manager(
             api,
-            MetricsReader(api, config.metrics_access, config.metrics_timeout_s),
+            MetricsReader(api, config.metrics_access, config.metrics_timeout_s, tokens),
             config,
             self.events,
             Stats(),

@@ -25,10 +25,9 @@ TEMPLATES = ("configmap.yaml.j2", "jobset.yaml.j2")
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 TPU_RESOURCE = "google.com/tpu"
 DEFAULT_COMMAND = ["python", "-m", "tpu_workload", "--config", f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"]
-# The job's control credential (a Secret the operator makes, controller/control.py), mounted read-only: the
-# trainer takes control requests (POST /profile) only with it (workload/process/serving.py).
-CONTROL_MOUNT_DIR = "/var/run/tpujob-control"
-CONTROL_TOKEN_KEY = "token"
+# The SHA-256 (hex) of the job's control token (controller/control.py), where the operator gives it: the trainer
+# takes control requests (POST /profile) only with the token whose digest this is (workload/process/serving.py).
+CONTROL_DIGEST_ENV = "TPUJOB_CONTROL_TOKEN_SHA256"
 JOB_INDEX_FIELD = f"metadata.annotations['{names.LABEL_JOB_INDEX}']"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 # JobSet's exclusive placement: one replicated Job (a slice) per value of this node label (a GKE node pool).
@@ -69,7 +68,7 @@ def owner_reference(job: TPUTrainingJob) -> dict[str, Any] | None:
     }
 
 
-def _env(plan: Plan) -> list[dict[str, Any]]:
+def _env(plan: Plan, control_digest: str | None) -> list[dict[str, Any]]:
     job, spec = plan.job, plan.job.spec
     name = job.metadata.name
     coordinator = names.coordinator_host(name)
@@ -87,8 +86,9 @@ def _env(plan: Plan) -> list[dict[str, Any]]:
         {"name": "TPUJOB_SLICE_ID", **field(JOB_INDEX_FIELD)},
         {"name": "TPUJOB_HOST_ID", **field(COMPLETION_INDEX)},
         {"name": "TPUJOB_METRICS_PORT", "value": str(spec.runtime.metrics_port)},
-        {"name": "TPUJOB_CONTROL_TOKEN_FILE", "value": f"{CONTROL_MOUNT_DIR}/{CONTROL_TOKEN_KEY}"},
     ]
+    if control_digest is not None:  # none (`tpujob render`): the trainer refuses every control request
+        env.append({"name": CONTROL_DIGEST_ENV, "value": control_digest})
     if spec.tpu.elastic is not None:
         # The slices that run now: the trainer applies it to the ConfigMap's whole-job config
         # (TrainerConfig.at_slices: mesh data degree and microbatches), so the ConfigMap never changes.
@@ -130,21 +130,10 @@ def _volumes(plan: Plan, config_map: str) -> tuple[list[dict[str, Any]], list[di
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_map}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-        # optional: a pod without it (a job made before the Secret existed) trains on, refusing control requests;
-        # one container: readable by whatever user the trainer runs as
-        {
-            "name": "control",
-            "secret": {
-                "secretName": names.control_secret_name(plan.job.metadata.name),
-                "defaultMode": 0o444,
-                "optional": True,
-            },
-        },
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
-        {"name": "control", "mountPath": CONTROL_MOUNT_DIR, "readOnly": True},
     ]
     if ckpt.persistent_volume_claim:
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": ckpt.persistent_volume_claim}})
@@ -176,11 +165,17 @@ def jobset_metadata(job: TPUTrainingJob) -> tuple[dict[str, str], dict[str, str]
     return labels, annotations
 
 
-def context(job: TPUTrainingJob, default_image: str | None = None, running: int | None = None) -> dict[str, Any]:
+def context(
+    job: TPUTrainingJob,
+    default_image: str | None = None,
+    running: int | None = None,
+    control_digest: str | None = None,
+) -> dict[str, Any]:
     """Everything the templates read. `default_image` (the operator's setting) replaces the
     built-in image only where the job does not name one. `running`: the slices an elastic job runs on
     (unset: all); the JobSet's replicas and the pods' process count and MEGASCALE_* follow it, the
-    ConfigMap does not."""
+    ConfigMap does not. `control_digest`: the SHA-256 of the job's control token (controller/control.py), in
+    the pods' env; the ConfigMap does not depend on it either."""
     plan = Plan(job, running)
     spec, name = job.spec, job.metadata.name
     image = default_image if default_image and "image" not in spec.model_fields_set else spec.image
@@ -215,7 +210,7 @@ def context(job: TPUTrainingJob, default_image: str | None = None, running: int 
             *placement.tolerations(spec.tpu),
             *(t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations),
         ],
-        "env": _env(plan),
+        "env": _env(plan, control_digest),
         "resources": _resources(plan),
         "volumes": volumes,
         "volume_mounts": mounts,
@@ -223,10 +218,15 @@ def context(job: TPUTrainingJob, default_image: str | None = None, running: int 
     }
 
 
-def render(job: TPUTrainingJob, default_image: str | None = None, running: int | None = None) -> list[dict[str, Any]]:
+def render(
+    job: TPUTrainingJob,
+    default_image: str | None = None,
+    running: int | None = None,
+    control_digest: str | None = None,
+) -> list[dict[str, Any]]:
     """The manifests of `job`, in creation order (the ConfigMap before the pods that mount it); `running`
-    as in `context`."""
-    ctx = context(job, default_image, running)
+    and `control_digest` as in `context`."""
+    ctx = context(job, default_image, running, control_digest)
     return [_render(t, ctx) for t in TEMPLATES]
 
 

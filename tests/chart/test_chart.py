@@ -24,10 +24,11 @@ CRD_RULES = {k: v for k, v in _OPERATOR.items() if k[1] == "customresourcedefini
 NAMESPACE_RULES = {k: v for k, v in _OPERATOR.items() if k[1] in ("namespaces", "nodes")}  # cluster-scoped reads
 PEERING = {k for k in _OPERATOR if k[0] == "kopf.dev"}  # the chart runs --standalone: no peering
 LEASE_RULES = {k: v for k, v in _OPERATOR.items() if k == ("coordination.k8s.io", "leases")}  # its own namespace only
+KEY_RULES = {k: v for k, v in _OPERATOR.items() if k == ("", "secrets")}  # the control key: its own namespace only
 NAMESPACED_RULES = {
     k: v
     for k, v in _OPERATOR.items()
-    if k not in {**PROXY_RULES, **CRD_RULES, **NAMESPACE_RULES, **LEASE_RULES} and k not in PEERING
+    if k not in {**PROXY_RULES, **CRD_RULES, **NAMESPACE_RULES, **LEASE_RULES, **KEY_RULES} and k not in PEERING
 }
 
 LONG_RELEASE = "a-release-name-that-is-exactly-fifty-three-characters"  # helm's maximum
@@ -51,6 +52,15 @@ def rules_of(role: dict) -> dict[tuple[str, str], set[str]]:
 
 def is_leader_rbac(doc: dict) -> bool:
     return doc["metadata"]["name"].endswith("-leader")
+
+
+def is_control_key_rbac(doc: dict) -> bool:
+    return doc["metadata"]["name"].endswith("-control-key")
+
+
+def is_own_namespace_rbac(doc: dict) -> bool:
+    """The Roles (and bindings) in the operator's own namespace: the leader Lease and the control key."""
+    return is_leader_rbac(doc) or is_control_key_rbac(doc)
 
 
 def config_hash(docs: list[dict]) -> str:
@@ -140,7 +150,7 @@ def test_chart_readme_lists_every_value():
 
 def test_default_rbac_is_cluster_wide_least_privilege(helm, tmp_path):
     docs = render(helm, tmp_path)
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding") and not is_leader_rbac(d)]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding") and not is_own_namespace_rbac(d)]
     role = one(docs, "ClusterRole")
     assert rules_of(role) == {**NAMESPACED_RULES, **CRD_RULES, **NAMESPACE_RULES}
     # Kueue's Workloads are followed through a watch and only ever patched for spec.active (a queued job's
@@ -184,8 +194,8 @@ def test_namespace_scoped_rbac(helm, tmp_path):
         tmp_path,
         {"rbac": {"namespaced": True}, "operator": {"watchNamespaces": ["team-a", "team-b"], "metricsAccess": "proxy"}},
     )
-    roles = [d for d in docs if d["kind"] == "Role" and not is_leader_rbac(d)]
-    bindings = [d for d in docs if d["kind"] == "RoleBinding" and not is_leader_rbac(d)]
+    roles = [d for d in docs if d["kind"] == "Role" and not is_own_namespace_rbac(d)]
+    bindings = [d for d in docs if d["kind"] == "RoleBinding" and not is_own_namespace_rbac(d)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for role in roles:
@@ -231,6 +241,7 @@ def test_deployment_is_two_hardened_replicas_electing_a_leader(helm, tmp_path):
         "--leader-elect-renew-deadline=10",
         "--leader-elect-retry-period=2",
         "--all-namespaces",
+        "--control-key-namespace=tpu-system",
         "--health-port=8080",
         "--metrics-port=9090",
         "--default-image=registry.example/tpu-operator-workload:0.1.0",
@@ -381,6 +392,35 @@ def test_the_lease_is_granted_by_a_role_in_the_release_namespace_only(helm, tmp_
             assert ("coordination.k8s.io", "leases") not in rules_of(cluster_role)
 
 
+def test_the_control_key_is_granted_by_a_role_in_the_release_namespace_only(helm, tmp_path):
+    """get on the one Secret by its name, create (RBAC cannot limit a create by name), in the release namespace;
+    no Secret anywhere else, with cluster-wide RBAC or Roles per watched namespace."""
+    from tpu_operator.controller.control import KEY_SECRET
+
+    for values in (
+        {},
+        {"leaderElection": {"enabled": False}, "replicaCount": 1},
+        {"rbac": {"namespaced": True}, "operator": {"watchNamespaces": ["team-a"]}},
+    ):
+        docs = render(helm, tmp_path, values)
+        role, binding = (one([d for d in docs if is_control_key_rbac(d)], kind) for kind in ("Role", "RoleBinding"))
+        assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "tpu-system"
+        assert role["rules"] == [
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [KEY_SECRET], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        ]
+        assert {("", "secrets"): {v for r in role["rules"] for v in r["verbs"]}} == KEY_RULES
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        account = one(docs, "ServiceAccount")["metadata"]["name"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "tpu-system"}]
+        others = [d for d in docs if d["kind"] in ("Role", "ClusterRole") and not is_control_key_rbac(d)]
+        assert others and not [d for d in others if ("", "secrets") in rules_of(d)]
+
+
 def test_replicas_spread_across_nodes_and_a_drain_leaves_one(helm, tmp_path):
     docs = render(helm, tmp_path)
     deployment = one(docs, "Deployment")
@@ -421,6 +461,7 @@ def test_the_chart_arguments_are_flags_the_operator_takes(helm, tmp_path):
     options = operator_options(build_parser().parse_args(["operator", *args]))
     assert options.leader_elect and options.standalone
     assert (options.lease_name, options.lease_namespace) == ("t-tpu-operator-leader", "tpu-system")
+    assert options.control_key_namespace == "tpu-system"  # where the chart's Role lets it read and make the key
     timing = options.leader_timing
     assert (timing.lease_duration_s, timing.renew_deadline_s, timing.retry_period_s) == (20, 12, 3)
 

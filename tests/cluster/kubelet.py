@@ -186,7 +186,7 @@ class ApiServerHost:
             if "configMap" in volume:
                 name = volume["configMap"]["name"]
                 found[name] = self.core.read_namespaced_config_map(name, pod["metadata"]["namespace"]).data or {}
-            elif "secret" in volume:  # the job's control credential (controller/control.py)
+            elif "secret" in volume:  # a JobSet made before the control key: its job's Secret
                 name = volume["secret"]["secretName"]
                 data = self.core.read_namespaced_secret(name, pod["metadata"]["namespace"]).data or {}
                 found[name] = {k: base64.b64decode(v).decode() for k, v in data.items()}

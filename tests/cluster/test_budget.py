@@ -49,7 +49,6 @@ BUDGET = {
     ("create", "configmaps"): 2,
     ("create", "jobsets"): 2,
     ("create", "pods"): 1,
-    ("create", "secrets"): 2,  # the job's control credential (controller/control.py), dry run and create
     ("create", "events"): 2,  # Created, Succeeded
     # the JobSet's pods not ready yet (why: Scheduled, ContainersReady); pod 0 found for the metrics; pod 0's
     # termination record when the JobSet completed (its process has exited: the final step and checkpoint)

@@ -138,7 +138,9 @@ def test_a_leader_that_cannot_renew_exits_before_the_standby_takes_over(local_cl
             "kind": "Role",
             "metadata": {"name": "lease", "namespace": home},
             "rules": [
-                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+                # the control key (controller/control.py), which the one that leads loads
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
             ],
         }
     )
@@ -158,6 +160,7 @@ def test_a_leader_that_cannot_renew_exits_before_the_standby_takes_over(local_cl
         "--leader-elect",
         f"--leader-elect-resource-name={lease}",
         f"--leader-elect-resource-namespace={home}",
+        f"--control-key-namespace={home}",
     ]
     lease_log = failover.LeaseLog(cluster.kubeconfig, home, lease)
     lease_log.start()

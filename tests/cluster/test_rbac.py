@@ -88,7 +88,16 @@ def scoped_operator_acts_only_in(cluster: Cluster, team_a: str, team_b: str, hom
     assert any(authorization(e) == "allow" for e in requests), "the audit log has no authorization decisions"
     forbidden = [(e["verb"], e["requestURI"]) for e in requests if authorization(e) == "forbid"]
     assert not forbidden, forbidden
-    elsewhere = sorted({e["requestURI"] for e in requests if e["objectRef"].get("namespace") not in (None, team_a)})
+    # Elsewhere only its control key, in its own namespace (controller/control.py).
+    key = (home, "secrets")
+    elsewhere = sorted(
+        {
+            e["requestURI"]
+            for e in requests
+            if e["objectRef"].get("namespace") not in (None, team_a)
+            and (e["objectRef"].get("namespace"), e["objectRef"].get("resource")) != key
+        }
+    )
     assert not elsewhere, elsewhere
     # Cluster-wide it only reads: the CRDs and namespaces kopf scans, discovery, and the nodes whose TPU
     # health it follows (controller/health.py; nodes belong to no namespace).
@@ -136,6 +145,11 @@ def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retri
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": "op", "namespace": ns}],
         },
+    )
+    # The control key, where the chart's operator keeps it (its args say): the chart's Role there, bound to op too.
+    key_role = f"{RELEASE}-tpu-operator-control-key"
+    cluster.kubectl(
+        "create", "rolebinding", name, f"--role={key_role}", f"--serviceaccount={ns}:op", "-n", OPERATOR_NAMESPACE
     )
     args = namespaced(chart_args(cluster, OPERATOR_NAMESPACE, RELEASE), ns)
     op = Operator(cluster.token_kubeconfig(ns, "op", tmp_path / "kubeconfig"), tmp_path, *args)
@@ -207,6 +221,7 @@ def test_a_verb_missing_from_the_rbac_shows_as_a_403_on_the_job_and_is_not_retri
     finally:
         op.kill(signal.SIGTERM)
         cluster.kubectl("delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "rolebinding", name, "-n", OPERATOR_NAMESPACE, "--ignore-not-found", check=False)
 
 
 def test_no_request_of_the_charts_operator_was_forbidden_in_the_whole_suite(
@@ -267,3 +282,23 @@ def test_the_leader_lease_is_granted_in_the_release_namespace_only(local_cluster
     assert all(can(verb, OPERATOR_NAMESPACE) for verb in ("get", "create", "update"))
     assert not any(can(verb, OPERATOR_NAMESPACE) for verb in ("delete", "list", "watch", "patch"))
     assert not any(can(verb, "default") for verb in ("get", "create", "update"))
+
+
+def test_the_control_key_is_the_only_secret_the_operator_may_read(local_cluster: Cluster, chart: str):
+    """The chart's Role for the control key (controller/control.py): get on that one Secret, create (RBAC cannot
+    limit a create by name) in the release namespace; no other Secret readable, no Secret anywhere else (the API
+    server's own answer, `kubectl auth can-i`)."""
+    from tpu_operator.controller.control import KEY_SECRET
+
+    user = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{chart}"
+
+    def can(verb: str, what: str, namespace: str) -> bool:
+        answer = local_cluster.kubectl("auth", "can-i", verb, what, "-n", namespace, f"--as={user}", check=False)
+        return answer.stdout.strip() == "yes"
+
+    assert can("get", f"secret/{KEY_SECRET}", OPERATOR_NAMESPACE) and can("create", "secrets", OPERATOR_NAMESPACE)
+    assert not can("get", "secret/another", OPERATOR_NAMESPACE) and not can("list", "secrets", OPERATOR_NAMESPACE)
+    assert not any(can(verb, "secrets", OPERATOR_NAMESPACE) for verb in ("update", "patch", "delete", "watch"))
+    assert not any(
+        can(verb, what, "default") for verb in ("get", "create") for what in ("secrets", f"secret/{KEY_SECRET}")
+    )

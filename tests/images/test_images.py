@@ -290,9 +290,6 @@ def test_workload_image_trains_the_quickstart_as_two_processes(images, tmp_path)
                 (host / key).write_text(text)
         elif "persistentVolumeClaim" in volume:
             host = pvc
-        elif "secret" in volume:  # the job's control credential, as the kubelet writes the operator's Secret
-            host = own_dir(tmp_path / "volumes" / mount["name"], 65532)
-            (host / "token").write_text("control-token-of-this-test")
         elif volume["emptyDir"].get("medium") == "Memory":  # the container's own /dev/shm tmpfs
             assert mount["mountPath"] == "/dev/shm", mount
             continue

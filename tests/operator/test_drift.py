@@ -35,7 +35,7 @@ def made(doc: dict) -> tuple[dict, dict, dict, str]:
     job = job_of(doc)
     labels, annotations = jobset_metadata(job)
     meta = copy.deepcopy(render(job)[1]["metadata"])
-    return meta, labels, annotations, drift.digest(annotations[names.APPLIED_SPEC])
+    return meta, labels, annotations, drift.spec_digest(annotations[names.APPLIED_SPEC])
 
 
 # --- the comparison (pure) ------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from tpu_operator.api.timestamps import format as rfc3339
 from tpu_operator.controller import children, metrics_reader, phases
 from tpu_operator.controller import status as status_lib
 from tpu_operator.controller.conditions import set_condition
-from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS
+from tpu_operator.controller.kube import CONFIGMAPS, JOBS, JOBSETS, PODS
 from tpu_operator.controller.metrics_reader import MetricsReader, Unreachable, pick_pod, to_sample
 from tpu_operator.controller.queue import WorkQueue
 from tpu_operator.controller.reconcile import OperatorConfig
@@ -211,7 +211,6 @@ def test_reconcile_creates_then_adopts_without_duplicates():
     outcome, notices = run_reconcile(kube, obj)
     assert outcome.result == "created" and [n.reason for n in notices] == ["Created"]
     assert writes(kube) == [
-        ("POST", SECRETS.path("default")),
         ("POST", CONFIGMAPS.path("default")),
         ("POST", JOBSETS.path("default")),
         ("PATCH", JOBS.path("default", "tiny", "status")),

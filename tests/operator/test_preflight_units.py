@@ -17,7 +17,7 @@ from tests.fakes import run_with_preflights as run
 from tpu_operator.api.contract import PlanResult, StepResources
 from tpu_operator.api.timestamps import parse
 from tpu_operator.controller import preflight
-from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, PODS, SECRETS
+from tpu_operator.controller.kube import BATCH_JOBS, CONFIGMAPS, JOBS, JOBSETS, PODS
 from tpu_operator.rendering.preflight import preflight_labels
 
 T0, T1, T3, LATE = "2026-01-01T00:00:00Z", "2026-01-01T00:00:30Z", "2026-01-01T00:03:00Z", "2026-01-01T00:10:00Z"
@@ -151,7 +151,7 @@ def test_it_fits_the_jobset_is_created_with_status_plan():
     finish(kube, DONE, ended(FITS, 0))
     outcome, notices = run(kube, T1)
     assert outcome.result == "created" and [n.reason for n in notices] == ["Planned", "Created"]
-    assert posts(kube) == [SECRETS.path("default"), JOBSETS.path("default")]  # the ConfigMap exists already
+    assert posts(kube) == [JOBSETS.path("default")]  # the ConfigMap exists already
     assert [c[0] for c in kube.calls].count("LIST") == 1
     status = job_status(kube)
     assert status.condition("Planned").status == "True" and status.condition("Ready").reason == "PodsPending"
@@ -308,7 +308,6 @@ def queued_started() -> FakeKube:
     assert posts(kube) == [
         CONFIGMAPS.path("default"),
         BATCH_JOBS.path("default"),
-        SECRETS.path("default"),
         JOBSETS.path("default"),
     ]
     kube.objects[BATCH_JOBS.path("default", "tiny-plan-1")]["metadata"]["creationTimestamp"] = T0

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import time
@@ -138,8 +139,12 @@ def test_no_directory_no_trace():
     assert code == 400 and "spec.checkpoint.directory" in report.message
 
 
-def _post(url: str, body: bytes) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+TOKEN = "the-jobs-control-token"  # what the operator derives (controller/control.py); the pod holds its SHA-256
+
+
+def _post(url: str, body: bytes, token: str = TOKEN) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json", "X-Tpujob-Control-Token": token}
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -155,7 +160,8 @@ def _get(url: str) -> dict:
 @pytest.mark.e2e  # a trainer process
 def test_post_profile_to_a_running_trainer(trainers, tmp_path):
     cfg = trainer_config("tiny", mesh=MESH, steps=30, checkpoint=str(tmp_path / "ckpt"))
-    proc = trainers.start(cfg, TPUJOB_METRICS_PORT=0, TPUJOB_LINGER_SECONDS=30)[0]
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    proc = trainers.start(cfg, TPUJOB_METRICS_PORT=0, TPUJOB_LINGER_SECONDS=30, TPUJOB_CONTROL_TOKEN_SHA256=digest)[0]
     port = None
     for _ in range(600):  # the server is up before the first step compiles; its port is in its log
         text = Path(proc.stderr_path).read_text()
@@ -167,6 +173,7 @@ def test_post_profile_to_a_running_trainer(trainers, tmp_path):
         time.sleep(0.1)
     assert port, trainers.stderr(proc)
     base = f"http://127.0.0.1:{port}"
+    assert _post(f"{base}/profile", b'{"steps": "20-21"}', token="guess")[0] == 401
     code, answer = _post(f"{base}/profile", b'{"steps": "25-40"}')
     assert code == 400 and "the job has 30 steps" in answer["error"]
     code, answer = _post(f"{base}/profile", b'{"steps": "20-21"}')

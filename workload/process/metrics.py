@@ -75,11 +75,14 @@ class Status:
 
 
 def serve(
-    status: Status, port: int, profile: Callable[[bytes], tuple[int, dict]] | None = None, token: str | None = None
+    status: Status,
+    port: int,
+    profile: Callable[[bytes], tuple[int, dict]] | None = None,
+    control_digest: str | None = None,
 ) -> Server | None:
     """Serve /status (JSON) and /metrics (Prometheus) on `port` (0 picks a free one), and `POST /profile`
-    with `profile(body)` where given (profiling.py), to a request with the control credential `token`
-    (serving.control_token; None: none needed)."""
+    with `profile(body)` where given (profiling.py), to a request with the control token whose SHA-256 is
+    `control_digest` (serving.control_digest; None: none needed)."""
 
     def respond(path: str) -> tuple[int, bytes, str]:
         if path == "/status":
@@ -90,7 +93,7 @@ def serve(
 
     def accept(path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:
         if path == "/profile" and profile is not None:
-            if not authorized(headers, token):
+            if not authorized(headers, control_digest):
                 return 401, json.dumps({"error": CONTROL_REFUSED}).encode(), "application/json"
             code, answer = profile(body)
             return code, json.dumps(answer).encode(), "application/json"

@@ -13,15 +13,19 @@ client sends or withholds:
 - at most `MAX_CONNECTIONS` connections at once; one more is answered 503 and closed from the
   accepting thread, without a thread of its own.
 
-Control requests (a POST: anything that changes the trainer) need the job's control credential, a token
-the operator puts in a Secret the pods mount (`TPUJOB_CONTROL_TOKEN_FILE`; controller/control.py), in the
-header `X-Tpujob-Control-Token` (what passes the API server's pod proxy) or `Authorization: Bearer`; 401
-otherwise. A file named but unreadable refuses every control request (fail closed); no file named (a local
-run, on this machine only) takes them without.
+Control requests (a POST: anything that changes the trainer) need the job's control token (controller/control.py)
+in the header `X-Tpujob-Control-Token` (what passes the API server's pod proxy) or `Authorization: Bearer`; 401
+otherwise. The pod holds only the token's SHA-256 (`TPUJOB_CONTROL_TOKEN_SHA256`, hex, from the operator); the
+trainer compares the SHA-256 of the token presented with it, in constant time, after bounding its length
+(`MAX_TOKEN_CHARS`). A pod of a JobSet made by an operator before the control key (one that made a Secret
+`<job>-control` per job) names a file holding the token itself instead
+(`TPUJOB_CONTROL_TOKEN_FILE`, its mounted Secret), still taken. Neither given (`tpujob render` without an
+operator), or one unusable (a malformed digest, an unreadable file): every control request is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import io
 import logging
@@ -47,30 +51,45 @@ _LENGTH = re.compile(r"\d{1,9}")
 _BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
-CONTROL_TOKEN_FILE = "TPUJOB_CONTROL_TOKEN_FILE"
+CONTROL_DIGEST = "TPUJOB_CONTROL_TOKEN_SHA256"
+CONTROL_TOKEN_FILE = "TPUJOB_CONTROL_TOKEN_FILE"  # a JobSet made before the control key: the token in a file
 CONTROL_HEADER = "x-tpujob-control-token"
+MAX_TOKEN_CHARS = 256  # a token is 43 characters (base64url of 32 bytes); a longer header is refused unhashed
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
-def control_token(environ=os.environ) -> str | None:
-    """The job's control credential from the file `TPUJOB_CONTROL_TOKEN_FILE` names; "" (nothing matches it)
-    if that file cannot be read; None where no file is named."""
+def control_digest(environ=os.environ) -> str:
+    """The SHA-256 (hex) of the job's control token: `TPUJOB_CONTROL_TOKEN_SHA256`, else that of the token in the
+    file `TPUJOB_CONTROL_TOKEN_FILE` names; "" (nothing matches it) when neither is given, or the one given is
+    unusable."""
+    given = environ.get(CONTROL_DIGEST)
+    if given is not None:
+        if _DIGEST.fullmatch(given.strip().lower()):
+            return given.strip().lower()
+        log.error("control: %s is not a SHA-256 in hex: control requests are refused", CONTROL_DIGEST)
+        return ""
     path = environ.get(CONTROL_TOKEN_FILE)
     if not path:
-        return None
+        log.warning("control: no control credential given (%s): control requests are refused", CONTROL_DIGEST)
+        return ""
     try:
         with open(path) as f:
-            return f.read(1024).strip()
+            token = f.read(MAX_TOKEN_CHARS + 1).strip()
     except OSError as exc:
         log.error("control: cannot read the control credential %s (%s): control requests are refused", path, exc)
         return ""
+    return hashlib.sha256(token.encode()).hexdigest() if 0 < len(token) <= MAX_TOKEN_CHARS else ""
 
 
-def authorized(headers: dict[str, str], token: str | None) -> bool:
-    """Whether a control request carries the credential (compared in constant time)."""
-    if token is None:
+def authorized(headers: dict[str, str], digest: str | None) -> bool:
+    """Whether a control request carries the token whose SHA-256 is `digest` (compared in constant time); None:
+    none is needed (a server started without a credential, in tests)."""
+    if digest is None:
         return True
     given = headers.get(CONTROL_HEADER) or headers.get("authorization", "").removeprefix("Bearer ").strip()
-    return bool(token) and hmac.compare_digest(given.encode(), token.encode())
+    if not digest or not given or len(given) > MAX_TOKEN_CHARS:
+        return False
+    return hmac.compare_digest(hashlib.sha256(given.encode()).hexdigest(), digest)
 
 
 class RequestTooLarge(ConnectionError):

@@ -81,6 +81,7 @@ elect a leader on a Lease instead (--leader-elect).
 {{- else }}
 - --all-namespaces
 {{- end }}
+- --control-key-namespace={{ .Release.Namespace }}
 - --health-port={{ .Values.operator.healthPort }}
 - --metrics-port={{ .Values.operator.metricsPort }}
 - --default-image={{ required "operator.defaultImage is required: no trainer image is published; build docker/workload.Dockerfile, push it to a registry the TPU nodes pull from and --set operator.defaultImage=REGISTRY/tpu-operator-workload:TAG (docs/operations.md, Images)" .Values.operator.defaultImage }}
@@ -138,9 +139,6 @@ Role per watched namespace). Exactly the verbs the operator uses; no wildcards.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get", "create"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create"]
@@ -182,6 +180,18 @@ replica), update (acquire, renew, release). */}}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["get", "create", "update"]
+{{- end }}
+
+{{/* The control key's Secret (operator/controller/control.py), in the release namespace only: get, that Secret
+alone (at start-up); create, the first start (RBAC cannot limit a create by name). */}}
+{{- define "tpu-operator.controlKeyRules" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: ["tpu-operator-control-key"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 {{- end }}
 
 {{/* Refuse value combinations the schema cannot express. */}}
