@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from ..api import names, timestamps
 from ..api.spec import RuntimeSpec
-from ..api.status import TPUTrainingJobStatus
+from ..api.status import TERMINAL_PHASES, TPUTrainingJobStatus
 from . import drift, health, kueue, preflight, trimmed
 from .children import config_map_of, owner_of
 from .kube import JOBSETS, ApiError, Kube, Obj
@@ -324,7 +324,7 @@ class Manager:
             return "gone"
         if self._held(key, job):
             return "held"
-        if echo:
+        if echo and (job.get("status") or {}).get("phase") not in TERMINAL_PHASES:  # a finished one is `finished`
             return "echo"
         jobset, left = self.jobset(key), self.unlabelled.pop(key, None)
         if "reread" in reasons or (jobset is None and left):  # one GET: the JobSet as it is, whatever the watch says
