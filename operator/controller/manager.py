@@ -403,9 +403,10 @@ class Manager:
         self.reader.tokens.forget(key[0], names.jobset_name(key[1]))  # a job made again under the name has its own
 
     def _resync_kind(self, key: Key) -> str:
-        """`reread` every REREAD_EVERY resyncs of a job (the first after a random number of them, so jobs made
-        together are not read together), else `resync`."""
-        left = self.resyncs.get(key, self.rng.randrange(REREAD_EVERY))
+        """`reread` every REREAD_EVERY resyncs of a job (the first after REREAD_EVERY to twice that many, at
+        random, so jobs made together are not read together, and a burst of new jobs costs no GET), else
+        `resync`."""
+        left = self.resyncs.get(key, REREAD_EVERY + self.rng.randrange(REREAD_EVERY))
         self.resyncs[key] = left - 1 if left > 0 else REREAD_EVERY - 1
         return "resync" if left > 0 else "reread"
 
