@@ -75,7 +75,13 @@ async def _replace(kube: Kube, resource: Resource, existing: Obj, manifest: Obj)
     """A ConfigMap of ours whose contents are not what its name (their hash) says: it was not made by this
     rendering, so it is not trusted. Immutable, it cannot be updated: it is deleted (that uid only) and
     made again. A pod that mounted it has not started training on it: the JobSet is made after this."""
-    meta = existing["metadata"]
+    await delete_this(kube, resource, existing, gone=(404,))  # gone already: make it
+    return await kube.create(resource, manifest["metadata"]["namespace"], manifest)
+
+
+async def delete_this(kube: Kube, resource: Resource, obj: Obj, gone: tuple[int, ...]) -> None:
+    """Delete this object and no other (a uid precondition); the statuses in `gone` mean there is nothing to."""
+    meta = obj["metadata"]
     try:
         await kube.delete(
             resource,
@@ -84,9 +90,8 @@ async def _replace(kube: Kube, resource: Resource, existing: Obj, manifest: Obj)
             {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta.get("uid")}},
         )
     except ApiError as exc:
-        if exc.status != 404:  # gone already: make it
+        if exc.status not in gone:
             raise
-    return await kube.create(resource, manifest["metadata"]["namespace"], manifest)
 
 
 def config_map_of(jobset: Obj) -> str | None:
@@ -167,17 +172,7 @@ def _refused(manifest: Obj, exc: BaseException) -> BaseException:
 async def _undo(kube: Kube, made: list[tuple[Resource, Obj]]) -> None:
     """Delete the children just created (only those uids) when a sibling was refused: nothing half-made."""
     for resource, obj in made:
-        meta = obj["metadata"]
-        try:
-            await kube.delete(
-                resource,
-                meta.get("namespace", "default"),
-                meta["name"],
-                {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta.get("uid")}},
-            )
-        except ApiError as exc:
-            if exc.status not in (404, 409):  # gone, or no longer that object: nothing of ours to delete
-                raise
+        await delete_this(kube, resource, obj, gone=(404, 409))  # gone, or no longer that object: not ours
 
 
 def pods_of(jobset: Obj) -> list[Obj]:
