@@ -60,6 +60,10 @@ Index = Mapping[_K, Collection[_V]]  # kopf.Index: key -> a store of the values 
 # The reason a reconcile ran, for the operator's metrics: the first of these it was queued for.
 TRIGGERS = ("job", "jobset", "configmap", "workload", "preflight", "node", "reread", "resync", "metrics", "retry")
 REREAD_EVERY = 10  # resyncs of a job per GET of its JobSet
+# Phases where time alone changes nothing: a job waits for its user (spec.suspend) or for Kueue (its Workload's
+# events). Their resyncs are only the rereads; a reconcile of every such job every interval was, with 2,000 of
+# them, the operator's largest CPU cost that grew with the jobs rather than with their events.
+QUIET = ("Suspended", "Queued")
 LOOK_AT_PODS = {"jobset", "reread", "resync"}  # the only triggers that may list a JobSet's pods
 LOOK_AT_NODES = {"node", "jobset", "reread", "resync"}  # ... and, while a TPU node is unhealthy, a Running job's
 
@@ -107,6 +111,7 @@ class Manager:
         self.samples: dict[Key, Sample] = {}
         self.due_resync: dict[Key, float] = {}
         self.resyncs: dict[Key, int] = {}  # resyncs left before the next reread (a GET of the JobSet)
+        self.quiet: set[Key] = set()  # Suspended or Queued: only an event (or a reread) changes anything
         self.due_metrics: dict[Key, float] = {}
         self.refused: dict[Key, tuple[int | None, float]] = {}  # a permanent refusal: (generation, retry after)
         self.reads = asyncio.Semaphore(concurrent_reads)
@@ -378,6 +383,10 @@ class Manager:
             return
         if status.job_set_name and status.phase != "Invalid":
             self.due_resync.setdefault(key, self.clock() + self.config.resync_interval_s * self.rng.uniform(0.5, 1))
+        if status.phase in QUIET:
+            self.quiet.add(key)
+        else:
+            self.quiet.discard(key)
         if status.phase == "Running":
             self.due_metrics.setdefault(key, self.clock() + self.config.metrics_interval_s * self.rng.uniform(0.05, 1))
         elif self.due_metrics.pop(key, None) is not None:
@@ -397,6 +406,7 @@ class Manager:
             self.due_metrics,
         ):
             table.pop(key, None)
+        self.quiet.discard(key)
         if forget_stats:
             self.stats.forget_job(key)
         self.reader.forget(key[0], names.jobset_name(key[1]))
@@ -410,17 +420,23 @@ class Manager:
         self.resyncs[key] = left - 1 if left > 0 else REREAD_EVERY - 1
         return "resync" if left > 0 else "reread"
 
+    def tick(self) -> None:
+        """Queue the resyncs and start the trainer reads that are due (a quiet job's resync only if a reread)."""
+        now = self.clock()
+        for key, due in list(self.due_resync.items()):
+            if due <= now:
+                self.due_resync[key] = now + self.config.resync_interval_s
+                kind = self._resync_kind(key)
+                if kind == "reread" or key not in self.quiet:
+                    self.queue.add(key, kind)
+        for key, due in list(self.due_metrics.items()):
+            if due <= now:
+                self.due_metrics[key] = now + self.config.metrics_interval_s
+                self.start_read(key)
+
     async def _ticker(self) -> None:
         while True:
-            now = self.clock()
-            for key, due in list(self.due_resync.items()):
-                if due <= now:
-                    self.due_resync[key] = now + self.config.resync_interval_s
-                    self.queue.add(key, self._resync_kind(key))
-            for key, due in list(self.due_metrics.items()):
-                if due <= now:
-                    self.due_metrics[key] = now + self.config.metrics_interval_s
-                    self.start_read(key)
+            self.tick()
             await asyncio.sleep(self.tick_s)
 
     def start_read(self, key: Key) -> bool:

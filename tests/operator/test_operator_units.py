@@ -390,6 +390,27 @@ def test_manager_rereads_a_jobset_once_every_ten_resyncs_of_its_job():
     ]
 
 
+def test_a_suspended_job_is_resynced_only_to_reread_its_jobset():
+    async def scenario() -> None:
+        kube = FakeKube()
+        manager, clock, _ = manager_for(kube)
+        key = ("default", "tiny")
+        index = {key: [kube.add_job(tiny_job(suspend=True))]}
+        manager.add(key, "job")
+        assert await drain(manager, index, {}) == ["created"] and job_status(kube).phase == "Suspended"
+        assert key in manager.quiet and key in manager.due_resync
+        queued = []
+        for _ in range(25):  # 25 resync intervals: nothing changes a suspended job but its events
+            clock.t = manager.due_resync[key]
+            manager.tick()
+            if len(manager.queue):
+                queued.append((await manager.queue.get())[1])
+                manager.queue.done(key)
+        assert queued and set().union(*queued) == {"reread"} and len(queued) <= 2
+
+    asyncio.run(scenario())
+
+
 def test_manager_remembers_the_jobset_it_created_until_the_watch_delivers_it():
     async def scenario() -> None:
         kube = FakeKube()
