@@ -126,15 +126,18 @@ async def ensure_children(
     control_digest: str | None = None,
     shapes: AdmittedShapes | None = None,
 ) -> tuple[Obj, bool]:
-    """The ConfigMap (unless known to exist: the pre-flight made it), then the JobSet, its pods given
-    `control_digest` (through `gate`, e.g. the pre-flight's admission gate, when given): (the JobSet, whether it
-    was created now). The JobSet comes last: an operator killed in between finds no JobSet and makes it again (a
-    409 adopts the ConfigMap), where one found with its JobSet would never be looked for, and its pods would wait
-    for a volume for good.
+    """The ConfigMap (unless known to exist: the pre-flight made it) and the JobSet, its pods given
+    `control_digest` (through `gate`, e.g. the pre-flight's admission gate, when given), side by side: (the
+    JobSet, whether it was created now). Side by side saves the JobSet an API round trip; the pods wait for
+    their ConfigMap volume as for any volume, and the Job controller makes them long after both requests
+    are answered. An operator killed between the two finds the JobSet but no record of it in the job's
+    status (`jobSetName`, written once both are made) and makes both again (reconcile.converge: a 409 adopts
+    what exists), so a ConfigMap never sent is made then.
 
     Nothing is left half-made by a refusal: the pods, which the API server sees only long after, are
     admitted first in a dry run (once per shape among `shapes`, admitted.py); a refusal of the ConfigMap or
-    the JobSet themselves comes from their own create, and undoes what this call created."""
+    the JobSet themselves (or a name taken by another object) comes from their own create, and the other
+    one, if this call created it, is deleted."""
     if running is not None and running not in job.spec.tpu.slice_counts:  # the spec changed under it: all slices
         running = None
     # off the loop, as parsing
@@ -146,20 +149,19 @@ async def ensure_children(
         await dry_run(kube, job.metadata.namespace, *((PODS, p) for p in pods_of(jobset)))
         if shapes is not None:
             shapes.add(shape)
-    children = [] if config_map_exists else [(CONFIGMAPS, made_config_map)]
+    wanted = [*([] if config_map_exists else [(CONFIGMAPS, made_config_map)]), (JOBSETS, jobset)]
     uid = job.metadata.uid or ""
-    results = await asyncio.gather(*(ensure_child(kube, r, m, uid) for r, m in children), return_exceptions=True)
-    made = [(r, result[0]) for (r, _), result in zip(children, results) if isinstance(result, tuple) and result[1]]
-    try:
-        for (_, manifest), result in zip(children, results):
-            if isinstance(result, BaseException):
-                raise _refused(manifest, result)
-        return await ensure_child(kube, JOBSETS, jobset, uid)
-    except (ApiError, Inadmissible) as exc:
-        if isinstance(exc, Inadmissible) or inadmissible(exc):
-            await _undo(kube, made)
-            raise _refused(jobset, exc) from None
-        raise
+    results = await asyncio.gather(*(ensure_child(kube, r, m, uid) for r, m in wanted), return_exceptions=True)
+    failed = [(m, _refused(m, e)) for (_, m), e in zip(wanted, results) if isinstance(e, BaseException)]
+    if failed:
+        final = next((e for _, e in failed if isinstance(e, (Inadmissible, NameConflict))), None)
+        if final is not None:  # the job's to change: what was made beside it goes
+            await _undo(kube, [(r, e[0]) for (r, _), e in zip(wanted, results) if isinstance(e, tuple) and e[1]])
+            raise final
+        raise failed[0][1]  # transient: the next reconcile makes what is missing (a 409 adopts the rest)
+    made = results[-1]
+    assert isinstance(made, tuple)  # no failure: each result is (object, created)
+    return made
 
 
 def _refused(manifest: Obj, exc: BaseException) -> BaseException:

@@ -278,7 +278,11 @@ async def converge(
         await children.delete_unstarted(kube, jobset)  # that JobSet never ran
         return ReconcileResult("replacing", None, 1.0)
     if not (ensured or gated) and jobset is not None:
-        return Converged(jobset, False, False, None)
+        if status_of(job_obj).job_set_name or preflight.wanted(job):
+            return Converged(jobset, False, False, None)
+        # Made beside its ConfigMap by an operator stopped before the status said so (children.ensure_children):
+        # both are made sure of once, a 409 adopting what exists. (A pre-flight's ConfigMap came before.)
+        ensured = True
     wait = restarts.wait_s(status_of(job_obj), now) if ensured else 0
     if wait > 0:  # a restart's backoff: the JobSet is created again once it is over
         return ReconcileResult("waiting", None, wait)

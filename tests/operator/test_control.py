@@ -19,7 +19,7 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from tests.conftest import operator_job as tiny_job
-from tests.fakes import NOW, PREFLIGHT_TIMING, FakeKube, add_pod0, run_reconcile
+from tests.fakes import NOW, PREFLIGHT_TIMING, FakeKube, add_pod0, job_status, run_reconcile
 from tpu_operator.api.profiling import CONTROL_REFUSED
 from tpu_operator.controller import control, preflight, reconcile
 from tpu_operator.controller.kube import CONFIGMAPS, JOBSETS, SECRETS, ApiError, AsyncKube
@@ -242,18 +242,30 @@ def test_a_queued_jobs_jobset_made_beside_its_preflight_gets_the_digest_too():
     )
 
 
-def test_no_jobset_is_made_before_the_config_map_it_mounts():
-    # An operator that fails (or is killed) between them finds no JobSet and makes both again; a JobSet
-    # made first would never be looked at again, and its pods would wait for a volume for good.
+def test_a_config_map_never_made_beside_its_jobset_is_made_by_the_next_reconcile():
+    # The ConfigMap and the JobSet are created side by side; an operator that fails (or is killed) between them
+    # finds the JobSet without its record in the job's status (jobSetName) and makes sure of both: the pods,
+    # waiting for their volume, start.
     kube = FakeKube()
     kube.refuse[CONFIGMAPS] = ApiError(500, "etcdserver: request timed out", "POST")
     obj = kube.add_job(tiny_job())
     with pytest.raises(ApiError):
         run_reconcile(kube, obj)
-    assert kube.jobset() is None and ("POST", JOBSETS.path("default")) not in kube.calls
+    assert kube.jobset() is not None and not job_status(kube).job_set_name
+    assert not [p for p in kube.objects if p.startswith(CONFIGMAPS.path("default"))]
     del kube.refuse[CONFIGMAPS]
-    assert run_reconcile(kube, kube.job())[0].result == "created"
-    assert kube.jobset() is not None
+    kube.calls.clear()
+    outcome, _ = run_reconcile(kube, kube.job(), kube.jobset())  # the watch has the JobSet
+    assert outcome.result == "adopted" and job_status(kube).job_set_name == "tiny"
+    assert [p for p in kube.objects if p.startswith(CONFIGMAPS.path("default"))]
+    assert [c for c in kube.calls if c[0] == "POST"] == [
+        ("POST", CONFIGMAPS.path("default")),
+        ("POST", JOBSETS.path("default")),
+    ]
+    # Recorded now: the next reconcile makes nothing.
+    kube.calls.clear()
+    run_reconcile(kube, kube.job(), kube.jobset())
+    assert not [c for c in kube.calls if c[0] in ("POST", "DRYRUN")]
 
 
 def test_the_reader_sends_the_jobs_derived_token(trainer):

@@ -326,7 +326,7 @@ def test_a_conflicting_status_write_rereads_once_then_leaves_it():
     outcome, notices = run_reconcile(kube, kube.job(), completed)
     assert outcome.result == "followed" and job_status(kube).phase == "Succeeded"
     assert [c[0] for c in kube.calls] == ["PATCH", "GET", "PATCH"] and [n.reason for n in notices] == ["Succeeded"]
-    kube.objects[JOBS.path("default", "tiny")]["status"] = {}
+    kube.objects[JOBS.path("default", "tiny")]["status"] = {"jobSetName": "tiny"}  # back before Succeeded
     kube.conflicts, kube.calls = 2, []
     outcome, notices = run_reconcile(kube, kube.job(), completed)
     assert outcome.job is None and notices == [] and [c[0] for c in kube.calls] == ["PATCH", "GET", "PATCH"]
