@@ -21,7 +21,6 @@ handed back), the log naming the Secret and the API's answer, never the key.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
 import gc
 import logging
@@ -251,22 +250,6 @@ def _without_sync_client() -> None:
         sys.modules["kubernetes"] = None  # type: ignore[assignment]  # `import kubernetes` raises ImportError
 
 
-M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
-
-
-def _two_malloc_arenas() -> None:
-    """glibc gives each thread that allocates its own malloc arena, up to eight per core, and memory freed in one
-    is reused only there. The operator's threads (rendering and parsing off the event loop, the HTTP servers)
-    allocate in bursts, so every arena grows to the burst and keeps it: the process's peak memory grows with the
-    number of threads, not with the jobs (MALLOC_ARENA_MAX=2, as set here before any thread starts, is the usual
-    cure for Python services). Elsewhere than glibc this does nothing."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(M_ARENA_MAX, 2)
-    except (OSError, AttributeError):
-        pass
-
-
 def run_operator(options: OperatorOptions) -> int:
     """Entry of `tpujob operator`."""
     if options.print_rbac:
@@ -274,7 +257,6 @@ def run_operator(options: OperatorOptions) -> int:
         return 0
     log = _logging(options)
     _without_sync_client()
-    _two_malloc_arenas()
     try:
         return asyncio.run(_operate(options, log))
     except KeyboardInterrupt:
