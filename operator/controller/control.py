@@ -142,7 +142,3 @@ class Tokens:
     def digest(self, namespace: str, name: str, uid: str) -> str | None:
         token = self.token(namespace, name, uid)
         return None if token is None else digest(token)
-
-    def forget(self, namespace: str, job: str) -> None:
-        """Nothing to forget: nothing is remembered per job (a job made again under the name has another uid,
-        so another token)."""

@@ -410,7 +410,6 @@ class Manager:
         if forget_stats:
             self.stats.forget_job(key)
         self.reader.forget(key[0], names.jobset_name(key[1]))
-        self.reader.tokens.forget(key[0], names.jobset_name(key[1]))  # a job made again under the name has its own
 
     def _resync_kind(self, key: Key) -> str:
         """`reread` every REREAD_EVERY resyncs of a job (the first after REREAD_EVERY to twice that many, at
