@@ -117,3 +117,30 @@ def test_tiles_then_chunks_bound_the_logits_and_the_weight_per_device():
     # A vocabulary the tiles cannot split further: chunks of the sequence then.
     odd = big.model_copy(update={"model": big.model.model_copy(update={"vocab": 128257})})
     assert train.loss_tiling(odd) == (16, 1)
+    assert not train.keeps_logits(big) and not train.keeps_logits(odd)  # never past the tiles' bounds
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_kept_logits_give_the_recomputed_gradients_bit_for_bit(masked):
+    """A small head keeps its logits for the backward (one head matmul fewer per step); the backward
+    then reads the very values it would have recomputed, so loss and gradients are the same bits."""
+    ks = jax.random.split(jax.random.key(2), 4)
+    x = jax.random.normal(ks[0], (2, 8, 128), jnp.float32).astype(jnp.bfloat16)
+    w = 0.1 * jax.random.normal(ks[1], (128, 512), jnp.float32)
+    targets = jax.random.randint(ks[2], (2, 8), 0, 512)
+    mask = (jax.random.uniform(ks[3], (2, 8)) > 0.4).astype(jnp.float32) if masked else None
+
+    def head(keep):
+        def f(x, w):
+            ce, z = loss.cross_entropy(x, targets, w, chunks=1, tiles=1, mask_BT=mask, z_loss=masked, keep=keep)
+            return ce + 0.5 * z
+
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, w)
+
+    (l0, g0), (l1, g1) = head(False), head(True)
+    assert float(l1) == float(l0)
+    for a, b in zip(g1, g0):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    assert train.keeps_logits(trainer_config("tiny", batch=8, seq=128))
+    with pytest.raises(ValueError, match="whole head"):
+        loss.cross_entropy(x, targets, w, chunks=2, tiles=1, keep=True)

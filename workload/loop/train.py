@@ -49,6 +49,13 @@ def loss_tiling(cfg: TrainerConfig) -> tuple[int, int]:
     return loss_lib.tiling(batch, t.sequence_length // m.context, cfg.model.model_dim, cfg.model.vocab, m.tensor)
 
 
+def keeps_logits(cfg: TrainerConfig) -> bool:
+    """Whether the head keeps its logits for the backward (loss.keeps_logits)."""
+    m, t = cfg.mesh, cfg.training
+    batch = -(-t.microbatch // (m.data * m.fsdp * m.expert))
+    return loss_lib.keeps_logits(batch, t.sequence_length // m.context, cfg.model.vocab, m.tensor, *loss_tiling(cfg))
+
+
 # One slice's [tokens, F / slices] MLP activation per device stays under this (mlp_chunks).
 MLP_CHUNK_BYTES = 128 << 20
 
@@ -92,6 +99,7 @@ def model_config(cfg: TrainerConfig, interpret: bool, device_kind: str | None = 
         interpret=interpret,
         loss_chunks=chunks,
         vocab_tiles=tiles,
+        keep_logits=keeps_logits(cfg),
         mlp_chunks=mlp_chunks(cfg),
     )
 

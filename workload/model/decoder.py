@@ -40,6 +40,8 @@ class ModelConfig:
     # recomputed in the backward pass (loss.py; 1 and 1: the whole head at once).
     loss_chunks: int = 1
     vocab_tiles: int = 1
+    # The whole head's logits kept for the backward instead of recomputed (loss.keeps_logits).
+    keep_logits: bool = False
     # The dense MLP runs over this many slices of its hidden dimension F, each recomputed in the
     # backward pass (chunked.py), where the layer is recomputed and keeps none of the MLP's activations.
     mlp_chunks: int = 1
@@ -402,6 +404,7 @@ def loss_fn(
             model.unembed[...],
             chunks=model.cfg.loss_chunks,
             tiles=model.cfg.vocab_tiles,
+            keep=model.cfg.keep_logits,
             mask_BT=mask_BT,
             z_loss=weights.z_loss > 0,
         )

@@ -19,6 +19,11 @@ weight gradient straight to the parameter's shards (bf16, as autodiff does for a
 Per-token losses are exactly those of the whole head; only the order of f32 sums changes. Each
 sequence chunk stays sharded as the sequence is (chunked.split_sequence). The LM head stays bf16 under
 fp8 (as MaxText's does).
+
+Where the whole head runs at once (one chunk, one tile) and its f32 logits are small (`keeps_logits`),
+the forward keeps them for the backward instead of recomputing them: three head matmuls per step, not
+four, for what autodiff would have kept anyway. The kept logits are the very values the backward would
+recompute, so the gradients are the same bits.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ HEAD_DTYPE = jnp.bfloat16
 # One chunk's f32 logits tile and one gathered bf16 weight tile per device stay under these.
 LOGITS_TILE_BYTES = 512 << 20
 WEIGHT_TILE_BYTES = 256 << 20
+# Whole-head f32 logits per device up to this are kept for the backward rather than recomputed (a
+# quarter of the head's FLOPs): small models' heads, never a large vocabulary at a long sequence.
+KEPT_LOGITS_BYTES = 64 << 20
 
 
 def token_losses(logits_BTV, targets_BT):
@@ -80,17 +88,28 @@ def tiling(batch: int, local_seq: int, model_dim: int, vocab: int, tensor: int =
     return chunks, tiles
 
 
-def cross_entropy(x_BTD, targets_BT, w_DV, *, chunks: int, tiles: int, mask_BT=None, z_loss: bool = False):
+def keeps_logits(batch: int, local_seq: int, vocab: int, tensor: int, chunks: int, tiles: int) -> bool:
+    """Whether one device's head keeps its logits for the backward (the module docstring): the whole
+    head at once, its f32 logits under KEPT_LOGITS_BYTES."""
+    return chunks == tiles == 1 and batch * local_seq * (vocab // tensor) * 4 <= KEPT_LOGITS_BYTES
+
+
+def cross_entropy(
+    x_BTD, targets_BT, w_DV, *, chunks: int, tiles: int, mask_BT=None, z_loss: bool = False, keep: bool = False
+):
     """(mean next-token cross entropy, mean z-loss) of hidden states `x_BTD` (bf16) under the
     unembedding `w_DV` (the f32 parameter), `chunks` sequence chunks by `tiles` vocabulary tiles at a
     time. `mask_BT` (f32, 1 where a target counts; None: all do) weights the tokens; the means are over
-    the tokens that count. The z-loss is logsumexp(logits)^2 per token (PaLM's; 0 unless `z_loss`)."""
+    the tokens that count. The z-loss is logsumexp(logits)^2 per token (PaLM's; 0 unless `z_loss`).
+    `keep` (one chunk and one tile only; `keeps_logits`): the backward reuses the forward's logits."""
     if w_DV.shape[1] % tiles:
         raise ValueError(f"vocabulary {w_DV.shape[1]} does not split into {tiles} tiles")
+    if keep and (chunks, tiles) != (1, 1):
+        raise ValueError(f"logits are kept only for the whole head at once, not {chunks} chunks x {tiles} tiles")
     x_NBtD, targets_NBt = (chunked.split_sequence(a, chunks) for a in (x_BTD, targets_BT))
     mask_NBt = None if mask_BT is None else chunked.split_sequence(mask_BT, chunks)
     count = targets_BT.size if mask_BT is None else jnp.maximum(jnp.sum(mask_BT), 1.0)
-    ce, z = _tiled_ce(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles, z_loss)
+    ce, z = _tiled_ce(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles, z_loss, keep)
     return ce / count, z / count
 
 
@@ -99,10 +118,22 @@ def _gathered(w_DV):
     return constrain(w_DV.astype(HEAD_DTYPE), (None, "vocab"))
 
 
-def _logits(x_BtD, w_Dv):
-    return constrain(
-        jnp.einsum("btd,dv->btv", x_BtD, w_Dv, preferred_element_type=jnp.float32), ("batch", "length", "act_vocab")
+def _wide_dot(eq: str, a, b):
+    """A head matmul of bf16 operands with an f32 result. On TPU the MXU takes bf16 with f32
+    accumulation as it is; XLA:CPU runs such a dot in an emulated bf16 kernel on hosts without bf16
+    instructions (1.6x the time of the same dot in f32, measured on this AVX2 EPYC), so the CPU lowering
+    widens the operands first: the same products (a product of two bf16 values is exact in f32) and
+    f32 sums, in another order."""
+    return jax.lax.platform_dependent(
+        a,
+        b,
+        cpu=lambda a, b: jnp.einsum(eq, a.astype(jnp.float32), b.astype(jnp.float32)),
+        default=lambda a, b: jnp.einsum(eq, a, b, preferred_element_type=jnp.float32),
     )
+
+
+def _logits(x_BtD, w_Dv):
+    return constrain(_wide_dot("btd,dv->btv", x_BtD, w_Dv), ("batch", "length", "act_vocab"))
 
 
 def _tile(w_DV, j, tiles: int):
@@ -116,38 +147,48 @@ def _in_tile(targets, j, tiles: int):
     return targets % tiles == j, targets // tiles
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _tiled_ce(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _tiled_ce(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool, keep: bool):
     """(summed cross entropy, summed z-loss) over the chunks of hidden states, weighted by the mask
     (see the module docstring)."""
-    return _ce_forward(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles, z_loss)[0]
+    return _ce_forward(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles, z_loss, keep)[0]
 
 
-def _ce_forward(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool):
-    def tile(carry, j):
-        w_Dv = _tile(w_DV, j, tiles)
+def _online(logits_Btv, targets_Bt, j, tiles: int, max_Bt, sum_Bt, target_Bt):
+    """One tile's logits folded into the running max, the running sum and the target's logit."""
+    new_max = jnp.maximum(max_Bt, jnp.max(logits_Btv, axis=-1))
+    new_sum = sum_Bt * jnp.exp(max_Bt - new_max) + jnp.sum(jnp.exp(logits_Btv - new_max[..., None]), -1)
+    hit, index = _in_tile(targets_Bt, j, tiles)
+    picked = jnp.take_along_axis(logits_Btv, jnp.where(hit, index, 0)[..., None], -1)[..., 0]
+    return new_max, new_sum, jnp.where(hit, picked, target_Bt)
 
-        def chunk(_, xs):
-            x_BtD, targets_Bt, max_Bt, sum_Bt, target_Bt = xs
-            logits_Btv = _logits(x_BtD, w_Dv)
-            new_max = jnp.maximum(max_Bt, jnp.max(logits_Btv, axis=-1))
-            new_sum = sum_Bt * jnp.exp(max_Bt - new_max) + jnp.sum(jnp.exp(logits_Btv - new_max[..., None]), -1)
-            hit, index = _in_tile(targets_Bt, j, tiles)
-            picked = jnp.take_along_axis(logits_Btv, jnp.where(hit, index, 0)[..., None], -1)[..., 0]
-            return None, (new_max, new_sum, jnp.where(hit, picked, target_Bt))
 
-        return jax.lax.scan(chunk, None, (x_NBtD, targets_NBt, *carry))[1], None
-
+def _ce_forward(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool, keep: bool):
     start = (jnp.full(targets_NBt.shape, -jnp.inf), jnp.zeros(targets_NBt.shape), jnp.zeros(targets_NBt.shape))
-    (max_NBt, sum_NBt, target_NBt), _ = jax.lax.scan(tile, start, jnp.arange(tiles))
+    kept = None
+    if keep:  # one chunk, one tile: no loops, and the logits stay for the backward
+        kept = _logits(x_NBtD[0], _tile(w_DV, 0, 1))[None]
+        max_NBt, sum_NBt, target_NBt = _online(kept, targets_NBt, 0, 1, *start)
+    else:
+
+        def tile(carry, j):
+            w_Dv = _tile(w_DV, j, tiles)
+
+            def chunk(_, xs):
+                x_BtD, targets_Bt, *running = xs
+                return None, _online(_logits(x_BtD, w_Dv), targets_Bt, j, tiles, *running)
+
+            return jax.lax.scan(chunk, None, (x_NBtD, targets_NBt, *carry))[1], None
+
+        (max_NBt, sum_NBt, target_NBt), _ = jax.lax.scan(tile, start, jnp.arange(tiles))
     logz_NBt = max_NBt + jnp.log(sum_NBt)
     weigh = (lambda a: a) if mask_NBt is None else (lambda a: a * mask_NBt)  # noqa: E731
     z = jnp.sum(weigh(jnp.square(logz_NBt))) if z_loss else jnp.zeros((), jnp.float32)
-    return (jnp.sum(weigh(logz_NBt - target_NBt)), z), (x_NBtD, targets_NBt, mask_NBt, w_DV, logz_NBt)
+    return (jnp.sum(weigh(logz_NBt - target_NBt)), z), (x_NBtD, targets_NBt, mask_NBt, w_DV, logz_NBt, kept)
 
 
-def _ce_backward(tiles: int, z_loss: bool, residuals, gs):
-    x_NBtD, targets_NBt, mask_NBt, w_DV, logz_NBt = residuals
+def _ce_backward(tiles: int, z_loss: bool, keep: bool, residuals, gs):
+    x_NBtD, targets_NBt, mask_NBt, w_DV, logz_NBt, kept = residuals
     g, g_z = gs
     D, V = w_DV.shape
     sh = current()
@@ -157,36 +198,47 @@ def _ce_backward(tiles: int, z_loss: bool, residuals, gs):
         else (lambda a: a)
     )
 
-    def tile(dx_NBtD, j):
-        w_Dv = _tile(w_DV, j, tiles)
+    def gradients(x_BtD, targets_Bt, mask_Bt, logz_Bt, logits_Btv, w_Dv, j):
+        """One chunk of one tile: (its share of the tile's weight gradient, of the hidden states')."""
+        p_Btv = jnp.exp(logits_Btv - logz_Bt[..., None])
+        hit, index = _in_tile(targets_Bt, j, tiles)
+        is_target = hit[..., None] & (jnp.arange(logits_Btv.shape[-1]) == index[..., None])
+        if not z_loss and mask_Bt is None:
+            dlogits_Btv = g * jnp.where(is_target, p_Btv - 1, p_Btv)
+        else:  # d/dlogits of a token's weighted loss: w (softmax - one-hot) + w g_z 2 logz softmax
+            scale_Bt = g + g_z * 2 * logz_Bt if z_loss else jnp.broadcast_to(g, logz_Bt.shape)
+            one_Bt = jnp.broadcast_to(g, logz_Bt.shape)
+            if mask_Bt is not None:
+                scale_Bt, one_Bt = scale_Bt * mask_Bt, one_Bt * mask_Bt
+            scaled_Btv = scale_Bt[..., None] * p_Btv
+            dlogits_Btv = jnp.where(is_target, scaled_Btv - one_Bt[..., None], scaled_Btv)
+        dlogits_Btv = dlogits_Btv.astype(HEAD_DTYPE)
+        # Summed over the devices' tokens straight into the parameter's shards (a reduce-scatter).
+        dw = as_param(jnp.einsum("btd,btv->dv", x_BtD, dlogits_Btv))
+        return dw.astype(jnp.float32), _wide_dot("btv,dv->btd", dlogits_Btv, w_Dv)
 
-        def chunk(dw_Dv, xs):
-            x_BtD, targets_Bt, mask_Bt, logz_Bt, dx_BtD = xs
-            logits_Btv = _logits(x_BtD, w_Dv)
-            p_Btv = jnp.exp(logits_Btv - logz_Bt[..., None])
-            hit, index = _in_tile(targets_Bt, j, tiles)
-            is_target = hit[..., None] & (jnp.arange(logits_Btv.shape[-1]) == index[..., None])
-            if not z_loss and mask_Bt is None:
-                dlogits_Btv = g * jnp.where(is_target, p_Btv - 1, p_Btv)
-            else:  # d/dlogits of a token's weighted loss: w (softmax - one-hot) + w g_z 2 logz softmax
-                scale_Bt = g + g_z * 2 * logz_Bt if z_loss else jnp.broadcast_to(g, logz_Bt.shape)
-                one_Bt = jnp.broadcast_to(g, logz_Bt.shape)
-                if mask_Bt is not None:
-                    scale_Bt, one_Bt = scale_Bt * mask_Bt, one_Bt * mask_Bt
-                scaled_Btv = scale_Bt[..., None] * p_Btv
-                dlogits_Btv = jnp.where(is_target, scaled_Btv - one_Bt[..., None], scaled_Btv)
-            dlogits_Btv = dlogits_Btv.astype(HEAD_DTYPE)
-            dx_BtD = dx_BtD + jnp.einsum("btv,dv->btd", dlogits_Btv, w_Dv, preferred_element_type=jnp.float32)
-            # Summed over the devices' tokens straight into the parameter's shards (a reduce-scatter).
-            dw = as_param(jnp.einsum("btd,btv->dv", x_BtD, dlogits_Btv))
-            return dw_Dv + dw.astype(jnp.float32), dx_BtD
+    if keep:  # one chunk, one tile, the forward's logits
+        mask = None if mask_NBt is None else mask_NBt[0]
+        dw_Dv, dx_BtD = gradients(x_NBtD[0], targets_NBt[0], mask, logz_NBt[0], kept[0], _tile(w_DV, 0, 1), 0)
+        dx_NBtD, dw_JDv = dx_BtD[None], dw_Dv[None]
+    else:
 
-        dw_Dv, dx_NBtD = jax.lax.scan(
-            chunk, as_param(jnp.zeros((D, V // tiles), jnp.float32)), (x_NBtD, targets_NBt, mask_NBt, logz_NBt, dx_NBtD)
-        )
-        return dx_NBtD, dw_Dv
+        def tile(dx_NBtD, j):
+            w_Dv = _tile(w_DV, j, tiles)
 
-    dx_NBtD, dw_JDv = jax.lax.scan(tile, jnp.zeros(x_NBtD.shape, jnp.float32), jnp.arange(tiles))
+            def chunk(dw_Dv, xs):
+                x_BtD, targets_Bt, mask_Bt, logz_Bt, dx_BtD = xs
+                dw, dx = gradients(x_BtD, targets_Bt, mask_Bt, logz_Bt, _logits(x_BtD, w_Dv), w_Dv, j)
+                return dw_Dv + dw, dx_BtD + dx
+
+            dw_Dv, dx_NBtD = jax.lax.scan(
+                chunk,
+                as_param(jnp.zeros((D, V // tiles), jnp.float32)),
+                (x_NBtD, targets_NBt, mask_NBt, logz_NBt, dx_NBtD),
+            )
+            return dx_NBtD, dw_Dv
+
+        dx_NBtD, dw_JDv = jax.lax.scan(tile, jnp.zeros(x_NBtD.shape, jnp.float32), jnp.arange(tiles))
     dw_DV = jnp.moveaxis(dw_JDv, 0, -1).reshape(D, V)  # tile j holds the words a * tiles + j
     # Cast here, once: left to itself XLA fuses the cast into the layers' backward and keeps the f32
     # accumulator (512 MiB per device for 70B) alive through it.
