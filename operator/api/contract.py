@@ -25,6 +25,8 @@ DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 # characters (they end up in log lines and file names). A relative path or another scheme (s3://) would
 # only fail once the pods run.
 LOCATION = r"^(gs://[a-z0-9][-_.a-z0-9]*[a-z0-9](/[^\x00-\x1f\x7f]*)?|/[^\x00-\x1f\x7f]*)$"
+# Formats of text that `DataSpec.tokenizer` tokenizes (the others hold tokens).
+TEXT_FORMATS = ("jsonl", "parquet", "text")
 
 
 class Base(BaseModel):
@@ -126,11 +128,31 @@ class DataSpec(Base):
         max_length=L.MAX_PATH,
         pattern=LOCATION,
     )
-    format: Literal["npy", "bin", "arrayrecord"] = _desc(
+    format: Literal["npy", "bin", "arrayrecord", "jsonl", "parquet", "text"] = _desc(
         "File format of `path`: npy or flat .bin (one stream of tokens, uint16 when model.vocab <= 65536 "
         "else uint32, documents separated by `eosId`), or arrayrecord (one document per record, stored as "
-        "the raw little-endian bytes of its tokens in that same dtype; needs `packing`).",
+        "the raw little-endian bytes of its tokens in that same dtype; needs `packing`). Text, tokenized "
+        "on the fly with `tokenizer` (needs `packing`): jsonl (*.jsonl, one document per line, its "
+        "`textField` string), parquet (*.parquet, one document per row, the string column `textField`) "
+        "or text (*.txt, one document per line). Blank lines are no documents.",
         default="npy",
+    )
+    tokenizer: str | None = _desc(
+        "The tokenizer of the text formats (jsonl, parquet, text): a Hugging Face tokenizer.json or a "
+        "SentencePiece .model file, chosen by its name (a directory: its tokenizer.json, else its "
+        "tokenizer.model), a mounted path or gs:// URI. Each document becomes its tokens followed by "
+        "the end-of-sequence token (`eosId`, else the tokenizer's own); its vocabulary must fit "
+        "model.vocab. `tpujob data prepare` writes the same tokens to arrayrecord files once.",
+        default=None,
+        max_length=L.MAX_PATH,
+        pattern=LOCATION,
+    )
+    text_field: str = _desc(
+        "The JSON field (jsonl) or column (parquet) that holds each document's text.",
+        default="text",
+        min_length=1,
+        max_length=L.MAX_FIELD_NAME,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$",
     )
     shuffle: bool = _desc(
         "Shuffle the sequences of `files`, a new permutation each pass over the data "
@@ -165,7 +187,9 @@ class DataSpec(Base):
     )
     eos_id: int | None = _desc(
         "The token that ends each document in npy/bin files (it stays in the "
-        "document); required with `packing` of npy/bin files.",
+        "document); required with `packing` of npy/bin files. With a `tokenizer`: the token "
+        "appended to each document, which must be the tokenizer's own end-of-sequence token "
+        "where it declares one.",
         default=None,
         ge=0,
         le=L.MAX_VOCAB,
@@ -179,7 +203,14 @@ class DataSpec(Base):
             raise ValueError("path: only used when source is files")
         if self.source == "files" and self.format == "arrayrecord" and not self.packing:
             raise ValueError("packing: required with format arrayrecord (one document per record)")
-        if self.source == "files" and self.packing and self.format != "arrayrecord" and self.eos_id is None:
+        text = self.format in TEXT_FORMATS
+        if self.source == "files" and text and not self.packing:
+            raise ValueError(f"packing: required with format {self.format} (documents of text)")
+        if self.source == "files" and text and not self.tokenizer:
+            raise ValueError(f"tokenizer: required with format {self.format} (text is tokenized on the fly)")
+        if self.tokenizer and not (self.source == "files" and text):
+            raise ValueError("tokenizer: only used with the text formats (jsonl, parquet, text) of files")
+        if self.source == "files" and self.packing and self.format in ("npy", "bin") and self.eos_id is None:
             raise ValueError(f"eosId: required when packing {self.format} files (the token between documents)")
         return self
 
