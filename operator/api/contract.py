@@ -259,6 +259,13 @@ class TrainingSpec(Base):
     grad_clip: float = _desc("Global gradient-norm clip; 0 disables.", default=1.0, ge=0, le=L.MAX_GRAD_CLIP)
     precision: Literal["bf16", "fp8"] = _desc("Matmul precision: bf16, or fp8 through qwix.", default="bf16")
     remat: RematSpec = _desc("Rematerialisation policy.", default_factory=RematSpec)
+    objective: Literal["pretrain", "sft"] = _desc(
+        "pretrain: the loss on every next token of each document. sft (supervised fine-tuning): "
+        '`data` is chat jsonl (each line `{"messages": [{"role", "content"}, ...]}`), rendered with the '
+        "chat template beside the Hugging Face `tokenizer` (tokenizer_config.json's chat_template or "
+        "chat_template.jinja, in jinja2's sandbox), the loss on the assistant's tokens only.",
+        default="pretrain",
+    )
     data: DataSpec = _desc("Training data.", default_factory=DataSpec)
     seed: int = _desc("Seed for initialisation and synthetic data.", default=0, ge=0, le=L.MAX_SEED)
     log_every: int = _desc("Report metrics every N steps.", default=1, ge=1, le=L.MAX_STEPS)
@@ -269,6 +276,14 @@ class TrainingSpec(Base):
 
     @model_validator(mode="after")
     def _eval_data_for_files(self) -> TrainingSpec:
+        if self.objective == "sft":
+            for name, data in (("data", self.data), ("eval.data", self.eval.data if self.eval else None)):
+                if data is not None and not (data.source == "files" and data.format == "jsonl"):
+                    raise ValueError(
+                        f"{name}: objective: sft reads chat jsonl files (source: files, format: jsonl, a tokenizer)"
+                    )
+                if data is not None and data.text_field != "text":
+                    raise ValueError(f"{name}.textField: not used by objective sft, which reads `messages`")
         if self.eval is not None and self.eval.data is None and self.data.source == "files":
             raise ValueError(
                 "eval.data: required when data.source is files (held-out files the training data does not include)"

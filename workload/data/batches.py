@@ -31,6 +31,7 @@ import numpy as np
 from tpu_operator.api.contract import TEXT_FORMATS
 
 from ..model import attention
+from . import chat as chat_lib
 from . import files as files_lib
 from . import packing, readahead, records, text
 from . import tokenizer as tokenizer_lib
@@ -161,7 +162,7 @@ class _Indexed:
     def rows(self, step: int, rows: range):
         """Rows `rows` of the global batch of `step`, seq_len + 1 tokens each (Packed when packed)."""
         items = [self.dataset[step * self.batch + r] for r in rows]
-        return packing.Packed(*map(np.stack, zip(*items))) if self.packed else np.stack(items)
+        return packing.stacked(items) if self.packed else np.stack(items)
 
 
 class FileTokens(_Indexed):
@@ -199,6 +200,7 @@ class PackedFiles(_Indexed):
         seed: int = 0,
         tokenizer: str | None = None,
         text_field: str = "text",
+        chat: bool = False,
     ):
         t0 = time.perf_counter()
         self.seq_len, self.batch = seq_len, batch
@@ -207,7 +209,7 @@ class PackedFiles(_Indexed):
                 raise ValueError(f"format {fmt}: needs a tokenizer")
             encoder = tokenizer_lib.Tokenizer(tokenizer, eos)
             encoder.check_fits(vocab)
-            docs = text.Tokenized(path, fmt, encoder, text_field)
+            docs = chat_lib.ChatDocuments(path, encoder) if chat else text.Tokenized(path, fmt, encoder, text_field)
             lengths, read = docs.lengths(), docs.read
         elif fmt == "arrayrecord":
             docs = records.Documents(path, records.token_dtype(vocab))
@@ -272,6 +274,7 @@ def make_source(training, vocab: int):
             seed=t.seed,
             tokenizer=d.tokenizer,
             text_field=d.text_field,
+            chat=t.objective == "sft",
         )
     return FileTokens(d.path, d.format, vocab, t.sequence_length, t.global_batch, shuffle=d.shuffle, seed=t.seed)
 
@@ -324,7 +327,7 @@ class Batches:
         for a, b in self.blocks:
             block, at = rows[at : at + b - a], at + b - a
             out[(a, b)] = (
-                packing.Packed(*(np.concatenate(x) for x in zip(*block)))
+                type(block[0])(*(np.concatenate(x) for x in zip(*block)))
                 if self.source.packed
                 else np.concatenate(block)
             )
@@ -336,6 +339,8 @@ class Batches:
             positions = np.broadcast_to(self.order, (len(seq), self.shape[1]))
             return seq[:, :-1][:, self.order], seq[:, 1:][:, self.order], positions
         positions, mask = packing.positions_and_mask(seq.segments)
+        if isinstance(seq, packing.Weighted):  # sft: only the assistant's tokens are targets
+            mask = mask * seq.weights[:, 1:]
         parts = (seq.tokens[:, :-1], seq.tokens[:, 1:], positions, seq.segments[:, :-1], mask)
         return tuple(p[:, self.order] for p in parts)
 
