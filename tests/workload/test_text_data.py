@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -219,17 +220,48 @@ def test_tpujob_data_prepare(tmp_path, hf_tokenizer, capsys):
     assert "more than model.vocab (16)" in capsys.readouterr().err
 
 
-def test_a_text_job_trains(tmp_path, hf_tokenizer):
+def _records(cfg, capsys):
     from tpu_workload.loop import train
 
+    train.run(cfg, peak_flops_per_device=5e10)
+    return [r for r in map(json.loads, capsys.readouterr().out.splitlines()) if not r.get("summary")]
+
+
+def test_a_text_run_trains_as_its_prepared_files_do_and_resumes_exactly(tmp_path, hf_tokenizer, capsys):
+    """Through the trainer: a text run stopped after step 1 and resumed from its checkpoint has, step for
+    step, the losses of an uninterrupted run on the prepared files; another tokenizer is a data change."""
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tok / name).write_bytes((Path(hf_tokenizer).parent / name).read_bytes())
     path = _jsonl(tmp_path, _sentences(60))
-    cfg = trainer_config(
-        "tiny",
-        steps=2,
-        batch=8,
-        seq=32,
-        mesh=dict(data=1, fsdp=8, context=1, expert=1, tensor=1),
-        data=dict(source="files", path=path, format="jsonl", tokenizer=hf_tokenizer, packing=True, workers=2),
-    )
-    summary = train.run(cfg, peak_flops_per_device=5e10)
-    assert summary.step == 2 and np.isfinite(summary.loss)
+    prepare_lib.prepare([path], "jsonl", str(tok), str(tmp_path / "prepared"), 256, stream=io.StringIO())
+    common = dict(mesh=dict(data=1, fsdp=8, context=1, expert=1, tensor=1), batch=8, seq=32, interval=1)
+    prepared = dict(source="files", path=str(tmp_path / "prepared"), format="arrayrecord", packing=True)
+    text_data = dict(source="files", path=path, format="jsonl", tokenizer=str(tok), packing=True, workers=2)
+    whole = _records(trainer_config("tiny", steps=3, data=prepared, **common), capsys)
+    ckpt = str(tmp_path / "ckpt")
+    first = _records(trainer_config("tiny", steps=1, checkpoint=ckpt, data=text_data, **common), capsys)
+    resumed = _records(trainer_config("tiny", steps=3, checkpoint=ckpt, data=text_data, **common), capsys)
+    assert [r["step"] for r in first + resumed] == [1, 2, 3]
+    assert [r["loss"] for r in first + resumed] == [r["loss"] for r in whole]
+    (tok / "tokenizer.json").write_text(json.dumps(json.loads((tok / "tokenizer.json").read_text()), indent=1))
+    with pytest.raises(UserError, match=r"spec\.training\.data\.tokenizerFile: \[.*tokenizer\.json', \d+\] at the"):
+        _records(trainer_config("tiny", steps=4, checkpoint=ckpt, data=text_data, **common), capsys)
+
+
+def test_text_and_tokenizer_behind_a_url_read_like_local_ones(tmp_path, hf_tokenizer):
+    """fsspec's in-memory filesystem stands in for gs:// (text files copied to a local cache, the
+    tokenizer and its config read whole)."""
+    import uuid
+
+    import fsspec
+
+    fs, root = fsspec.filesystem("memory"), f"memory://text-{uuid.uuid4().hex}"
+    local = _jsonl(tmp_path, _sentences(30, seed=4))
+    for name in ("a.jsonl", "b.jsonl"):
+        fs.pipe(f"{root}/data/{name}", (Path(local) / name).read_bytes())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        fs.pipe(f"{root}/tok/{name}", (Path(hf_tokenizer).parent / name).read_bytes())
+    remote = _packed(f"{root}/data", "jsonl", f"{root}/tok")
+    _equal(_rows(remote, range(4)), _rows(_packed(local, "jsonl", hf_tokenizer), range(4)))
