@@ -284,6 +284,11 @@ class TrainingSpec(Base):
                     )
                 if data is not None and data.text_field != "text":
                     raise ValueError(f"{name}.textField: not used by objective sft, which reads `messages`")
+                if data is not None and (data.tokenizer or "").endswith(".model"):
+                    raise ValueError(
+                        f"{name}.tokenizer: objective sft needs a Hugging Face tokenizer.json beside its chat "
+                        "template, not a SentencePiece model"
+                    )
         if self.eval is not None and self.eval.data is None and self.data.source == "files":
             raise ValueError(
                 "eval.data: required when data.source is files (held-out files the training data does not include)"

@@ -67,6 +67,13 @@ def test_the_weights_cover_exactly_the_assistant_content_and_its_end_of_turn(tmp
     starts = np.flatnonzero(np.diff(np.concatenate([[0.0], weights])) > 0)
     assert [words[s - 1] for s in starts] == ["assistant", "assistant"]
     assert docs.lengths().tolist() == [len(ids)]
+    # An answer that is also a word of the header: only the answer counts.
+    echo = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "assistant"}]
+    docs = chat.ChatDocuments(_chats(tmp_path / "echo", [echo]), Tokenizer(path))
+    ids, weights = docs.read(0, 1000)
+    words = [hf.id_to_token(int(i)) for i in ids]
+    assert words[-4:] == ["<|im_start|>", "assistant", "assistant", "<|im_end|>"]
+    assert weights.tolist() == [0] * (len(ids) - 2) + [1, 1]
 
 
 def test_the_batch_mask_counts_only_assistant_targets(tmp_path):
@@ -129,6 +136,10 @@ def test_sft_settings_are_checked():
             objective="sft",
             data=chats,
             eval=dict(data=dict(source="synthetic")),
+        )
+    with pytest.raises(ValueError, match="data.tokenizer: objective sft needs a Hugging Face tokenizer.json"):
+        TrainingSpec(
+            steps=1, global_batch=1, sequence_length=8, objective="sft", data=chats | {"tokenizer": "/t.model"}
         )
     assert TrainingSpec(steps=1, global_batch=1, sequence_length=8, objective="sft", data=chats).objective == "sft"
 

@@ -11,8 +11,8 @@ sandboxed environment (no access to Python's internals), with HF's variables (`m
 
 Which tokens count: the template renders the conversation's first k messages as a prefix of the first
 k + 1 (checked; a template that does not is refused), so the text that assistant message k adds is
-known. Its span starts where the message's content starts in that text (the role header before it is
-the template's, given at inference) and ends where the text ends (the template's end-of-turn markup
+known. Its span starts where the message's content starts in that text (where a stand-in content
+lands when rendered in its place: the role header before it is the template's, given at inference) and ends where the text ends (the template's end-of-turn markup
 after the content is learnt with it). The whole text is encoded once, without the tokenizer's
 post-processor (the template writes its own special tokens, as HF's `apply_chat_template` does), and
 a token counts when its first character lies in an assistant span: weights 1, else 0. No EOS is
@@ -29,6 +29,8 @@ from .text import LineDocuments
 from .tokenizer import MAX_CONFIG_BYTES, Tokenizer, read_optional
 
 MAX_MESSAGES = 1024
+# A stand-in content no conversation holds, to find where the template puts an assistant's content.
+PROBE = "\x00tpujob-assistant-content\x00"
 
 
 def template_of(tokenizer: Tokenizer) -> str:
@@ -88,7 +90,10 @@ class ChatTemplate:
                     f"{k} messages as a prefix of its first {k + 1}, so the assistant's text is not known"
                 )
             if message["role"] == "assistant":
-                at = longer.find(message["content"], len(text)) if message["content"] else -1
+                # Where the content starts: where a stand-in content lands (the header does not depend on
+                # the content; searching for the content itself could find it in the header).
+                probe = self.render([*messages[:k], {"role": "assistant", "content": PROBE}])
+                at = probe.find(PROBE, len(text))
                 spans.append((at if at >= 0 else len(text), len(longer)))
             text = longer
         return text, spans
