@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-from conftest import trainer_config
 
 from tpu_workload.data import batches as data
 from tpu_workload.data import chat
@@ -144,22 +143,40 @@ def test_sft_settings_are_checked():
     assert TrainingSpec(steps=1, global_batch=1, sequence_length=8, objective="sft", data=chats).objective == "sft"
 
 
-def test_a_tiny_sft_run_trains(tmp_path):
-    from tpu_workload.loop import train
+def test_a_scaled_down_sft_job_pretrains_on_synthetic_data_saying_so(tmp_path):
+    from tests.conftest import tiny_job
+    from tpu_operator.api.validation import parse_job
+    from tpu_operator.local.run import scale_down
+
+    data = {"source": "files", "path": "/chats", "format": "jsonl", "tokenizer": "/tok/tokenizer.json", "packing": True}
+    doc = tiny_job(training={"steps": 3, "globalBatch": 16, "sequenceLength": 32, "objective": "sft", "data": data})
+    small, changes = scale_down(doc)
+    assert parse_job(small).spec.training.objective == "pretrain"
+    assert any("synthetic packed documents (objective sft -> pretrain" in c for c in changes)
+
+
+@pytest.mark.e2e  # process-level: `tpujob run --local`, the operator and the real trainer
+def test_tpujob_run_local_fine_tunes_on_a_chat_file(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.conftest import tiny_job
 
     tok = _tokenizer(tmp_path / "tok")
-    rng = np.random.default_rng(0)
-    conversations = [CONVERSATION[: 1 + 2 * int(rng.integers(1, 3))] for _ in range(40)]
-    cfg = trainer_config(
-        "tiny",
-        steps=3,
-        batch=8,
-        seq=32,
-        mesh=dict(data=1, fsdp=8, context=1, expert=1, tensor=1),
-        objective="sft",
-        data=dict(
-            source="files", path=_chats(tmp_path / "chats", conversations), format="jsonl", tokenizer=tok, packing=True
-        ),
+    chats = _chats(tmp_path / "chats", [CONVERSATION[: 1 + 2 * (i % 2 + 1)] for i in range(40)])
+    data = {"source": "files", "path": chats, "format": "jsonl", "tokenizer": tok, "packing": True}
+    doc = tiny_job(training={"steps": 3, "globalBatch": 8, "sequenceLength": 32, "objective": "sft", "data": data})
+    doc["spec"].pop("image")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    run_dir = tmp_path / "run"
+    command = ["run", "--local", "--no-plan", "-f", str(tmp_path / "job.yaml"), "--run-dir", str(run_dir)]
+    result = subprocess.run(
+        [sys.executable, "-m", "tpu_operator.cli", *command], capture_output=True, text=True, timeout=300
     )
-    summary = train.run(cfg, peak_flops_per_device=5e10)
-    assert summary.step == 3 and np.isfinite(summary.loss)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    status = yaml.safe_load((run_dir / "status.yaml").read_text())["status"]
+    assert status["phase"] == "Succeeded" and status["step"] == 3
+    records = [yaml.safe_load(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3] and all(r["loss"] > 0 for r in records)
