@@ -178,6 +178,9 @@ def test_bad_settings_and_bad_input_are_clear_errors(tmp_path, hf_tokenizer):
     (tmp_path / "bad" / "a.jsonl").write_text('{"text": "the cat"}\n{"text": "the\n')
     with pytest.raises(UserError, match=r"a.jsonl, line 2: not a JSON object"):
         _packed(str(tmp_path / "bad"), "jsonl", hf_tokenizer)
+    (tmp_path / "bad" / "a.jsonl").write_text("[" * 100_000 + "\n")
+    with pytest.raises(UserError, match=r"a.jsonl, line 1: not a JSON object"):
+        _packed(str(tmp_path / "bad"), "jsonl", hf_tokenizer)
     (tmp_path / "bad" / "a.jsonl").write_bytes(b"x" * (text.MAX_DOCUMENT_BYTES + 1))
     with pytest.raises(UserError, match=r"a.jsonl, line 1: 16777217 bytes, more than the 16777216"):
         _packed(str(tmp_path / "bad"), "jsonl", hf_tokenizer)

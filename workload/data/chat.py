@@ -28,7 +28,8 @@ from ..process.exits import UserError
 from .text import LineDocuments
 from .tokenizer import MAX_CONFIG_BYTES, Tokenizer, read_optional
 
-MAX_MESSAGES = 1024
+# Rendering costs O(messages x text): the first k messages are rendered for every k.
+MAX_MESSAGES = 256
 # A stand-in content no conversation holds, to find where the template puts an assistant's content.
 PROBE = "\x00tpujob-assistant-content\x00"
 
@@ -107,7 +108,7 @@ def messages_of(docs: LineDocuments, i: int) -> list[dict]:
     for m in value:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise UserError(f"{docs.where(i)}: a message is not an object with string 'role' and 'content'")
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+    return [{"role": m["role"], "content": m["content"]} for m in value]  # other keys (tool calls) dropped
 
 
 class ChatDocuments:

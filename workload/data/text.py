@@ -40,7 +40,7 @@ from .tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 MAX_DOCUMENT_BYTES = 16 << 20
-MAX_ROW_GROUP_BYTES = 512 << 20
+MAX_ROW_GROUP_BYTES = 256 << 20
 # Documents encoded per batch at start-up (and by `tpujob data prepare`).
 ENCODE_BATCH = 1024
 # Bytes scanned for newlines at a time.
@@ -119,7 +119,7 @@ class LineDocuments:
                 raise UserError(f"{self.where(i)}: not UTF-8 ({e.reason} at byte {e.start})") from None
         try:
             record = json.loads(raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser goes
             raise UserError(f"{self.where(i)}: not a JSON object ({str(e)[:200]})") from None
         if not isinstance(record, dict) or self.field not in record:
             raise UserError(f"{self.where(i)}: no field {self.field!r} (training.data.textField)")
