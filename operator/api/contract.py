@@ -118,12 +118,12 @@ class AdamSpec(Base):
 
 class DataSpec(Base):
     source: Literal["synthetic", "files"] = _desc(
-        "synthetic tokens, or tokenized files under `path`.", default="synthetic"
+        "synthetic tokens, or the files under `path` (tokens, or text a `tokenizer` tokenizes).", default="synthetic"
     )
     path: str | None = _desc(
-        "Directory or glob of tokenized files visible to every pod: a mounted path, or "
+        "Directory or glob of the data files visible to every pod: a mounted path, or "
         "gs://bucket/prefix (flat files are read by byte range with the pod's Google "
-        "credentials; ArrayRecord files are copied to local disk at start-up).",
+        "credentials; ArrayRecord and text files are copied to local disk at start-up).",
         default=None,
         max_length=L.MAX_PATH,
         pattern=LOCATION,
