@@ -238,6 +238,48 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    # The trainer's extra (`.[workload]`): imported only here.
+    from tpu_workload.data.prepare import prepare
+    from tpu_workload.process.exits import UserError
+
+    try:
+        docs, tokens = prepare(
+            args.inputs,
+            args.format,
+            args.tokenizer,
+            args.out,
+            args.vocab,
+            eos_id=args.eos_id,
+            text_field=args.text_field,
+            records_per_file=args.records_per_file,
+        )
+    except (ValueError, OSError, UserError) as exc:  # bad settings or inputs: the error names which
+        print(f"error: {shown(str(exc), 1000)}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"wrote {docs} documents, {tokens} tokens to {args.out}")
+    return 0
+
+
+def add_data_parser(sub: Any) -> None:
+    """`tpujob data prepare`: text tokenized once into the ArrayRecord files `format: arrayrecord` reads."""
+    data = sub.add_parser("data", help="prepare training data").add_subparsers(dest="data_command", required=True)
+    p = data.add_parser(
+        "prepare",
+        help="tokenize text files (jsonl, parquet, text) once into ArrayRecord files: the tokens that "
+        "on-the-fly tokenization with the same settings gives, for `format: arrayrecord`",
+    )
+    p.add_argument("inputs", nargs="+", metavar="IN", help="a file, directory or glob of the format (in order)")
+    p.add_argument("--tokenizer", required=True, help="tokenizer.json, a SentencePiece .model, or a directory")
+    p.add_argument("--format", required=True, choices=("jsonl", "parquet", "text"), help="the inputs' format")
+    p.add_argument("--out", required=True, help="a local directory for the ArrayRecord files (new or empty)")
+    p.add_argument("--vocab", required=True, type=int, help="model.vocab of the jobs that will read the files")
+    p.add_argument("--eos-id", type=int, help="training.data.eosId (default: the tokenizer's own)")
+    p.add_argument("--text-field", default="text", help="training.data.textField (default: text)")
+    p.add_argument("--records-per-file", type=int, default=1 << 20, help="documents per ArrayRecord file")
+    p.set_defaults(func=cmd_data_prepare)
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from .controller.main import run_operator  # kopf is imported only to run the operator
 
@@ -362,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="the run directory of `tpujob run --local`")
     p.add_argument("-o", "--output", help="PNG path (default RUN_DIR/report.png)")
     p.set_defaults(func=cmd_report)
+    add_data_parser(sub)
     p = sub.add_parser(
         "operator", help="run the operator: TPUTrainingJobs -> JobSets, status from JobSets and trainers"
     )

@@ -25,6 +25,8 @@ DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 # characters (they end up in log lines and file names). A relative path or another scheme (s3://) would
 # only fail once the pods run.
 LOCATION = r"^(gs://[a-z0-9][-_.a-z0-9]*[a-z0-9](/[^\x00-\x1f\x7f]*)?|/[^\x00-\x1f\x7f]*)$"
+# Formats of text that `DataSpec.tokenizer` tokenizes (the others hold tokens).
+TEXT_FORMATS = ("jsonl", "parquet", "text")
 
 
 class Base(BaseModel):
@@ -116,21 +118,41 @@ class AdamSpec(Base):
 
 class DataSpec(Base):
     source: Literal["synthetic", "files"] = _desc(
-        "synthetic tokens, or tokenized files under `path`.", default="synthetic"
+        "synthetic tokens, or the files under `path` (tokens, or text a `tokenizer` tokenizes).", default="synthetic"
     )
     path: str | None = _desc(
-        "Directory or glob of tokenized files visible to every pod: a mounted path, or "
+        "Directory or glob of the data files visible to every pod: a mounted path, or "
         "gs://bucket/prefix (flat files are read by byte range with the pod's Google "
-        "credentials; ArrayRecord files are copied to local disk at start-up).",
+        "credentials; ArrayRecord and text files are copied to local disk at start-up).",
         default=None,
         max_length=L.MAX_PATH,
         pattern=LOCATION,
     )
-    format: Literal["npy", "bin", "arrayrecord"] = _desc(
+    format: Literal["npy", "bin", "arrayrecord", "jsonl", "parquet", "text"] = _desc(
         "File format of `path`: npy or flat .bin (one stream of tokens, uint16 when model.vocab <= 65536 "
         "else uint32, documents separated by `eosId`), or arrayrecord (one document per record, stored as "
-        "the raw little-endian bytes of its tokens in that same dtype; needs `packing`).",
+        "the raw little-endian bytes of its tokens in that same dtype; needs `packing`). Text, tokenized "
+        "on the fly with `tokenizer` (needs `packing`): jsonl (*.jsonl, one document per line, its "
+        "`textField` string), parquet (*.parquet, one document per row, the string column `textField`) "
+        "or text (*.txt, one document per line). Blank lines are no documents.",
         default="npy",
+    )
+    tokenizer: str | None = _desc(
+        "The tokenizer of the text formats (jsonl, parquet, text): a Hugging Face tokenizer.json or a "
+        "SentencePiece .model file, chosen by its name (a directory: its tokenizer.json, else its "
+        "tokenizer.model), a mounted path or gs:// URI. Each document becomes its tokens followed by "
+        "the end-of-sequence token (`eosId`, else the tokenizer's own); its vocabulary must fit "
+        "model.vocab. `tpujob data prepare` writes the same tokens to arrayrecord files once.",
+        default=None,
+        max_length=L.MAX_PATH,
+        pattern=LOCATION,
+    )
+    text_field: str = _desc(
+        "The JSON field (jsonl) or column (parquet) that holds each document's text.",
+        default="text",
+        min_length=1,
+        max_length=L.MAX_FIELD_NAME,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$",
     )
     shuffle: bool = _desc(
         "Shuffle the sequences of `files`, a new permutation each pass over the data "
@@ -165,7 +187,9 @@ class DataSpec(Base):
     )
     eos_id: int | None = _desc(
         "The token that ends each document in npy/bin files (it stays in the "
-        "document); required with `packing` of npy/bin files.",
+        "document); required with `packing` of npy/bin files. With a `tokenizer`: the token "
+        "appended to each document, which must be the tokenizer's own end-of-sequence token "
+        "where it declares one.",
         default=None,
         ge=0,
         le=L.MAX_VOCAB,
@@ -179,7 +203,14 @@ class DataSpec(Base):
             raise ValueError("path: only used when source is files")
         if self.source == "files" and self.format == "arrayrecord" and not self.packing:
             raise ValueError("packing: required with format arrayrecord (one document per record)")
-        if self.source == "files" and self.packing and self.format != "arrayrecord" and self.eos_id is None:
+        text = self.format in TEXT_FORMATS
+        if self.source == "files" and text and not self.packing:
+            raise ValueError(f"packing: required with format {self.format} (documents of text)")
+        if self.source == "files" and text and not self.tokenizer:
+            raise ValueError(f"tokenizer: required with format {self.format} (text is tokenized on the fly)")
+        if self.tokenizer and not (self.source == "files" and text):
+            raise ValueError("tokenizer: only used with the text formats (jsonl, parquet, text) of files")
+        if self.source == "files" and self.packing and self.format in ("npy", "bin") and self.eos_id is None:
             raise ValueError(f"eosId: required when packing {self.format} files (the token between documents)")
         return self
 
@@ -228,6 +259,13 @@ class TrainingSpec(Base):
     grad_clip: float = _desc("Global gradient-norm clip; 0 disables.", default=1.0, ge=0, le=L.MAX_GRAD_CLIP)
     precision: Literal["bf16", "fp8"] = _desc("Matmul precision: bf16, or fp8 through qwix.", default="bf16")
     remat: RematSpec = _desc("Rematerialisation policy.", default_factory=RematSpec)
+    objective: Literal["pretrain", "sft"] = _desc(
+        "pretrain: the loss on every next token of each document. sft (supervised fine-tuning): "
+        '`data` is chat jsonl (each line `{"messages": [{"role", "content"}, ...]}`), rendered with the '
+        "chat template beside the Hugging Face `tokenizer` (tokenizer_config.json's chat_template or "
+        "chat_template.jinja, in jinja2's sandbox), the loss on the assistant's tokens only.",
+        default="pretrain",
+    )
     data: DataSpec = _desc("Training data.", default_factory=DataSpec)
     seed: int = _desc("Seed for initialisation and synthetic data.", default=0, ge=0, le=L.MAX_SEED)
     log_every: int = _desc("Report metrics every N steps.", default=1, ge=1, le=L.MAX_STEPS)
@@ -238,6 +276,19 @@ class TrainingSpec(Base):
 
     @model_validator(mode="after")
     def _eval_data_for_files(self) -> TrainingSpec:
+        if self.objective == "sft":
+            for name, data in (("data", self.data), ("eval.data", self.eval.data if self.eval else None)):
+                if data is not None and not (data.source == "files" and data.format == "jsonl"):
+                    raise ValueError(
+                        f"{name}: objective: sft reads chat jsonl files (source: files, format: jsonl, a tokenizer)"
+                    )
+                if data is not None and data.text_field != "text":
+                    raise ValueError(f"{name}.textField: not used by objective sft, which reads `messages`")
+                if data is not None and (data.tokenizer or "").endswith(".model"):
+                    raise ValueError(
+                        f"{name}.tokenizer: objective sft needs a Hugging Face tokenizer.json beside its chat "
+                        "template, not a SentencePiece model"
+                    )
         if self.eval is not None and self.eval.data is None and self.data.source == "files":
             raise ValueError(
                 "eval.data: required when data.source is files (held-out files the training data does not include)"

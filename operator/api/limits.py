@@ -35,6 +35,7 @@ MAX_GRAD_CLIP = 1e6
 MAX_DATA_WORKERS = 256
 MAX_PREFETCH = 64
 MAX_EVAL_BATCHES = 10000
+MAX_FIELD_NAME = 128  # data.textField: a JSON key or parquet column name
 
 # spec.parallelism: one degree never exceeds one slice's devices (a full v7x pod: 9,216 chips x 2)
 MAX_DEGREE = 32768

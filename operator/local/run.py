@@ -110,6 +110,8 @@ def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     # evaluation reads synthetic held-out data.
     packed = job.spec.training.data.packing
     spec["training"]["data"] = {"packing": True} if packed else {}
+    sft = job.spec.training.objective == "sft"
+    spec["training"].pop("objective", None)  # sft reads chat files: on synthetic data it pretrains
     if job.spec.training.eval is not None:
         spec["training"]["eval"] = {k: v for k, v in spec["training"]["eval"].items() if k != "data"}
     said = [
@@ -119,6 +121,7 @@ def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         f"batch -> {devices * micro} x {spec['training']['sequenceLength']} tokens"
         + (f" in {micro} microbatches" if micro > 1 else "")
         + (", synthetic packed documents" if packed else ", synthetic data")
+        + (" (objective sft -> pretrain: no chat files here)" if sft else "")
         + ", attention xla"
         + (", moe matmul ragged_dot" if moe else ""),
     ]

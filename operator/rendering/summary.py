@@ -71,6 +71,8 @@ def _batch_extras(t) -> str:
     extras = [
         f" in {t.microbatches} microbatches" if t.microbatches > 1 else "",
         ", packed documents" if t.data.packing else "",
+        f", {t.data.format} text tokenized on the fly" if t.data.tokenizer else "",
+        ", sft (the loss on the assistant's tokens)" if t.objective == "sft" else "",
         f", eval every {t.eval.interval} steps ({t.eval.batches} batches)" if t.eval is not None else "",
     ]
     return "".join(extras)

@@ -14,7 +14,8 @@ Sources:
              (optionally shuffled) indexed by global sequence g = step * globalBatch + row, so
              a batch is a pure function of its step. Packed (packing.py), the stream is cut into
              documents at the EOS token (or read one document per ArrayRecord record, records.py)
-             and whole documents are packed into each row by a plan built at start-up."""
+             and whole documents are packed into each row by a plan built at start-up. Text files
+             (jsonl, parquet, text) are documents tokenized on the fly (text.py), packed alike."""
 
 from __future__ import annotations
 
@@ -27,9 +28,13 @@ import grain
 import jax
 import numpy as np
 
+from tpu_operator.api.contract import TEXT_FORMATS
+
 from ..model import attention
+from . import chat as chat_lib
 from . import files as files_lib
-from . import packing, readahead, records
+from . import packing, readahead, records, text
+from . import tokenizer as tokenizer_lib
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +142,6 @@ def _open_token_files(path: str, fmt: str, dtype) -> tuple[str, list]:
     return pattern, [RemoteTokens(fs, f, fmt, dtype) for f in files]
 
 
-def _token_dtype(vocab: int):
-    return np.uint16 if vocab <= 65536 else np.uint32
-
-
 class _Indexed:
     """Rows from a Grain MapDataset (`self.dataset`, wrapping past its end) indexed by global sequence
     g = step * batch + row; with `shuffle` each pass over it is a fresh permutation seeded by (seed,
@@ -161,7 +162,7 @@ class _Indexed:
     def rows(self, step: int, rows: range):
         """Rows `rows` of the global batch of `step`, seq_len + 1 tokens each (Packed when packed)."""
         items = [self.dataset[step * self.batch + r] for r in rows]
-        return packing.Packed(*map(np.stack, zip(*items))) if self.packed else np.stack(items)
+        return packing.stacked(items) if self.packed else np.stack(items)
 
 
 class FileTokens(_Indexed):
@@ -170,7 +171,7 @@ class FileTokens(_Indexed):
     def __init__(
         self, path: str, fmt: str, vocab: int, seq_len: int, batch: int, *, shuffle: bool = False, seed: int = 0
     ):
-        pattern, arrays = _open_token_files(path, fmt, _token_dtype(vocab))
+        pattern, arrays = _open_token_files(path, fmt, records.token_dtype(vocab))
         self.seq_len, self.batch = seq_len, batch
         self.source = TokenWindows(TokenStream(arrays), seq_len)
         self.windows = self.source.windows
@@ -180,8 +181,9 @@ class FileTokens(_Indexed):
 
 
 class PackedFiles(_Indexed):
-    """Rows of whole documents (packing.py): EOS-separated in npy/bin files, one per ArrayRecord record.
-    The plan is built here, once: every document's length is read first (all of a flat file's tokens)."""
+    """Rows of whole documents (packing.py): EOS-separated in npy/bin files, one per ArrayRecord record,
+    or text tokenized on the fly (text.py). The plan is built here, once: every document's length is read
+    first (all of a flat file's tokens; every text document tokenized)."""
 
     packed = True
 
@@ -196,14 +198,24 @@ class PackedFiles(_Indexed):
         eos: int | None = None,
         shuffle: bool = False,
         seed: int = 0,
+        tokenizer: str | None = None,
+        text_field: str = "text",
+        chat: bool = False,
     ):
         t0 = time.perf_counter()
         self.seq_len, self.batch = seq_len, batch
-        if fmt == "arrayrecord":
-            docs = records.Documents(path, _token_dtype(vocab))
+        if fmt in TEXT_FORMATS:
+            if tokenizer is None:
+                raise ValueError(f"format {fmt}: needs a tokenizer")
+            encoder = tokenizer_lib.Tokenizer(tokenizer, eos)
+            encoder.check_fits(vocab)
+            docs = chat_lib.ChatDocuments(path, encoder) if chat else text.Tokenized(path, fmt, encoder, text_field)
+            lengths, read = docs.lengths(), docs.read
+        elif fmt == "arrayrecord":
+            docs = records.Documents(path, records.token_dtype(vocab))
             lengths, read = docs.lengths(), docs.read
         else:
-            _, arrays = _open_token_files(path, fmt, _token_dtype(vocab))
+            _, arrays = _open_token_files(path, fmt, records.token_dtype(vocab))
             stream = TokenStream(arrays)
             starts, lengths = packing.separated_documents(arrays, stream.offsets, eos)
             read = lambda d, n: stream.read(int(starts[d]), n)  # noqa: E731
@@ -252,7 +264,17 @@ def make_source(training, vocab: int):
         return (SyntheticDocuments if d.packing else SyntheticTokens)(vocab, t.sequence_length, t.global_batch, t.seed)
     if d.packing:
         return PackedFiles(
-            d.path, d.format, vocab, t.sequence_length, t.global_batch, eos=d.eos_id, shuffle=d.shuffle, seed=t.seed
+            d.path,
+            d.format,
+            vocab,
+            t.sequence_length,
+            t.global_batch,
+            eos=d.eos_id,
+            shuffle=d.shuffle,
+            seed=t.seed,
+            tokenizer=d.tokenizer,
+            text_field=d.text_field,
+            chat=t.objective == "sft",
         )
     return FileTokens(d.path, d.format, vocab, t.sequence_length, t.global_batch, shuffle=d.shuffle, seed=t.seed)
 
@@ -305,7 +327,7 @@ class Batches:
         for a, b in self.blocks:
             block, at = rows[at : at + b - a], at + b - a
             out[(a, b)] = (
-                packing.Packed(*(np.concatenate(x) for x in zip(*block)))
+                type(block[0])(*(np.concatenate(x) for x in zip(*block)))
                 if self.source.packed
                 else np.concatenate(block)
             )
@@ -317,6 +339,8 @@ class Batches:
             positions = np.broadcast_to(self.order, (len(seq), self.shape[1]))
             return seq[:, :-1][:, self.order], seq[:, 1:][:, self.order], positions
         positions, mask = packing.positions_and_mask(seq.segments)
+        if isinstance(seq, packing.Weighted):  # sft: only the assistant's tokens are targets
+            mask = mask * seq.weights[:, 1:]
         parts = (seq.tokens[:, :-1], seq.tokens[:, 1:], positions, seq.segments[:, :-1], mask)
         return tuple(p[:, self.order] for p in parts)
 

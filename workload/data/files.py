@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import fsspec
 
-SUFFIX = {"npy": "*.npy", "bin": "*.bin", "arrayrecord": "*.array_record*"}
+SUFFIX = {
+    "npy": "*.npy",
+    "bin": "*.bin",
+    "arrayrecord": "*.array_record*",
+    "jsonl": "*.jsonl",
+    "parquet": "*.parquet",
+    "text": "*.txt",
+}
 
 
 def matching(path: str, fmt: str) -> tuple[fsspec.AbstractFileSystem, str, dict[str, int]]:

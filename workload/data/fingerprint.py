@@ -21,8 +21,11 @@ from . import files as files_lib
 NOT_ORDER = ("allowChange", "workers", "prefetch")
 
 
-def of(training: TrainingSpec, files: list[tuple[str, int]] | None = None) -> dict:
-    """The fingerprint of `training`'s data order; `files`: (name, bytes) of every file read, in order."""
+def of(
+    training: TrainingSpec, files: list[tuple[str, int]] | None = None, tokenizer: tuple[str, int] | None = None
+) -> dict:
+    """The fingerprint of `training`'s data order; `files`: (name, bytes) of every file read, in order;
+    `tokenizer`: (name, bytes) of the tokenizer file of text data (another tokenizer, other tokens)."""
     data = training.data.model_dump(by_alias=True, mode="json")
     fp = {
         "seed": training.seed,
@@ -32,12 +35,25 @@ def of(training: TrainingSpec, files: list[tuple[str, int]] | None = None) -> di
     }
     if files is not None:
         fp["data.files"] = [[name, size] for name, size in files]
+    if tokenizer is not None:
+        fp["data.tokenizerFile"] = list(tokenizer)
     return fp
 
 
 def listed_files(path: str, fmt: str) -> list[tuple[str, int]]:
     """(path, bytes) of the files the source reads (files.py), in the order it reads them."""
     return list(files_lib.matching(path, fmt)[2].items())
+
+
+def tokenizer_file(path: str) -> tuple[str, int]:
+    """(path, bytes) of the tokenizer file `path` names (tokenizer.resolve)."""
+    import fsspec
+
+    from .tokenizer import resolve
+
+    name = resolve(path)
+    fs, root = fsspec.core.url_to_fs(name)
+    return name, int(fs.size(root))
 
 
 def changes(saved: dict, now: dict) -> list[str]:

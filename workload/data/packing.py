@@ -32,6 +32,20 @@ class Packed(NamedTuple):
     segments: np.ndarray  # [n, capacity] int32, the row's documents numbered 1.., 0 on padding
 
 
+class Weighted(NamedTuple):
+    """Rows of a packed source whose documents weigh their tokens (sft: 1 on the assistant's, chat.py)."""
+
+    tokens: np.ndarray  # [n, capacity] int32, 0 on padding
+    segments: np.ndarray  # [n, capacity] int32, the row's documents numbered 1.., 0 on padding
+    weights: np.ndarray  # [n, capacity] float32: 1 where the token counts as a target, 0 elsewhere and on padding
+
+
+def stacked(rows: list) -> Packed | Weighted:
+    """Rows (each a (tokens, segments[, weights]) tuple) stacked into one Packed or Weighted."""
+    parts = tuple(np.stack(x) for x in zip(*rows))
+    return Weighted(*parts) if len(parts) == 3 else Packed(*parts)
+
+
 def separated_documents(arrays: list, offsets: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndarray]:
     """(start, length) in the stream of each document of `arrays` read as one stream (`offsets`: each
     array's start in it): a document ends with its `eos` token; tokens after the last one form a last
@@ -76,14 +90,20 @@ def first_fit(lengths: np.ndarray, capacity: int, open_rows: int = OPEN_ROWS) ->
     return order, np.searchsorted(row_of[order], np.arange(rows + 1))
 
 
-def assemble(documents: list[np.ndarray], capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """One row (tokens, segments) of `documents` placed one after another, the rest padding."""
+def assemble(documents: list, capacity: int) -> tuple[np.ndarray, ...]:
+    """One row (tokens, segments) of `documents` placed one after another, the rest padding; documents
+    given as (tokens, weights) pairs make it (tokens, segments, weights)."""
+    weighted = bool(documents) and isinstance(documents[0], tuple)
     tokens, segments = np.zeros(capacity, np.int32), np.zeros(capacity, np.int32)
+    weights = np.zeros(capacity, np.float32)
     at = 0
     for i, doc in enumerate(documents, start=1):
-        tokens[at : at + len(doc)], segments[at : at + len(doc)] = doc, i
-        at += len(doc)
-    return tokens, segments
+        ids, w = doc if weighted else (doc, None)
+        tokens[at : at + len(ids)], segments[at : at + len(ids)] = ids, i
+        if w is not None:
+            weights[at : at + len(ids)] = w
+        at += len(ids)
+    return (tokens, segments, weights) if weighted else (tokens, segments)
 
 
 class PlannedRows:
@@ -98,7 +118,7 @@ class PlannedRows:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def __getitem__(self, i: int) -> tuple[np.ndarray, ...]:
         docs = self.order[self.offsets[i] : self.offsets[i + 1]]
         return assemble([self.read(int(d), int(self.lengths[d])) for d in docs], self.capacity)
 

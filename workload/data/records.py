@@ -16,6 +16,11 @@ import numpy as np
 from . import files as files_lib
 
 
+def token_dtype(vocab: int):
+    """The dtype of stored tokens (flat .bin files, records): uint16 when `vocab` fits, else uint32."""
+    return np.uint16 if vocab <= 65536 else np.uint32
+
+
 def encode(document, dtype) -> bytes:
     """A record of `document` (how files for `format: arrayrecord` are written)."""
     return np.asarray(document, np.dtype(dtype).newbyteorder("<")).tobytes()

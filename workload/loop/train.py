@@ -302,10 +302,12 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
 
 def data_fingerprint(t: TrainingSpec) -> dict:
     """What decides the data order of `t` (fingerprint.py), with the files a files source reads."""
-    files = None
+    files = tokenizer = None
     if t.data.source == "files":
         files = fingerprint.listed_files(t.data.path, t.data.format)
-    return fingerprint.of(t, files)
+    if t.data.tokenizer:
+        tokenizer = fingerprint.tokenizer_file(t.data.tokenizer)
+    return fingerprint.of(t, files, tokenizer)
 
 
 def check_data_unchanged(saved: dict, now: dict, allow_change: bool, step: int) -> None:
