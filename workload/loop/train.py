@@ -50,10 +50,10 @@ def loss_tiling(cfg: TrainerConfig) -> tuple[int, int]:
 
 
 def keeps_logits(cfg: TrainerConfig) -> bool:
-    """Whether the head keeps its logits for the backward (loss.keeps_logits)."""
+    """Whether the head keeps its logits for the backward (loss.logits_kept)."""
     m, t = cfg.mesh, cfg.training
     batch = -(-t.microbatch // (m.data * m.fsdp * m.expert))
-    return loss_lib.keeps_logits(batch, t.sequence_length // m.context, cfg.model.vocab, m.tensor, *loss_tiling(cfg))
+    return loss_lib.logits_kept(batch, t.sequence_length // m.context, cfg.model.vocab, m.tensor, *loss_tiling(cfg))
 
 
 # One slice's [tokens, F / slices] MLP activation per device stays under this (mlp_chunks).

@@ -40,7 +40,7 @@ class ModelConfig:
     # recomputed in the backward pass (loss.py; 1 and 1: the whole head at once).
     loss_chunks: int = 1
     vocab_tiles: int = 1
-    # The whole head's logits kept for the backward instead of recomputed (loss.keeps_logits).
+    # The whole head's logits kept for the backward instead of recomputed (loss.logits_kept).
     keep_logits: bool = False
     # The dense MLP runs over this many slices of its hidden dimension F, each recomputed in the
     # backward pass (chunked.py), where the layer is recomputed and keeps none of the MLP's activations.

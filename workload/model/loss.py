@@ -20,7 +20,7 @@ Per-token losses are exactly those of the whole head; only the order of f32 sums
 sequence chunk stays sharded as the sequence is (chunked.split_sequence). The LM head stays bf16 under
 fp8 (as MaxText's does).
 
-Where the whole head runs at once (one chunk, one tile) and its f32 logits are small (`keeps_logits`),
+Where the whole head runs at once (one chunk, one tile) and its f32 logits are small (`logits_kept`),
 the forward keeps them for the backward instead of recomputing them: three head matmuls per step, not
 four, for what autodiff would have kept anyway. The kept logits are the very values the backward would
 recompute, so the gradients are the same bits.
@@ -88,7 +88,7 @@ def tiling(batch: int, local_seq: int, model_dim: int, vocab: int, tensor: int =
     return chunks, tiles
 
 
-def keeps_logits(batch: int, local_seq: int, vocab: int, tensor: int, chunks: int, tiles: int) -> bool:
+def logits_kept(batch: int, local_seq: int, vocab: int, tensor: int, chunks: int, tiles: int) -> bool:
     """Whether one device's head keeps its logits for the backward (the module docstring): the whole
     head at once, its f32 logits under KEPT_LOGITS_BYTES."""
     return chunks == tiles == 1 and batch * local_seq * (vocab // tensor) * 4 <= KEPT_LOGITS_BYTES
@@ -101,7 +101,7 @@ def cross_entropy(
     unembedding `w_DV` (the f32 parameter), `chunks` sequence chunks by `tiles` vocabulary tiles at a
     time. `mask_BT` (f32, 1 where a target counts; None: all do) weights the tokens; the means are over
     the tokens that count. The z-loss is logsumexp(logits)^2 per token (PaLM's; 0 unless `z_loss`).
-    `keep` (one chunk and one tile only; `keeps_logits`): the backward reuses the forward's logits."""
+    `keep` (one chunk and one tile only; `logits_kept`): the backward reuses the forward's logits."""
     if w_DV.shape[1] % tiles:
         raise ValueError(f"vocabulary {w_DV.shape[1]} does not split into {tiles} tiles")
     if keep and (chunks, tiles) != (1, 1):
