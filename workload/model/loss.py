@@ -17,8 +17,9 @@ matmuls, accumulates the hidden states' gradient in f32 across tiles, and scatte
 weight gradient straight to the parameter's shards (bf16, as autodiff does for a bf16 weight).
 
 Per-token losses are exactly those of the whole head; only the order of f32 sums changes. Each
-sequence chunk stays sharded as the sequence is (chunked.split_sequence). The LM head stays bf16 under
-fp8 (as MaxText's does).
+sequence chunk stays sharded as the sequence is (chunked.split_sequence). The head's matmuls run in the
+hidden states' dtype: bf16 in training, also under fp8 (as MaxText's head does); f32 for a model computed
+in f32 (decoder.ModelConfig.compute).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import jax.numpy as jnp
 from . import chunked
 from .sharding import constrain, current
 
-HEAD_DTYPE = jnp.bfloat16
 # One chunk's f32 logits tile and one gathered bf16 weight tile per device stay under these.
 LOGITS_TILE_BYTES = 512 << 20
 WEIGHT_TILE_BYTES = 256 << 20
@@ -46,7 +46,7 @@ def token_losses(logits_BTV, targets_BT):
 
 def logits(x_BTD, w_DV):
     """f32 logits of hidden states against the (f32) unembedding, in bf16 matmuls."""
-    return _logits(x_BTD, _gathered(w_DV))
+    return _logits(x_BTD, _gathered(w_DV, x_BTD.dtype))
 
 
 def tiling(batch: int, local_seq: int, model_dim: int, vocab: int, tensor: int = 1) -> tuple[int, int]:
@@ -94,9 +94,10 @@ def cross_entropy(x_BTD, targets_BT, w_DV, *, chunks: int, tiles: int, mask_BT=N
     return ce / count, z / count
 
 
-def _gathered(w_DV):
-    """A weight (tile) in bf16, whole along D (all-gathered over the weights' axes) for one matmul."""
-    return constrain(w_DV.astype(HEAD_DTYPE), (None, "vocab"))
+def _gathered(w_DV, dtype):
+    """A weight (tile) in `dtype` (the hidden states': bf16 in training), whole along D (all-gathered
+    over the weights' axes) for one matmul."""
+    return constrain(w_DV.astype(dtype), (None, "vocab"))
 
 
 def _logits(x_BtD, w_Dv):
@@ -105,10 +106,12 @@ def _logits(x_BtD, w_Dv):
     )
 
 
-def _tile(w_DV, j, tiles: int):
-    """Tile j of the unembedding: the words a * tiles + j, [D, V / tiles], gathered in bf16."""
+def _tile(w_DV, j, tiles: int, dtype):
+    """Tile j of the unembedding: the words a * tiles + j, [D, V / tiles], gathered in `dtype`."""
     D, V = w_DV.shape
-    return _gathered(jax.lax.dynamic_index_in_dim(w_DV.reshape(D, V // tiles, tiles), j, axis=2, keepdims=False))
+    return _gathered(
+        jax.lax.dynamic_index_in_dim(w_DV.reshape(D, V // tiles, tiles), j, axis=2, keepdims=False), dtype
+    )
 
 
 def _in_tile(targets, j, tiles: int):
@@ -125,7 +128,7 @@ def _tiled_ce(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool):
 
 def _ce_forward(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool):
     def tile(carry, j):
-        w_Dv = _tile(w_DV, j, tiles)
+        w_Dv = _tile(w_DV, j, tiles, x_NBtD.dtype)
 
         def chunk(_, xs):
             x_BtD, targets_Bt, max_Bt, sum_Bt, target_Bt = xs
@@ -158,7 +161,7 @@ def _ce_backward(tiles: int, z_loss: bool, residuals, gs):
     )
 
     def tile(dx_NBtD, j):
-        w_Dv = _tile(w_DV, j, tiles)
+        w_Dv = _tile(w_DV, j, tiles, x_NBtD.dtype)
 
         def chunk(dw_Dv, xs):
             x_BtD, targets_Bt, mask_Bt, logz_Bt, dx_BtD = xs
@@ -175,7 +178,7 @@ def _ce_backward(tiles: int, z_loss: bool, residuals, gs):
                     scale_Bt, one_Bt = scale_Bt * mask_Bt, one_Bt * mask_Bt
                 scaled_Btv = scale_Bt[..., None] * p_Btv
                 dlogits_Btv = jnp.where(is_target, scaled_Btv - one_Bt[..., None], scaled_Btv)
-            dlogits_Btv = dlogits_Btv.astype(HEAD_DTYPE)
+            dlogits_Btv = dlogits_Btv.astype(x_BtD.dtype)
             dx_BtD = dx_BtD + jnp.einsum("btv,dv->btd", dlogits_Btv, w_Dv, preferred_element_type=jnp.float32)
             # Summed over the devices' tokens straight into the parameter's shards (a reduce-scatter).
             dw = as_param(jnp.einsum("btd,btv->dv", x_BtD, dlogits_Btv))

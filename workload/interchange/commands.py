@@ -1,0 +1,124 @@
+"""`tpujob convert` and `tpujob export`: a Hugging Face model to an Orbax directory a job starts from, and a
+trained checkpoint back to a Hugging Face model directory. Both run in one process on this host's default
+device and hold the whole model in host memory as f32 (4 bytes a parameter): they are the offline,
+once-per-model steps; a job reads a Hugging Face directory shard by shard itself (pretrained.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from tpu_operator.api.contract import ModelDims
+
+from . import hf_config, hf_weights, pretrained, tensorfiles
+from .pretrained import HF, MODEL, PARAMS, join
+
+# What a model directory carries besides weights, copied as they are (each at most MAX_SIDE_FILE_BYTES).
+SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "generation_config.json",
+)
+MAX_SIDE_FILE_BYTES = 64 << 20  # Llama 3's tokenizer.json is 9 MiB
+DTYPES = {"bfloat16": tensorfiles.DTYPES["BF16"], "float32": tensorfiles.DTYPES["F32"], "float16": np.dtype(np.float16)}
+
+
+def _abstract(dims: ModelDims) -> dict:
+    """Our parameters' shapes (f32) on this host's first device."""
+    import jax
+    from flax import nnx
+
+    from ..model import decoder
+
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shapes = nnx.state(nnx.eval_shape(lambda: decoder.Decoder(decoder.ModelConfig(dims), nnx.Rngs(0))))
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), shapes.to_pure_dict())
+
+
+def _copy_side_files(src: str, dst: str) -> list[str]:
+    import fsspec
+
+    fs = fsspec.core.url_to_fs(src)[0]
+    out_fs = fsspec.core.url_to_fs(dst)[0]
+    out_fs.makedirs(dst, exist_ok=True)
+    copied = []
+    for name in (*SIDE_FILES, "config.json"):
+        if fs.exists(join(src, name)):
+            data = tensorfiles.read_small(join(src, name), MAX_SIDE_FILE_BYTES)
+            with out_fs.open(join(dst, name), "wb") as f:
+                f.write(data)
+            copied.append(name)
+    return copied
+
+
+def convert(src: str, dst: str) -> ModelDims:
+    """SRC (a Hugging Face directory) to DST: DST/params (Orbax), DST/model.json, DST/hf (the source's
+    config.json and tokenizer files). A job starts from it with `model.init: {format: orbax, path: DST}`."""
+    import fsspec
+    import orbax.checkpoint as ocp
+
+    import jax
+
+    model = pretrained.hf_model(src)
+    abstract = _abstract(model.dims)
+    params = hf_weights.load(model, tensorfiles.catalogue(src), jax.tree.map(lambda a: a.sharding, abstract))
+    fs = fsspec.core.url_to_fs(dst)[0]
+    fs.makedirs(dst, exist_ok=True)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(join(dst, PARAMS), params)
+    with fs.open(join(dst, MODEL), "w") as f:
+        f.write(model.dims.model_dump_json(indent=2))
+    _copy_side_files(src, join(dst, HF))
+    return model.dims
+
+
+def _params_of(ckpt: str, dims: ModelDims) -> dict:
+    """The parameters of a convert directory (CKPT/params) or of a job's latest checkpoint (only its
+    `params`: the optimizer state is not read)."""
+    import fsspec
+    import orbax.checkpoint as ocp
+
+    abstract = _abstract(dims)
+    fs = fsspec.core.url_to_fs(ckpt)[0]
+    if fs.exists(join(ckpt, PARAMS)):
+        return pretrained.restore_params(join(ckpt, PARAMS), abstract)
+    steps = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(ckpt, detail=False)]
+    steps = sorted(int(s) for s in steps if s.isdigit())
+    if not steps:
+        raise tensorfiles.BadFile(f"{ckpt}: neither a convert directory ({PARAMS}/) nor a job's checkpoints")
+    item = {"params": abstract}
+    with ocp.PyTreeCheckpointer() as ckptr:
+        restored = ckptr.restore(
+            join(join(ckpt, str(steps[-1])), "state"),
+            args=ocp.args.PyTreeRestore(
+                item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item), partial_restore=True
+            ),
+        )
+    return restored["params"]
+
+
+def export(ckpt: str, dst: str, *, dims: ModelDims | None = None, tokenizer_from: str | None = None, dtype: str = "bfloat16") -> list[str]:
+    """CKPT (a convert directory, or a job's checkpoint directory with `dims` given) to DST, a Hugging Face
+    model directory: safetensors shards, their index, config.json (Llama or Mixtral) and the tokenizer
+    files of `tokenizer_from` (else those convert kept). Returns the files written."""
+    import fsspec
+
+    fs = fsspec.core.url_to_fs(ckpt)[0]
+    kept = join(ckpt, HF)
+    if dims is None:
+        if not fs.exists(join(ckpt, MODEL)):
+            raise tensorfiles.BadFile(f"{ckpt}: no {MODEL} (not a convert directory): give the job's file (--job)")
+        dims = pretrained.saved_dims(ckpt)
+    source = tokenizer_from or (kept if fs.exists(kept) else None)
+    extra = pretrained.hf_model(source).extra if source and fs.exists(join(source, "config.json")) else {}
+    params = _params_of(ckpt, dims)
+    written = tensorfiles.write(dst, hf_weights.hf_tensors(params, dims, DTYPES[dtype]))
+    side = _copy_side_files(source, dst) if source else []
+    out_fs = fsspec.core.url_to_fs(dst)[0]
+    with out_fs.open(join(dst, "config.json"), "w") as f:
+        json.dump(hf_config.to_config(dims, extra, dtype), f, indent=2)
+    return [*written, tensorfiles.INDEX, "config.json", *[s for s in side if s != "config.json"]]
