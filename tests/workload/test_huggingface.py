@@ -1,0 +1,360 @@
+"""Hugging Face checkpoints in and out, against `transformers` itself (issue 31).
+
+Tiny random Llama 3 and Mixtral models are built with `transformers` on the CPU (nothing downloaded),
+saved with `save_pretrained`, imported into ours (the sharded load the trainer uses) and run in f32
+(`ModelConfig.compute = "f32"`): the logits must equal transformers' within the tolerance below, for
+every RoPE setting (none and Llama 3.1's scaling, two thetas) and GQA ratio (1, 2, 4 query heads per
+kv head) we support, and for Mixtral (4 experts, top-2). Then the checkpoint goes back out
+(`tpujob export`'s code, through `tpujob convert`'s Orbax directory), `AutoModelForCausalLM` loads it,
+and its logits equal the original's again. One batch's loss, and the loss after one SGD step on both
+sides, equal transformers' `labels=` loss (which checks every gradient through the update).
+
+Tolerance: both sides compute in f32 (machine epsilon 1.2e-7) but in different orders (XLA's and
+torch's reductions over D, H and the keys, and RoPE's inverse frequencies computed as theta ** -x here
+and 1 / theta ** x there, which at positions near 5,000, used so that the long-context scaling matters,
+moves an angle by up to ~3e-4 rad). Measured differences are ~2e-5 on logits of magnitude ~3; the
+bound is 1e-4 of the logits' largest magnitude, five times that, and still 100x below what a wrong
+mapping gives (a transposed or swapped weight moves logits by O(1)).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tpu_operator.api.contract import ModelDims, ModelInit
+from tpu_workload.interchange import commands, hf_config, hf_weights, pretrained, tensorfiles
+from tpu_workload.loop import train
+from tpu_workload.loop.checkpoint import Checkpointer
+from tpu_workload.model import decoder, sharding
+from tpu_workload.process import exits
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+torch.set_num_threads(1)  # the suite runs one test per core
+
+LLAMA3 = {"rope_type": "llama3", **hf_config.LLAMA3_SCALING}
+TOKENS = np.random.default_rng(0).integers(0, 256, (2, 17))
+POSITIONS = 5000 + np.arange(16)  # past the scaling's 2,048-token wavelength: llama3 changes these logits
+RELATIVE_TOLERANCE = 1e-4  # of the logits' largest magnitude (module docstring)
+
+
+def hf_model(kind: str, kv_heads: int, theta: float, scaling: dict | None, seed: int = 0, **overrides):
+    """A random tiny transformers model (eager attention, f32), its norms' scales perturbed off 1 so
+    their mapping is checked too."""
+    torch.manual_seed(seed)
+    common = (
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=kv_heads,
+            head_dim=16,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=131072,
+            rope_parameters={"rope_type": "default", "rope_theta": theta} | (scaling or {}) | {"rope_theta": theta},
+            initializer_range=0.1,  # logits of order 1, not 0.02's near-zero ones
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+        )
+        | overrides
+    )
+    if kind == "mixtral":
+        model = transformers.MixtralForCausalLM(
+            transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
+        )
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def hf_logits(model, tokens=TOKENS[:, :16], positions=POSITIONS) -> np.ndarray:
+    pos = torch.tensor(np.broadcast_to(positions, tokens.shape).copy())
+    with torch.no_grad():
+        return model(torch.tensor(tokens), position_ids=pos).logits.numpy()
+
+
+def ours(dims: ModelDims, params: dict):
+    """Our decoder in f32 holding `params`."""
+    graphdef = nnx.split(
+        nnx.eval_shape(lambda: decoder.Decoder(decoder.ModelConfig(dims, compute="f32"), nnx.Rngs(0)))
+    )[0]
+    return nnx.merge(graphdef, params)
+
+
+def our_logits(dims: ModelDims, params: dict, tokens=TOKENS[:, :16], positions=POSITIONS) -> np.ndarray:
+    pos = jnp.broadcast_to(jnp.asarray(positions), tokens.shape)
+    return np.asarray(ours(dims, params)(jnp.asarray(tokens), pos)[0])
+
+
+def single_device(dims: ModelDims) -> dict:
+    return commands._abstract(dims)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray) -> None:
+    scale = float(np.max(np.abs(want)))
+    assert scale > 0.5  # logits of order 1: the comparison means something
+    np.testing.assert_allclose(got, want, rtol=0, atol=RELATIVE_TOLERANCE * scale)
+
+
+CASES = [
+    # (kind, kv heads of 4 query heads, theta, scaling): every RoPE setting at GQA 2, every GQA ratio once
+    pytest.param("llama", 2, 10_000.0, None, id="llama-rope1e4"),
+    pytest.param("llama", 2, 500_000.0, None, id="llama-rope5e5"),
+    pytest.param("llama", 2, 10_000.0, LLAMA3, id="llama-llama3scaling-rope1e4"),
+    pytest.param("llama", 2, 500_000.0, LLAMA3, id="llama-llama3scaling-rope5e5"),
+    pytest.param("llama", 4, 500_000.0, LLAMA3, id="llama-gqa1"),
+    pytest.param("llama", 1, 500_000.0, LLAMA3, id="llama-gqa4"),
+    pytest.param("mixtral", 2, 1_000_000.0, None, id="mixtral-gqa2"),
+    pytest.param("mixtral", 1, 500_000.0, LLAMA3, id="mixtral-gqa4-llama3scaling"),
+]
+
+
+@pytest.mark.parametrize("kind,kv_heads,theta,scaling", CASES)
+def test_round_trip_logits_equal_transformers(kind, kv_heads, theta, scaling, tmp_path):
+    model = hf_model(kind, kv_heads, theta, scaling)
+    model.save_pretrained(tmp_path / "hf")
+    want = hf_logits(model)
+
+    read = pretrained.hf_model(str(tmp_path / "hf"))
+    assert (read.dims.kv_heads, read.dims.rope_theta, read.dims.norm_eps) == (kv_heads, theta, 1e-5)
+    assert read.dims.rope_scaling == ("llama3" if scaling else "none")
+    assert read.dims.experts == (4 if kind == "mixtral" else 0)
+    init = ModelInit(format="huggingface", path=str(tmp_path / "hf"))
+    params = pretrained.load(init, read.dims, single_device(read.dims))
+    assert_close(our_logits(read.dims, params), want)
+
+    # Out again, through convert's Orbax directory: transformers loads the export and computes the same logits.
+    commands.convert(str(tmp_path / "hf"), str(tmp_path / "orbax"))
+    commands.export(str(tmp_path / "orbax"), str(tmp_path / "out"), dtype="float32")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    assert type(back) is type(model)
+    assert_close(hf_logits(back), want)
+    for name, p in model.state_dict().items():  # the weights themselves, bit for bit (f32 both ways)
+        np.testing.assert_array_equal(back.state_dict()[name].numpy(), p.numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mixtral"])
+def test_loss_and_one_sgd_step_equal_transformers(kind, tmp_path):
+    """The mean next-token cross entropy of one batch equals transformers' `labels=` loss, and so does the
+    loss after one SGD step taken on each side with its own gradients (the MoE load-balancing loss left
+    out on both: transformers adds it only with output_router_logits)."""
+    model = hf_model(kind, 2, 500_000.0, None, seed=1)
+    model.save_pretrained(tmp_path / "hf")
+    read = pretrained.hf_model(str(tmp_path / "hf"))
+    params = pretrained.load(
+        ModelInit(format="huggingface", path=str(tmp_path / "hf")), read.dims, single_device(read.dims)
+    )
+    tokens, lr = TOKENS, 0.5
+    pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
+    graphdef = nnx.graphdef(ours(read.dims, params))
+
+    def loss(p):
+        return decoder.loss_fn(
+            nnx.merge(graphdef, p),
+            jnp.asarray(tokens[:, :-1]),
+            jnp.asarray(tokens[:, 1:]),
+            pos,
+            weights=decoder.LossWeights(moe_aux=0.0),
+        )[0]
+
+    ours_before, grads = jax.value_and_grad(loss)(params)
+    ours_after = loss(jax.tree.map(lambda p, g: p - lr * g, params, grads))
+
+    model.train()  # no dropout in these configs; train mode as a training step runs it
+    theirs_before = model(torch.tensor(tokens), labels=torch.tensor(tokens)).loss
+    theirs_before.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+        theirs_after = model(torch.tensor(tokens), labels=torch.tensor(tokens)).loss
+    np.testing.assert_allclose(float(ours_before), float(theirs_before), rtol=1e-5)
+    assert abs(float(ours_after) - float(ours_before)) > 1e-2  # the step changed something
+    np.testing.assert_allclose(float(ours_after), float(theirs_after), rtol=1e-4)
+
+
+def test_sharded_load_reads_only_each_shards_bytes(tmp_path):
+    """On a mesh of 8 devices (fsdp 4 x tensor 2) every parameter is read shard by shard: the bytes read
+    are exactly those of the distinct shards (bf16 in the file), each range inside its own tensor, and
+    the arrays equal a load onto one device."""
+    model = hf_model("mixtral", 2, 1_000_000.0, None).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "hf")
+    read = pretrained.hf_model(str(tmp_path / "hf"))
+    mesh = sharding.make_mesh(dict(data=1, fsdp=4, context=1, expert=1, tensor=2))
+    sharder = sharding.Sharder(mesh)
+    abstract = nnx.state(nnx.eval_shape(lambda: decoder.Decoder(decoder.ModelConfig(read.dims), nnx.Rngs(0))))
+    logical = nnx.get_partition_spec(abstract).to_pure_dict()
+    shardings = jax.tree.map(
+        lambda spec, a: sharder.named(tuple(spec), a.shape),
+        logical,
+        abstract.to_pure_dict(),
+        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec),
+    )
+    tensors = tensorfiles.catalogue(str(tmp_path / "hf"))
+    reads = tensorfiles.Reads()
+    params = hf_weights.load(read, tensors, shardings, reads, gap=0)
+
+    expected = 0
+    for rule in hf_weights.rules(read.dims):
+        arr = hf_weights._at(params, rule.path)
+        assert arr.sharding == hf_weights._at(shardings, rule.path)
+        distinct = {
+            tuple((s.start, s.stop) for s in idx) for idx in arr.sharding.devices_indices_map(arr.shape).values()
+        }
+        expected += (
+            sum(math.prod(len(range(*slice(a, b).indices(n))) for (a, b), n in zip(d, arr.shape)) for d in distinct) * 2
+        )
+    assert reads.bytes == expected
+    assert reads.bytes < 2 * sum(t.nbytes for t in tensors.values())  # replicas of a shard are read once
+    for path, start, end in reads.ranges:
+        assert any(t.path == path and t.start <= start and end <= t.start + t.nbytes for t in tensors.values())
+    whole = pretrained.load(
+        ModelInit(format="huggingface", path=str(tmp_path / "hf")), read.dims, single_device(read.dims)
+    )
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(whole)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_byte_runs_of_a_slice():
+    """A slice's contiguous runs in a C-order [4, 6, 8] f32 array, and a read that joins runs over gaps."""
+    offsets, run = tensorfiles.runs((4, 6, 8), (slice(1, 3), slice(None), slice(None)), 4)
+    assert (offsets.tolist(), run) == ([1 * 6 * 8 * 4], 2 * 6 * 8 * 4)  # whole rows: one run
+    offsets, run = tensorfiles.runs((4, 6, 8), (slice(None), slice(2, 4), slice(None)), 4)
+    assert (offsets.tolist(), run) == ([(i * 48 + 16) * 4 for i in range(4)], 2 * 8 * 4)
+    offsets, run = tensorfiles.runs((4, 6, 8), (slice(0, 2), slice(0, 2), slice(4, 8)), 4)
+    assert (offsets.tolist(), run) == ([(i * 48 + j * 8 + 4) * 4 for i in range(2) for j in range(2)], 16)
+
+
+def test_trainer_starts_from_a_huggingface_checkpoint(tmp_path):
+    """`spec.model.init` in the trainer: the state holds the checkpoint's parameters at step 0 with a fresh
+    optimizer; a checkpoint of another shape stops the run as the user's error, naming the fields."""
+    from conftest import trainer_config
+
+    model = hf_model("llama", 2, 10_000.0, None, rms_norm_eps=1e-6, intermediate_size=128)  # the "tiny" preset
+    model.save_pretrained(tmp_path / "hf")
+    cfg = trainer_config("tiny", steps=1, mesh=dict(data=1, fsdp=8, context=1, expert=1, tensor=1)).model_copy(
+        update={"init": ModelInit(format="huggingface", path=str(tmp_path / "hf"))}
+    )
+    run = train.setup(cfg, peak_flops_per_device=1e12)
+    try:
+        assert run.start == 0
+        embed = np.asarray(run.state["params"]["embed"])
+        np.testing.assert_array_equal(embed, model.model.embed_tokens.weight.detach().numpy())
+        assert all(float(jnp.max(jnp.abs(m))) == 0 for m in jax.tree.leaves(run.state["opt"]) if m.ndim > 0)
+    finally:
+        run.batches.close()
+    other = cfg.model_copy(update={"model": cfg.model.model_copy(update={"layers": 3, "rope_theta": 5e5})})
+    with pytest.raises(exits.UserError, match=r"spec.model.layers: 3 in the job, 2 in the checkpoint.*ropeTheta"):
+        train.setup(other, peak_flops_per_device=1e12)
+
+
+def test_export_of_a_jobs_checkpoint_directory(tmp_path):
+    """A job's checkpoint directory (its latest step's `params`; the optimizer state is not read) exports with
+    the job's shape given, the token ids and tokenizer files of --tokenizer-from carried over."""
+    model = hf_model("llama", 2, 500_000.0, LLAMA3, bos_token_id=1, eos_token_id=2)
+    model.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text('{"model": {}}')
+    read = pretrained.hf_model(str(tmp_path / "hf"))
+    params = pretrained.load(
+        ModelInit(format="huggingface", path=str(tmp_path / "hf")), read.dims, single_device(read.dims)
+    )
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), keep=2)
+    for step in (3, 5):  # the latest is exported
+        scaled = jax.tree.map(lambda p, f=1.0 if step == 5 else 2.0: p * f, params)
+        ckpt.save(step, {"params": scaled, "opt": {"mu": scaled}, "step": jnp.int32(step)})
+    ckpt.finish()
+    ckpt.close()
+    files = commands.export(
+        str(tmp_path / "ckpt"),
+        str(tmp_path / "out"),
+        dims=read.dims,
+        tokenizer_from=str(tmp_path / "hf"),
+        dtype="float32",
+    )
+    assert "tokenizer.json" in files and (tmp_path / "out" / "tokenizer.json").exists()
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"], config["rope_scaling"]["rope_type"]) == (1, 2, "llama3")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    assert_close(hf_logits(back), hf_logits(model))
+
+
+def _config(tmp_path, **changes) -> dict:
+    model = hf_model("llama", 2, 10_000.0, None)
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    return cfg | changes
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(model_type="gpt2"), "model_type: 'gpt2'"),
+        (dict(hidden_act="gelu"), "hidden_act: 'gelu'"),
+        (dict(attention_bias=True), "attention_bias: true"),
+        (dict(mlp_bias=True), "mlp_bias: true"),
+        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), "rope_type: 'yarn'"),
+        (dict(rope_parameters={**LLAMA3, "rope_theta": 5e5, "factor": 16.0}), "rope_scaling.factor: 16.0"),
+        (dict(rope_parameters={**LLAMA3, "rope_theta": 5e5, "original_max_position_embeddings": 4096}), "original_max"),
+        (dict(sliding_window=4096), "sliding_window: 4096"),
+        (dict(num_key_value_heads=3), "num_key_value_heads: 3 does not divide"),
+        (dict(num_hidden_layers=-1), "num_hidden_layers: -1"),
+        (dict(vocab_size=10**12), "vocab"),
+    ],
+)
+def test_what_our_model_cannot_express_is_refused_by_key(tmp_path, changes, message):
+    with pytest.raises(hf_config.Unsupported, match=message.replace("(", r"\(")):
+        hf_config.read(json.dumps(_config(tmp_path, **changes)))
+
+
+def test_tied_embeddings_start_untied_from_the_embedding(tmp_path):
+    """Llama 3.2's small models tie the unembedding to the embedding: it starts as the embedding's transpose."""
+    model = hf_model("llama", 2, 500_000.0, None, tie_word_embeddings=True)
+    model.save_pretrained(tmp_path)
+    read = pretrained.hf_model(str(tmp_path))
+    assert read.tied
+    params = pretrained.load(ModelInit(format="huggingface", path=str(tmp_path)), read.dims, single_device(read.dims))
+    np.testing.assert_array_equal(np.asarray(params["unembed"]), np.asarray(params["embed"]).T)
+    assert_close(our_logits(read.dims, params), hf_logits(model))
+
+
+def test_hostile_files_are_refused_with_the_reason(tmp_path):
+    model = hf_model("llama", 2, 10_000.0, None)
+    model.save_pretrained(tmp_path)
+    (path,) = [p for p in tmp_path.iterdir() if p.suffix == ".safetensors"]
+    data = path.read_bytes()
+    path.write_bytes((1 << 40).to_bytes(8, "little") + data[8:])  # a header length past any limit
+    with pytest.raises(tensorfiles.BadFile, match="header of 1099511627776 bytes"):
+        tensorfiles.header(str(path))
+    n = int.from_bytes(data[:8], "little")
+    head = json.loads(data[8 : 8 + n])
+    name = "model.norm.weight"
+    head[name]["data_offsets"] = [0, 10**9]
+    text = json.dumps(head).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n :])
+    with pytest.raises(tensorfiles.BadFile, match=f"{name} in .*data_offsets"):
+        tensorfiles.header(str(path))
+    (tmp_path / tensorfiles.INDEX).write_text(json.dumps({"weight_map": {"a": "../elsewhere.safetensors"}}))
+    with pytest.raises(tensorfiles.BadFile, match="not a .safetensors file name beside the index"):
+        tensorfiles.catalogue(str(tmp_path))
+    read = hf_config.read((tmp_path / "config.json").read_text())
+    tensors = {
+        "model.embed_tokens.weight": tensorfiles.Tensor(
+            "model.embed_tokens.weight", "x", np.dtype("float32"), (256, 32), 0
+        )
+    }
+    with pytest.raises(
+        tensorfiles.BadFile, match=r"model.embed_tokens.weight: shape \[256, 32\], config.json says \[256, 64\]"
+    ):
+        hf_weights.check(read, tensors)
