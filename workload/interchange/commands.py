@@ -59,9 +59,8 @@ def convert(src: str, dst: str) -> ModelDims:
     """SRC (a Hugging Face directory) to DST: DST/params (Orbax), DST/model.json, DST/hf (the source's
     config.json and tokenizer files). A job starts from it with `model.init: {format: orbax, path: DST}`."""
     import fsspec
-    import orbax.checkpoint as ocp
-
     import jax
+    import orbax.checkpoint as ocp
 
     model = pretrained.hf_model(src)
     abstract = _abstract(model.dims)
@@ -101,7 +100,9 @@ def _params_of(ckpt: str, dims: ModelDims) -> dict:
     return restored["params"]
 
 
-def export(ckpt: str, dst: str, *, dims: ModelDims | None = None, tokenizer_from: str | None = None, dtype: str = "bfloat16") -> list[str]:
+def export(
+    ckpt: str, dst: str, *, dims: ModelDims | None = None, tokenizer_from: str | None = None, dtype: str = "bfloat16"
+) -> list[str]:
     """CKPT (a convert directory, or a job's checkpoint directory with `dims` given) to DST, a Hugging Face
     model directory: safetensors shards, their index, config.json (Llama or Mixtral) and the tokenizer
     files of `tokenizer_from` (else those convert kept). Returns the files written."""

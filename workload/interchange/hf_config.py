@@ -25,7 +25,12 @@ from tpu_operator.api.contract import ModelDims
 MAX_CONFIG_BYTES = 1 << 20  # a real config.json is a few KiB
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM"}
 # Llama 3.1's rope_scaling, the one scaling rope_frequencies(..., "llama3") computes.
-LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 class Unsupported(ValueError):

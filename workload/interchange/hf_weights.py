@@ -90,7 +90,9 @@ def stored_shape(rule: Rule, dims: ModelDims) -> tuple[int, ...]:
 
 def our_shape(rule: Rule, dims: ModelDims) -> tuple[int, ...]:
     s = sizes(dims)
-    return (dims.layers,) * ("{i}" in rule.name) + (dims.experts,) * ("{e}" in rule.name) + tuple(s[c] for c in rule.ours)
+    return (
+        (dims.layers,) * ("{i}" in rule.name) + (dims.experts,) * ("{e}" in rule.name) + tuple(s[c] for c in rule.ours)
+    )
 
 
 def _name(rule: Rule, i: int = 0, e: int = 0) -> str:

@@ -109,9 +109,7 @@ def _logits(x_BtD, w_Dv):
 def _tile(w_DV, j, tiles: int, dtype):
     """Tile j of the unembedding: the words a * tiles + j, [D, V / tiles], gathered in `dtype`."""
     D, V = w_DV.shape
-    return _gathered(
-        jax.lax.dynamic_index_in_dim(w_DV.reshape(D, V // tiles, tiles), j, axis=2, keepdims=False), dtype
-    )
+    return _gathered(jax.lax.dynamic_index_in_dim(w_DV.reshape(D, V // tiles, tiles), j, axis=2, keepdims=False), dtype)
 
 
 def _in_tile(targets, j, tiles: int):
