@@ -306,50 +306,34 @@ def positive_seconds(text: str) -> float:
 
 
 def add_checkpoint_parsers(sub: Any) -> None:
-    """`convert` and `export`: Hugging Face checkpoints in and out. Their logic is the trainer's
-    (tpu_workload.interchange.commands), imported only when they run: the operator needs no JAX."""
+    """`convert` and `export`: Hugging Face checkpoints in and out. They are the trainer's code
+    (workload/interchange/commands.py), run in a child process as `tpujob plan`'s compile is: the operator
+    never imports the trainer or JAX. `export --job` resolves the job's model shape here and passes it on."""
 
-    def run(action: Any) -> int:
-        from tpu_workload.interchange import hf_config, pretrained, tensorfiles
-
-        try:
-            return int(action())
-        except (hf_config.Unsupported, tensorfiles.BadFile, pretrained.Mismatch, FileNotFoundError) as exc:
-            print(f"error: {shown(str(exc), 1000)}", file=sys.stderr)
-            return EXIT_INVALID
-
-    def convert(args: argparse.Namespace) -> int:
+    def run(args: argparse.Namespace) -> int:
         import json
+        import subprocess
 
-        from tpu_workload.interchange import commands, pretrained
-
-        dims = commands.convert(args.source, args.to)
-        print(f"wrote {args.to}; start a job from it with this spec.model:")
-        model = pretrained.model_spec(dims) | {"init": {"format": "orbax", "path": args.to}}
-        print(json.dumps({"model": model}, indent=2))
-        return 0
-
-    def export(args: argparse.Namespace) -> int:
-        from tpu_workload.interchange import commands
-
-        dims = load_jobs(args.job)[0].spec.model_dims if args.job else None
-        files = commands.export(
-            args.checkpoint, args.to, dims=dims, tokenizer_from=args.tokenizer_from, dtype=args.dtype
-        )
-        print(f"wrote {args.to}: {', '.join(files)}")
-        return 0
+        child = [sys.executable, "-m", "tpu_workload.interchange.commands", args.command, args.path, "--to", args.to]
+        if args.command == "export":
+            child += ["--dtype", args.dtype] + (
+                ["--tokenizer-from", args.tokenizer_from] if args.tokenizer_from else []
+            )
+            if args.job:
+                child += ["--dims", json.dumps(load_jobs(args.job)[0].spec.model_dims.model_dump())]
+        return subprocess.call(child)
 
     p = sub.add_parser("convert", help="a Hugging Face Llama 3 / Mixtral directory to an Orbax one a job starts from")
-    p.add_argument("source", help="Hugging Face model directory (config.json, safetensors): a path or gs://")
+    p.add_argument("path", metavar="SOURCE", help="Hugging Face model directory (config.json, safetensors), or gs://")
     p.add_argument("--to", required=True, help="output directory (model.init: {format: orbax, path: DIR})")
-    p.set_defaults(func=lambda args: run(lambda: convert(args)))
+    p.set_defaults(func=run)
     p = sub.add_parser("export", help="a checkpoint as a Hugging Face model directory (safetensors, config.json)")
-    p.add_argument("checkpoint", help="a `tpujob convert` directory, or a job's checkpoint.directory (its latest step)")
+    p.add_argument("path", metavar="CHECKPOINT", help="a `tpujob convert` directory, or a job's checkpoint.directory")
     p.add_argument("--to", required=True, help="output directory")
     p.add_argument("--job", "-f", help="the job's YAML: its model shape (needed for a job's checkpoint directory)")
     p.add_argument("--tokenizer-from", help="Hugging Face directory whose tokenizer files and token ids to carry over")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16", help="tensor dtype")
-    p.set_defaults(func=lambda args: run(lambda: export(args)))
+    p.set_defaults(func=run)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,12 +1,14 @@
-"""`tpujob convert` and `tpujob export`: a Hugging Face model to an Orbax directory a job starts from, and a
-trained checkpoint back to a Hugging Face model directory. Both run in one process on this host's default
+"""`tpujob convert` and `tpujob export` (run as `python -m tpu_workload.interchange.commands`): a Hugging Face
+model to an Orbax directory a job starts from, and a trained checkpoint back to a Hugging Face model directory. Both run in one process on this host's default
 device and hold the whole model in host memory as f32 (4 bytes a parameter): they are the offline,
 once-per-model steps; a job reads a Hugging Face directory shard by shard itself (pretrained.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 
 import numpy as np
 
@@ -64,7 +66,7 @@ def convert(src: str, dst: str) -> ModelDims:
 
     model = pretrained.hf_model(src)
     abstract = _abstract(model.dims)
-    params = hf_weights.load(model, tensorfiles.catalogue(src), jax.tree.map(lambda a: a.sharding, abstract))
+    params = hf_weights.load_sharded(model, tensorfiles.catalogue(src), jax.tree.map(lambda a: a.sharding, abstract))
     fs = fsspec.core.url_to_fs(dst)[0]
     fs.makedirs(dst, exist_ok=True)
     with ocp.StandardCheckpointer() as ckptr:
@@ -123,3 +125,37 @@ def export(
     with out_fs.open(join(dst, "config.json"), "w") as f:
         json.dump(hf_config.to_config(dims, extra, dtype), f, indent=2)
     return [*written, tensorfiles.INDEX, "config.json", *[s for s in side if s != "config.json"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI's child process: 0 done, 2 a checkpoint or shape the user must fix (the reason on stderr)."""
+    parser = argparse.ArgumentParser(prog="tpujob", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("convert")
+    p.add_argument("path")
+    p.add_argument("--to", required=True)
+    p = sub.add_parser("export")
+    p.add_argument("path")
+    p.add_argument("--to", required=True)
+    p.add_argument("--dims", help="the job's ModelDims as JSON")
+    p.add_argument("--tokenizer-from")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "convert":
+            dims = convert(args.path, args.to)
+            model = pretrained.model_spec(dims) | {"init": {"format": "orbax", "path": args.to}}
+            print(f"wrote {args.to}; start a job from it with this spec.model:")
+            print(json.dumps({"model": model}, indent=2))
+        else:
+            dims = ModelDims.model_validate_json(args.dims) if args.dims else None
+            files = export(args.path, args.to, dims=dims, tokenizer_from=args.tokenizer_from, dtype=args.dtype)
+            print(f"wrote {args.to}: {', '.join(files)}")
+    except (hf_config.Unsupported, tensorfiles.BadFile, pretrained.Mismatch, FileNotFoundError) as exc:
+        print(f"error: {exc}"[:2000], file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -47,7 +47,7 @@ class HfModel:
     extra: dict[str, Any]  # token ids, context length, dtype: written back on export
 
 
-def read(text: bytes | str) -> HfModel:
+def parse_config(text: bytes | str) -> HfModel:
     """Parse a config.json (at most MAX_CONFIG_BYTES) into our shape, or raise Unsupported naming the key."""
     if len(text) > MAX_CONFIG_BYTES:
         raise Unsupported(f"config.json: {len(text)} bytes, more than the {MAX_CONFIG_BYTES} a model config needs")

@@ -99,7 +99,7 @@ def _name(rule: Rule, i: int = 0, e: int = 0) -> str:
     return rule.name.replace("{i}", str(i)).replace("{e}", str(e))
 
 
-def check(model: HfModel, tensors: dict[str, tensorfiles.Tensor]) -> None:
+def check_tensors(model: HfModel, tensors: dict[str, tensorfiles.Tensor]) -> None:
     """Every tensor a rule reads exists with the shape the config says (the file is the user's: a clear
     error naming the tensor, before any device memory is spent)."""
     for rule in rules(model.dims):
@@ -151,12 +151,12 @@ def read_slice(
     return np.stack(out) if k >= 1 else out[0]
 
 
-def load(model: HfModel, tensors: dict[str, tensorfiles.Tensor], shardings: dict, reads=None, gap=None) -> dict:
+def load_sharded(model: HfModel, tensors: dict[str, tensorfiles.Tensor], shardings: dict, reads=None, gap=None) -> dict:
     """Our parameters (f32 jax.Arrays on `shardings`, a params-shaped dict of NamedShardings), each shard
     read by the process that holds it, once however many of its devices hold a copy."""
     import jax
 
-    check(model, tensors)
+    check_tensors(model, tensors)
     gap = tensorfiles.GAP_BYTES if gap is None else gap
     params: dict = {}
     for rule in rules(model.dims):

@@ -26,7 +26,7 @@ def join(directory: str, name: str) -> str:
 
 
 def hf_model(directory: str) -> hf_config.HfModel:
-    return hf_config.read(tensorfiles.read_small(join(directory, "config.json"), hf_config.MAX_CONFIG_BYTES))
+    return hf_config.parse_config(tensorfiles.read_small(join(directory, "config.json"), hf_config.MAX_CONFIG_BYTES))
 
 
 def saved_dims(directory: str) -> ModelDims:
@@ -44,7 +44,7 @@ def agree(job: ModelDims, checkpoint: ModelDims, where: str) -> None:
         raise Mismatch(f"{where} has another shape than the job: " + "; ".join(problems))
 
 
-def load(init: ModelInit, dims: ModelDims, abstract_params: dict, reads: tensorfiles.Reads | None = None) -> dict:
+def parameters(init: ModelInit, dims: ModelDims, abstract_params: dict, reads: tensorfiles.Reads | None = None) -> dict:
     """The parameters of `init` on the shardings of `abstract_params` (ShapeDtypeStructs with shardings)."""
     import jax
 
@@ -52,7 +52,7 @@ def load(init: ModelInit, dims: ModelDims, abstract_params: dict, reads: tensorf
         model = hf_model(init.path)
         agree(dims, model.dims, init.path)
         shardings = jax.tree.map(lambda a: a.sharding, abstract_params)
-        return hf_weights.load(model, tensorfiles.catalogue(init.path), shardings, reads)
+        return hf_weights.load_sharded(model, tensorfiles.catalogue(init.path), shardings, reads)
     agree(dims, saved_dims(init.path), init.path)
     return restore_params(join(init.path, PARAMS), abstract_params)
 

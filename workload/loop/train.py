@@ -327,7 +327,7 @@ def initial_params(cfg: TrainerConfig, trainer: Trainer) -> dict:
 
     log.info("starting from the %s checkpoint %s", cfg.init.format, cfg.init.path)
     try:
-        return pretrained.load(cfg.init, cfg.model, trainer.abstract_state["params"])
+        return pretrained.parameters(cfg.init, cfg.model, trainer.abstract_state["params"])
     except (hf_config.Unsupported, tensorfiles.BadFile, pretrained.Mismatch, FileNotFoundError) as exc:
         raise exits.UserError(f"spec.model.init: {exc}") from exc
 
