@@ -186,10 +186,11 @@ def test_loss_and_one_sgd_step_equal_transformers(kind, tmp_path):
     np.testing.assert_allclose(float(ours_after), theirs_after.item(), rtol=1e-4)
 
 
-def test_sharded_load_reads_only_each_shards_bytes(tmp_path):
-    """On a mesh of 8 devices (fsdp 4 x tensor 2) every parameter is read shard by shard: the bytes read
-    are exactly those of the distinct shards (bf16 in the file), each range inside its own tensor, and
-    the arrays equal a load onto one device."""
+def test_sharded_load_reads_each_byte_once_in_row_blocks(tmp_path):
+    """On a mesh of 8 devices (fsdp 4 x tensor 2) every parameter is read as row blocks of its stored tensors,
+    one contiguous range per tensor per block (bf16 in the file): every byte of the checkpoint exactly once
+    (blocks that several devices hold are read once), no range outside its tensor, and the arrays on the
+    trainer's shardings equal a load onto one device."""
     model = hf_model("mixtral", 2, 1_000_000.0, None).to(torch.bfloat16)
     model.save_pretrained(tmp_path / "hf")
     read = pretrained.hf_model(str(tmp_path / "hf"))
@@ -205,22 +206,17 @@ def test_sharded_load_reads_only_each_shards_bytes(tmp_path):
     )
     tensors = tensorfiles.catalogue(str(tmp_path / "hf"))
     reads = tensorfiles.Reads()
-    params = hf_weights.load_sharded(read, tensors, shardings, reads, gap=0)
+    params = hf_weights.load_sharded(read, tensors, shardings, reads)
 
-    expected = 0
-    for rule in hf_weights.rules(read.dims):
-        arr = hf_weights._at(params, rule.path)
-        assert arr.sharding == hf_weights._at(shardings, rule.path)
-        distinct = {
-            tuple((s.start, s.stop) for s in idx) for idx in arr.sharding.devices_indices_map(arr.shape).values()
-        }
-        expected += (
-            sum(math.prod(len(range(*slice(a, b).indices(n))) for (a, b), n in zip(d, arr.shape)) for d in distinct) * 2
-        )
-    assert reads.bytes == expected
-    assert reads.bytes < 2 * sum(t.nbytes for t in tensors.values())  # replicas of a shard are read once
+    assert reads.bytes == sum(t.nbytes for t in tensors.values())
+    assert len(set(reads.ranges)) == len(reads.ranges)  # no range read twice
     for path, start, end in reads.ranges:
-        assert any(t.path == path and t.start <= start and end <= t.start + t.nbytes for t in tensors.values())
+        (t,) = [t for t in tensors.values() if t.path == path and t.start <= start < t.start + t.nbytes]
+        assert end <= t.start + t.nbytes and (start - t.start) % (t.nbytes // t.shape[0]) == 0  # whole rows
+    for rule in hf_weights.rules(read.dims):
+        blocks = hf_weights.read_sharding(rule, read.dims, hf_weights._at(shardings, rule.path)).mesh.shape["rows"]
+        assert blocks == math.gcd(8, hf_weights.stored_shape(rule, read.dims)[0])
+        assert hf_weights._at(params, rule.path).sharding == hf_weights._at(shardings, rule.path)
     whole = pretrained.parameters(
         ModelInit(format="huggingface", path=str(tmp_path / "hf")), read.dims, single_device(read.dims)
     )
@@ -228,14 +224,23 @@ def test_sharded_load_reads_only_each_shards_bytes(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_byte_runs_of_a_slice():
-    """A slice's contiguous runs in a C-order [4, 6, 8] f32 array, and a read that joins runs over gaps."""
+def test_byte_runs_of_a_slice(tmp_path):
+    """A slice's contiguous runs in a C-order [4, 6, 8] f32 array; a read of exactly them from a file our
+    writer wrote, and one that joins them over gaps into one request."""
     offsets, run = tensorfiles.runs((4, 6, 8), (slice(1, 3), slice(None), slice(None)), 4)
     assert (offsets.tolist(), run) == ([1 * 6 * 8 * 4], 2 * 6 * 8 * 4)  # whole rows: one run
     offsets, run = tensorfiles.runs((4, 6, 8), (slice(None), slice(2, 4), slice(None)), 4)
     assert (offsets.tolist(), run) == ([(i * 48 + 16) * 4 for i in range(4)], 2 * 8 * 4)
     offsets, run = tensorfiles.runs((4, 6, 8), (slice(0, 2), slice(0, 2), slice(4, 8)), 4)
     assert (offsets.tolist(), run) == ([(i * 48 + j * 8 + 4) * 4 for i in range(2) for j in range(2)], 16)
+    a = np.arange(4 * 6 * 8, dtype=np.float32).reshape(4, 6, 8)
+    tensorfiles.write(str(tmp_path), [("a", a), ("b", a[0])])
+    t = tensorfiles.catalogue(str(tmp_path))["a"]
+    exact, joined = tensorfiles.Reads(), tensorfiles.Reads()
+    index = (slice(0, 2), slice(0, 2), slice(4, 8))
+    np.testing.assert_array_equal(tensorfiles.read(t, index, exact), a[index])
+    np.testing.assert_array_equal(tensorfiles.read(t, index, joined, gap=1 << 10), a[index])
+    assert (exact.bytes, exact.requests, joined.requests) == (64, 4, 1)
 
 
 def test_trainer_starts_from_a_huggingface_checkpoint(tmp_path):

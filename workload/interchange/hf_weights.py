@@ -11,10 +11,10 @@ query/key rows of a Hugging Face checkpoint are already in the split-halves RoPE
 GQA groups match too (query head n uses kv head n // (N / K), as `attention.reference_attention`'s
 [K, G] split does).
 
-The load is sharded (`load`): each parameter is a `jax.make_array_from_callback` over its target
-sharding, whose callback reads, for each of this process's distinct shards, only the byte runs of that
-shard in each layer's tensor (tensorfiles.read), converts them to f32 and transposes them: no host ever
-holds more of the model than its devices do.
+The load is sharded (`load_sharded`): each parameter is read as stored, its rows split over the
+devices (`jax.make_array_from_callback`: each process reads one contiguous byte range per tensor per row
+block its devices hold, converted to f32), then one jitted transpose lays it out as ours on the target
+sharding. No host ever holds more of the model than its devices do, and each byte is read once.
 """
 
 from __future__ import annotations
@@ -121,56 +121,88 @@ def _source(rule: Rule, model: HfModel, i: int = 0, e: int = 0) -> str:
     return _name(rule, i, e)
 
 
-def read_slice(
+def read_shape(rule: Rule, dims: ModelDims) -> tuple[int, ...]:
+    """The array a rule reads: its stacked axes, then the tensor as stored ([L, N*H, D] for wq)."""
+    return our_shape(rule, dims)[: rule.stacked] + stored_shape(rule, dims)
+
+
+def read_block(
     rule: Rule,
     model: HfModel,
     tensors: dict[str, tensorfiles.Tensor],
     index: tuple[slice, ...],
     reads: tensorfiles.Reads | None = None,
-    gap: int = tensorfiles.GAP_BYTES,
 ) -> np.ndarray:
-    """Our parameter's slice `index` (f32), read from only the byte runs of the tensors it covers."""
-    dims = model.dims
-    shape = our_shape(rule, dims)
+    """The block `index` of the rule's read array (f32): for each layer (and expert) it covers, the byte runs
+    of that tensor's slice (one run for a block of whole rows)."""
+    shape = read_shape(rule, model.dims)
     index = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape))
     k = rule.stacked
-    trailing = dict(zip(rule.ours, index[k:]))
-    view_index = tuple(trailing[c] for c in rule.view)
-    view_shape = tuple(sizes(dims)[c] for c in rule.view)
-    order = [rule.view.index(c) for c in rule.ours]
     layers = range(*index[0].indices(shape[0])) if k >= 1 else [0]
     experts = range(*index[1].indices(shape[1])) if k == 2 else [0]
     out = []
     for i in layers:
-        row = []
-        for e in experts:
-            t = tensors[_source(rule, model, i, e)]
-            view = tensorfiles.Tensor(t.name, t.path, t.dtype, view_shape, t.start)
-            row.append(np.transpose(tensorfiles.read(view, view_index, reads, gap).astype(np.float32), order))
+        row = [
+            tensorfiles.read(tensors[_source(rule, model, i, e)], index[k:], reads).astype(np.float32) for e in experts
+        ]
         out.append(np.stack(row) if k == 2 else row[0])
     return np.stack(out) if k >= 1 else out[0]
 
 
-def load_sharded(model: HfModel, tensors: dict[str, tensorfiles.Tensor], shardings: dict, reads=None, gap=None) -> dict:
-    """Our parameters (f32 jax.Arrays on `shardings`, a params-shaped dict of NamedShardings), each shard
-    read by the process that holds it, once however many of its devices hold a copy."""
+def read_sharding(rule: Rule, dims: ModelDims, target):
+    """How a rule's read array is split: its stored rows (the outer stored axis, contiguous on disk) over the
+    target's devices, in the target's device order (the relayout's jit needs one device assignment); as
+    many row blocks as divide the rows, each copy of a block read once per process. A target on one
+    device reads there."""
     import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    if not isinstance(target, NamedSharding):
+        return target
+    devices = np.asarray(target.mesh.devices).reshape(-1)
+    rows = stored_shape(rule, dims)[0]
+    blocks = math.gcd(len(devices), rows)
+    mesh = Mesh(devices.reshape(blocks, -1), ("rows", "copies"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    return NamedSharding(mesh, P(*(None,) * rule.stacked, "rows"))
+
+
+def load_sharded(model: HfModel, tensors: dict[str, tensorfiles.Tensor], shardings: dict, reads=None) -> dict:
+    """Our parameters (f32 jax.Arrays on `shardings`, a params-shaped dict of shardings).
+
+    Each parameter is first read as stored, its rows split over the devices (`read_sharding`): every
+    process reads one contiguous byte range per tensor for each row block its devices hold, each byte of
+    the checkpoint read once by one process (and once more per copy where the rows do not split over
+    every device). One jitted transpose then lays it out as ours on its target sharding (the collective
+    moves the blocks between devices). Reading the target's shards directly would instead cut the rows
+    wherever the embed dimension is split, which is the inner, contiguous axis of most stored tensors: a
+    request per row per shard (thousands per tensor from gs://)."""
+    import jax
+    import jax.numpy as jnp
 
     check_tensors(model, tensors)
-    gap = tensorfiles.GAP_BYTES if gap is None else gap
     params: dict = {}
     for rule in rules(model.dims):
-        shape = our_shape(rule, model.dims)
-        sharding = _at(shardings, rule.path)
+        target = _at(shardings, rule.path)
         cache: dict = {}
 
-        def shard(index, rule=rule, cache=cache):
-            key = tuple(s.indices(n)[:2] for s, n in zip(index, our_shape(rule, model.dims)))
-            if key not in cache:
-                cache[key] = read_slice(rule, model, tensors, index, reads, gap)
+        def block(index, rule=rule, cache=cache):
+            key = tuple(s.indices(n)[:2] for s, n in zip(index, read_shape(rule, model.dims)))
+            if key not in cache:  # devices holding the same block (its copies) share one read
+                cache[key] = read_block(rule, model, tensors, index, reads)
             return cache[key]
 
-        _put(params, rule.path, jax.make_array_from_callback(shape, sharding, shard))
+        stored = jax.make_array_from_callback(
+            read_shape(rule, model.dims), read_sharding(rule, model.dims, target), block
+        )
+        k, view = rule.stacked, tuple(sizes(model.dims)[c] for c in rule.view)
+        axes = (*range(k), *(k + rule.view.index(c) for c in rule.ours))
+        relayout = jax.jit(
+            lambda a, k=k, view=view, axes=axes: jnp.transpose(a.reshape(a.shape[:k] + view), axes),
+            out_shardings=target,
+            donate_argnums=0,
+        )
+        _put(params, rule.path, relayout(stored))
     return params
 
 

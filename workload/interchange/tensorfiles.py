@@ -4,8 +4,9 @@ A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (
 data_offsets: [begin, end]}}`, offsets relative to the end of the header) and the tensors' bytes in C
 order. So the bytes of any rectangular slice of a tensor are known without reading the rest: `read`
 computes the contiguous runs of a slice (the trailing axes it takes whole, times its range of the last
-axis it cuts), joins runs whose gap is under `gap` bytes into one read, and fetches them with fsspec
-(`cat_ranges`: concurrent for gs://, positioned reads for a local path).
+axis it cuts), optionally joins runs whose gap is under `gap` bytes into one read, and fetches them with
+fsspec (`cat_ranges`: concurrent for gs://, positioned reads for a local path). The trainer reads blocks
+of whole rows (hf_weights.load_sharded): one run per tensor.
 
 Every file is the user's: the header is capped at MAX_HEADER_BYTES and each entry is checked (a known
 dtype, a shape of at most MAX_RANK non-negative sizes, offsets inside the file that span exactly the
@@ -30,7 +31,6 @@ MAX_INDEX_BYTES = 16 << 20
 MAX_RANK = 8
 DTYPES = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16)}
 NAMES = {v: k for k, v in DTYPES.items()}
-GAP_BYTES = 1 << 20  # runs closer than this are read as one range: fewer requests, a little more data
 SHARD_BYTES = 5 << 30  # export: the Hub's default shard size (transformers' max_shard_size "5GB")
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -171,9 +171,9 @@ def runs(shape: tuple[int, ...], index: tuple[slice, ...], itemsize: int) -> tup
     return offsets, run
 
 
-def read(t: Tensor, index: tuple[slice, ...], reads: Reads | None = None, gap: int = GAP_BYTES) -> np.ndarray:
-    """The slice `index` of tensor `t` (its own dtype), reading only the runs it covers (joined over gaps
-    under `gap` bytes)."""
+def read(t: Tensor, index: tuple[slice, ...], reads: Reads | None = None, gap: int = 0) -> np.ndarray:
+    """The slice `index` of tensor `t` (its own dtype), reading only the runs it covers (runs less than
+    `gap` bytes apart joined into one request: more bytes, fewer requests)."""
     if len(index) != len(t.shape):
         raise ValueError(f"{t.name}: index {index} for shape {t.shape}")
     out_shape = tuple(len(range(*s.indices(n))) for s, n in zip(index, t.shape))
