@@ -245,7 +245,9 @@ def test_byte_runs_of_a_slice(tmp_path):
 
 def test_trainer_starts_from_a_huggingface_checkpoint(tmp_path):
     """`spec.model.init` in the trainer: the state holds the checkpoint's parameters at step 0 with a fresh
-    optimizer; a checkpoint of another shape stops the run as the user's error, naming the fields."""
+    optimizer, from the Hugging Face directory or from what `tpujob convert` made of it; the run's own
+    checkpoint wins over both; a checkpoint of another shape stops the run as the user's error, naming
+    the fields."""
     from conftest import trainer_config
 
     model = hf_model("llama", 2, 10_000.0, None, rms_norm_eps=1e-6, intermediate_size=128)  # the "tiny" preset
@@ -261,6 +263,30 @@ def test_trainer_starts_from_a_huggingface_checkpoint(tmp_path):
         assert all(float(jnp.max(jnp.abs(m))) == 0 for m in jax.tree.leaves(run.state["opt"]) if m.ndim > 0)
     finally:
         run.batches.close()
+    commands.convert(str(tmp_path / "hf"), str(tmp_path / "orbax"))
+    own = str(tmp_path / "ckpt")
+    from_orbax = cfg.model_copy(
+        update={
+            "init": ModelInit(format="orbax", path=str(tmp_path / "orbax")),
+            "checkpoint": cfg.checkpoint.model_copy(update={"directory": own}),
+        }
+    )
+    run = train.setup(from_orbax, peak_flops_per_device=1e12)
+    try:
+        assert run.start == 0
+        np.testing.assert_array_equal(np.asarray(run.state["params"]["embed"]), embed)
+        run.ckpt.save(1, jax.tree.map(lambda a: a * 2 if a.dtype == jnp.float32 else a + 1, run.state))
+        run.ckpt.finish()
+    finally:
+        run.batches.close()
+        run.ckpt.close()
+    run = train.setup(from_orbax, peak_flops_per_device=1e12)  # resumes its own checkpoint, not init
+    try:
+        assert run.start == 1
+        np.testing.assert_array_equal(np.asarray(run.state["params"]["embed"]), 2 * embed)
+    finally:
+        run.batches.close()
+        run.ckpt.close()
     other = cfg.model_copy(update={"model": cfg.model.model_copy(update={"layers": 3, "rope_theta": 5e5})})
     with pytest.raises(exits.UserError, match=r"spec.model.layers: 3 in the job, 2 in the checkpoint.*ropeTheta"):
         train.setup(other, peak_flops_per_device=1e12)

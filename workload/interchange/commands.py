@@ -26,6 +26,7 @@ SIDE_FILES = (
     "generation_config.json",
 )
 MAX_SIDE_FILE_BYTES = 64 << 20  # Llama 3's tokenizer.json is 9 MiB
+CHUNK_BYTES = 16 << 20  # convert's storage chunks: a restore reads whole chunks
 DTYPES = {"bfloat16": tensorfiles.DTYPES["BF16"], "float32": tensorfiles.DTYPES["F32"], "float16": np.dtype(np.float16)}
 
 
@@ -69,8 +70,11 @@ def convert(src: str, dst: str) -> ModelDims:
     params = hf_weights.load_sharded(model, tensorfiles.catalogue(src), jax.tree.map(lambda a: a.sharding, abstract))
     fs = fsspec.core.url_to_fs(dst)[0]
     fs.makedirs(dst, exist_ok=True)
+    # Saved from one device, each array would be one storage chunk that every restoring process reads whole;
+    # chunks of at most CHUNK_BYTES let a run's restore read little more than its shards.
+    save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES), params)
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(join(dst, PARAMS), params)
+        ckptr.save(join(dst, PARAMS), params, save_args=save_args)
     with fs.open(join(dst, MODEL), "w") as f:
         f.write(model.dims.model_dump_json(indent=2))
     _copy_side_files(src, join(dst, HF))
