@@ -224,6 +224,49 @@ def test_sharded_load_reads_each_byte_once_in_row_blocks(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.e2e  # two processes
+def test_two_processes_each_read_only_their_own_bytes(tmp_path):
+    """Two processes x 4 CPU devices (jax.distributed) load a Mixtral checkpoint onto fsdp 4 x tensor 2:
+    each holds exactly the checkpoint's values in its shards (hf_load_child.py checks them against the
+    whole tensors), the two read disjoint byte ranges, and together every byte once (every row block here
+    has its devices in one process; a block split across processes would be read by each of them)."""
+    import subprocess
+    import sys
+
+    from tpu_operator.local.pods import free_port
+
+    model = hf_model("mixtral", 2, 1_000_000.0, None).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "hf")
+    coordinator = f"127.0.0.1:{free_port()}"
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.workload.hf_load_child",
+                str(tmp_path / "hf"),
+                coordinator,
+                "2",
+                str(i),
+                str(tmp_path / f"reads{i}.json"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for child in children:
+        output = child.communicate(timeout=240)[0]
+        assert child.returncode == 0, output[-4000:]
+    read = [json.loads((tmp_path / f"reads{i}.json").read_text()) for i in range(2)]
+    total = sum(t.nbytes for t in tensorfiles.catalogue(str(tmp_path / "hf")).values())
+    assert read[0]["bytes"] + read[1]["bytes"] == total and 0 < read[0]["bytes"] < total
+    spans = sorted((path, start, end) for r in read for path, start, end in r["ranges"])
+    for (p1, _, e1), (p2, s2, _) in zip(spans, spans[1:]):
+        assert p1 != p2 or e1 <= s2  # no byte read twice, by one process or by both
+
+
 def test_byte_runs_of_a_slice(tmp_path):
     """A slice's contiguous runs in a C-order [4, 6, 8] f32 array; a read of exactly them from a file our
     writer wrote, and one that joins them over gaps into one request."""
