@@ -393,8 +393,82 @@ def test_what_our_model_cannot_express_is_refused_by_key(tmp_path, changes, mess
         hf_config.parse_config(json.dumps(_config(tmp_path, **changes)))
 
 
+# The Hub's config.json of Llama 3.1 8B and Mixtral 8x7B (transformers 4's spelling: rope_theta, rope_scaling).
+HUB_LLAMA31_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 131072,
+    "hidden_act": "silu",
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "mlp_bias": False,
+    "pretraining_tp": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+HUB_MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1e6,
+    "sliding_window": None,
+    "router_aux_loss_coef": 0.02,
+    "output_router_logits": False,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize(
+    "config,preset,overrides",
+    [
+        (HUB_LLAMA31_8B, "llama3-8b", dict(rope_scaling="llama3", norm_eps=1e-5)),
+        (HUB_MIXTRAL_8X7B, "mixtral-8x7b", dict(norm_eps=1e-5)),
+    ],
+    ids=["llama3.1-8b", "mixtral-8x7b"],
+)
+def test_the_hubs_configs_are_our_presets(config, preset, overrides):
+    """The published configs read as our presets with the checkpoint's RoPE scaling and epsilon: what the
+    job states to start from them (and a Llama 3.2 scaling, factor 32, is refused by key)."""
+    from tpu_operator.api.presets import PRESETS
+
+    read = hf_config.parse_config(json.dumps(config))
+    assert hf_config.disagreements(ModelDims(**PRESETS[preset], **overrides), read.dims) == []
+    assert read.extra["torch_dtype"] == "bfloat16" and not read.tied
+    llama32 = {**HUB_LLAMA31_8B, "rope_scaling": {**HUB_LLAMA31_8B["rope_scaling"], "factor": 32.0}}
+    with pytest.raises(hf_config.Unsupported, match=r"rope_scaling.factor: 32.0; our llama3 scaling is Llama 3.1's"):
+        hf_config.parse_config(json.dumps(llama32))
+
+
 def test_tied_embeddings_start_untied_from_the_embedding(tmp_path):
-    """Llama 3.2's small models tie the unembedding to the embedding: it starts as the embedding's transpose."""
+    """A checkpoint that ties the unembedding to the embedding: ours starts as the embedding's transpose."""
     model = hf_model("llama", 2, 500_000.0, None, tie_word_embeddings=True)
     model.save_pretrained(tmp_path)
     read = pretrained.hf_model(str(tmp_path))

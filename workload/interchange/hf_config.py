@@ -1,6 +1,6 @@
 """A Hugging Face `config.json` read as our model's shape, and written back from it.
 
-Only what our decoder expresses is accepted (Llama 3 / 3.1 / 3.2 and Mixtral): RMSNorm, SwiGLU with
+Only what our decoder expresses is accepted (Llama 3 / 3.1 and Mixtral): RMSNorm, SwiGLU with
 SiLU, no biases, rotary embeddings over whole heads in the split-halves convention with Llama 3.1's
 scaling or none, full causal attention (no sliding window), no dropout. Anything else is refused with the
 config key and what we would need instead, never approximated. The file is the user's: it is read with a
