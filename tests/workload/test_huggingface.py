@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -330,6 +331,13 @@ def test_trainer_starts_from_a_huggingface_checkpoint(tmp_path):
     finally:
         run.batches.close()
         run.ckpt.close()
+    # `tpujob export` of the job's checkpoint directory, its shape from the job's file (the quickstart: tiny).
+    from tpu_operator import cli
+
+    quickstart = str(Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml")
+    assert cli.main(["export", own, "--to", str(tmp_path / "out"), "--job", quickstart, "--dtype", "float32"]) == 0
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    np.testing.assert_array_equal(back.model.embed_tokens.weight.detach().numpy(), 2 * embed)
     other = cfg.model_copy(update={"model": cfg.model.model_copy(update={"layers": 3, "rope_theta": 5e5})})
     with pytest.raises(exits.UserError, match=r"spec.model.layers: 3 in the job, 2 in the checkpoint.*ropeTheta"):
         train.setup(other, peak_flops_per_device=1e12)
