@@ -347,6 +347,37 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def add_checkpoint_parsers(sub: Any) -> None:
+    """`convert` and `export`: Hugging Face checkpoints in and out. They are the trainer's code
+    (workload/interchange/commands.py), run in a child process as `tpujob plan`'s compile is: the operator
+    never imports the trainer or JAX. `export --job` resolves the job's model shape here and passes it on."""
+
+    def run(args: argparse.Namespace) -> int:
+        import json
+        import subprocess
+
+        child = [sys.executable, "-m", "tpu_workload.interchange.commands", args.command, args.path, "--to", args.to]
+        if args.command == "export":
+            child += ["--dtype", args.dtype] + (
+                ["--tokenizer-from", args.tokenizer_from] if args.tokenizer_from else []
+            )
+            if args.job:
+                child += ["--dims", json.dumps(load_jobs(args.job)[0].spec.model_dims.model_dump())]
+        return subprocess.call(child)
+
+    p = sub.add_parser("convert", help="a Hugging Face Llama 3 / Mixtral directory to an Orbax one a job starts from")
+    p.add_argument("path", metavar="SOURCE", help="Hugging Face model directory (config.json, safetensors), or gs://")
+    p.add_argument("--to", required=True, help="output directory (model.init: {format: orbax, path: DIR})")
+    p.set_defaults(func=run)
+    p = sub.add_parser("export", help="a checkpoint as a Hugging Face model directory (safetensors, config.json)")
+    p.add_argument("path", metavar="CHECKPOINT", help="a `tpujob convert` directory, or a job's checkpoint.directory")
+    p.add_argument("--to", required=True, help="output directory")
+    p.add_argument("--job", "-f", help="the job's YAML: its model shape (needed for a job's checkpoint directory)")
+    p.add_argument("--tokenizer-from", help="Hugging Face directory whose tokenizer files and token ids to carry over")
+    p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16", help="tensor dtype")
+    p.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tpujob", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -471,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", "-v", action="store_true", help="debug logs")
     p.add_argument("--print-rbac", action="store_true", help="print the RBAC rules the operator needs, and exit")
     p.set_defaults(func=cmd_operator)
+    add_checkpoint_parsers(sub)
     return parser
 
 

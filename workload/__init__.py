@@ -8,6 +8,8 @@ Subpackages, by role (each one's docstring lists its modules):
   process      what makes it a process: the environment contract, exit codes, the HTTP server, metrics
   performance  what a step costs and how to make it cheaper: FLOPs, the compiled plan, HLO costs,
                kernel tuning, the compilation cache, libtpu flags, profiles
+  interchange  other implementations' checkpoints in and out: Hugging Face Llama 3 and Mixtral
+               (spec.model.init, `tpujob convert`, `tpujob export`)
 
 Modules here:
   __main__     `python -m tpu_workload`: start-up, the metrics server, the run, the exit code

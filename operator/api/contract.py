@@ -71,10 +71,32 @@ class ModelDims(Base):
         "below the frequencies of an 8192-token context, smoothed between wavelengths 2048 and 8192).",
         default="none",
     )
+    norm_eps: float = _desc(
+        "RMSNorm epsilon (Llama 3 and Mixtral: 1e-5; a Hugging Face checkpoint's rms_norm_eps).",
+        default=1e-6,
+        gt=0,
+        le=L.MAX_NORM_EPS,
+    )
 
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
+
+
+class ModelInit(Base):
+    """Parameters a new run starts from instead of a random initialisation (a resume still restores the
+    run's own latest checkpoint; the optimizer state always starts fresh)."""
+
+    format: Literal["huggingface", "orbax"] = _desc(
+        "huggingface: a Hugging Face model directory (config.json and safetensors shards) of a Llama 3 or "
+        "Mixtral model, whose config must agree with spec.model; orbax: a directory `tpujob convert` wrote."
+    )
+    path: str = _desc(
+        "The directory: a gs:// URI or an absolute path visible to every pod. Each process reads only the "
+        "bytes of the parameters its devices hold.",
+        max_length=L.MAX_PATH,
+        pattern=LOCATION,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,6 +529,7 @@ class TrainerConfig(Base):
         "Peak bf16 FLOP/s of one JAX device, where the job's precision has another peak (fp8).", default=None, gt=0
     )
     model: ModelDims = _desc("Resolved model shape.")
+    init: ModelInit | None = _desc("Parameters to start from (spec.model.init); unset: random.", default=None)
     training: TrainingSpec = _desc("Training settings.")
     mesh: Mesh = _desc("Resolved mesh.")
     kernels: KernelsSpec = _desc("Kernels.")

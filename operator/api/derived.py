@@ -123,6 +123,7 @@ class Plan:
                 self.gen.peak_flops("bf16") / self.gen.devices_per_chip if spec.training.precision != "bf16" else None
             ),
             model=spec.model_dims,
+            init=spec.model.init,
             training=spec.training,
             mesh=spec.mesh,
             kernels=spec.kernels,

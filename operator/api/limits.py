@@ -22,6 +22,7 @@ MAX_VOCAB = 4194304  # Gemma 3: 262144
 MAX_EXPERTS = 1024  # DeepSeek-V3: 256 routed
 MAX_EXPERTS_PER_TOKEN = 64  # DeepSeek-V3: 8
 MAX_ROPE_THETA = 1e10  # Llama 3: 5e5; long-context variants go to 1e8
+MAX_NORM_EPS = 1e-2  # Llama 3 and Mixtral: 1e-5; past this the norm no longer normalises
 
 # spec.training
 MAX_STEPS = 100_000_000  # 1e8 optimizer steps: years of training at one step a second

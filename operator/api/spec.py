@@ -19,7 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from . import catalogue
 from . import limits as L
-from .contract import DNS1123_SUBDOMAIN, SLICE_AXES, Base, ModelDims, _desc
+from .contract import DNS1123_SUBDOMAIN, SLICE_AXES, Base, ModelDims, ModelInit, _desc
 from .lifecycle import DEFAULT_RESTART_ON_EXIT_CODES, NEVER_RESTARTED
 from .presets import PRESETS
 from .problems import joined, shown
@@ -250,6 +250,18 @@ class ModelSpec(Base):
     rope_scaling: Literal["none", "llama3"] | None = _desc(
         "RoPE frequency scaling for long contexts: llama3 is Llama 3.1's (factor 8, for contexts past 8192 "
         "tokens); none by default.",
+        default=None,
+    )
+    norm_eps: float | None = _desc(
+        "RMSNorm epsilon; 1e-6 by default (Llama 3 and Mixtral checkpoints: 1e-5).",
+        default=None,
+        gt=0,
+        le=L.MAX_NORM_EPS,
+    )
+    init: ModelInit | None = _desc(
+        "Start a new run from these parameters (a Hugging Face checkpoint, or one `tpujob convert` wrote) "
+        "instead of a random initialisation; the shape above must agree with the checkpoint's. A resume "
+        "restores the run's own latest checkpoint instead.",
         default=None,
     )
 

@@ -181,8 +181,8 @@ def _pump(stdout) -> queue.Queue:
 def loss_and_grads(base, sh, seq: int):
     """`value_and_grad(**changes)`: the loss and gradients of `base` with `changes` made to its ModelConfig, on
     one fixed batch of 8 x `seq` tokens and `base`'s initial parameters, under mesh `sh`; two ways of
-    computing the same model (chunks, slices, tiles) then compare. Each call traces anew, so a module
-    constant patched between calls (a compute dtype) takes effect."""
+    computing the same model (chunks, slices, tiles) then compare (`compute="f32"`: the same model in f32,
+    the reference)."""
     import dataclasses
 
     import jax.numpy as jnp

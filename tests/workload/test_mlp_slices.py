@@ -11,30 +11,26 @@ off it: bf16), on FSDP and on tensor parallelism (F itself split).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import loss_and_grads
 
 from tpu_operator.api.contract import KernelsSpec, ModelDims, RematSpec
 from tpu_workload.model import decoder as model_lib
-from tpu_workload.model import loss as loss_lib
 from tpu_workload.model import sharding
 
 DIMS = ModelDims(layers=2, model_dim=64, heads=4, kv_heads=2, head_dim=16, mlp_dim=512, vocab=256)
 
 
 @pytest.mark.parametrize("mesh", [dict(fsdp=8), pytest.param(dict(fsdp=4, tensor=2), marks=pytest.mark.long)])
-def test_sliced_mlp_equals_the_whole_mlp(mesh, monkeypatch):
+def test_sliced_mlp_equals_the_whole_mlp(mesh):
     base = model_lib.ModelConfig(dims=DIMS, kernels=KernelsSpec(attention="xla"), remat=RematSpec(policy="full"))
     sh = sharding.Sharder(sharding.make_mesh(dict(data=1, fsdp=1, context=1, expert=1, tensor=1) | mesh))
     value_and_grad = loss_and_grads(base, sh, 128)
 
     loss1, grads1 = value_and_grad(mlp_chunks=1)
     loss4, grads4 = value_and_grad(mlp_chunks=4)
-    monkeypatch.setattr(model_lib, "COMPUTE", jnp.float32)  # the same model in f32: the reference
-    monkeypatch.setattr(loss_lib, "HEAD_DTYPE", jnp.float32)
-    _, exact = value_and_grad(mlp_chunks=1)
+    _, exact = value_and_grad(mlp_chunks=1, compute="f32")  # the same model in f32: the reference
     np.testing.assert_allclose(float(loss4), float(loss1), rtol=1e-4)
     for (path, g1), g4, g in zip(
         jax.tree_util.tree_flatten_with_path(grads1)[0], jax.tree.leaves(grads4), jax.tree.leaves(exact)

@@ -34,6 +34,7 @@ class Trainer:
     eval_step: callable  # (params, batch) -> (summed cross entropy, tokens counted): evaluation.py
     update: callable | None = None  # the step's pure update, unjitted and unchecked (a test compares the two)
     poisoned_step: Callable[[], callable] | None = None  # jits `step` with a NaN loss and gradients (faults.py)
+    start_from: callable | None = None  # params -> a fresh state around them (spec.model.init): fresh optimizer
 
 
 @dataclasses.dataclass(frozen=True)

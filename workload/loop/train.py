@@ -170,6 +170,10 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         params = nnx.state(model_lib.Decoder(mcfg, nnx.Rngs(cfg.training.seed))).to_pure_dict()
         return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
+    def state_around(params):
+        """A new run's state from given parameters (spec.model.init): the optimizer starts fresh."""
+        return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
     abstract_state = jax.eval_shape(init_state)
     replicated = NamedSharding(mesh, P())
     state_shardings = _state_shardings(abstract_state, param_shardings, replicated)
@@ -289,6 +293,7 @@ def build(cfg: TrainerConfig, mesh: jax.sharding.Mesh, interpret: bool | None = 
         abstract_state=abstract_like(abstract_state, state_shardings),
         batch_sharding=batch_sharding,
         init=jax.jit(init_state, out_shardings=state_shardings),
+        start_from=jax.jit(state_around, in_shardings=(param_shardings,), out_shardings=state_shardings),
         eval_step=jax.jit(eval_step, out_shardings=(replicated, replicated)),
         step=jitted(checked(update_with(step_grads))),
         update=update_with(step_grads),
@@ -325,6 +330,18 @@ def check_data_unchanged(saved: dict, now: dict, allow_change: bool, step: int) 
     log.warning("resuming at step %d with a changed data order (data.allowChange): %s", step, what)
 
 
+def initial_params(cfg: TrainerConfig, trainer: Trainer) -> dict:
+    """spec.model.init's parameters on the run's shardings; a checkpoint of another shape, or one our model
+    cannot express, is the user's to fix (exit 3, the reason naming the field or tensor)."""
+    from ..interchange import hf_config, pretrained, tensorfiles
+
+    log.info("starting from the %s checkpoint %s", cfg.init.format, cfg.init.path)
+    try:
+        return pretrained.parameters(cfg.init, cfg.model, trainer.abstract_state["params"])
+    except (hf_config.Unsupported, tensorfiles.BadFile, pretrained.Mismatch, FileNotFoundError) as exc:
+        raise exits.UserError(f"spec.model.init: {exc}") from exc
+
+
 def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | None = None) -> Run:
     """Mesh, step, and the state to start from: the latest complete checkpoint when resuming."""
     t = cfg.training
@@ -339,6 +356,8 @@ def setup(cfg: TrainerConfig, *, peak_flops_per_device: float, clock: Clock | No
     if ckpt and cfg.checkpoint.resume and ckpt.latest_step() is not None:
         state, saved = ckpt.restore(trainer.abstract_state)
         check_data_unchanged(saved, ckpt.fingerprint, t.data.allow_change, ckpt.latest_step())
+    elif cfg.init is not None:  # a new run from given parameters; a resume above always wins
+        state = trainer.start_from(initial_params(cfg, trainer))
     else:
         state = trainer.init()
     sharding.check_shardings(state["params"], trainer.param_shardings)

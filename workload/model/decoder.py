@@ -1,7 +1,8 @@
 """Decoder-only LM on Flax NNX: RMSNorm, RoPE, grouped-query attention, SwiGLU or MoE MLP.
 
 Parameters are f32 (master weights) and cast to bf16 where used; activations are bf16, softmax
-and loss f32. Layers are stacked on a leading "layers" axis and run with `jax.lax.scan`; the
+and loss f32. `ModelConfig.compute = "f32"` runs the same model in f32 throughout (the parity tests
+against `transformers`, tests/workload/test_huggingface.py); the default bf16 path is unchanged by it. Layers are stacked on a leading "layers" axis and run with `jax.lax.scan`; the
 remat policy wraps the scanned body. Every parameter names its logical axes in `sharding`
 metadata; activations are constrained by logical names (see sharding.py).
 
@@ -24,7 +25,8 @@ from tpu_operator.api.contract import REMAT_TENSORS, KernelsSpec, ModelDims, Rem
 from . import attention, chunked, loss, moe, sharding
 from .sharding import constrain, current
 
-COMPUTE = jnp.bfloat16
+COMPUTE = jnp.bfloat16  # the training compute dtype (ModelConfig.compute "bf16")
+DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,13 @@ class ModelConfig:
     # The dense MLP runs over this many slices of its hidden dimension F, each recomputed in the
     # backward pass (chunked.py), where the layer is recomputed and keeps none of the MLP's activations.
     mlp_chunks: int = 1
+    # Activations and matmul operands: "bf16" (training) or "f32" (the reference computation that
+    # parity tests compare with another implementation; no kernel is tuned for it).
+    compute: str = "bf16"
+
+    @property
+    def dtype(self):
+        return DTYPES[self.compute]
 
 
 def _param(rngs: nnx.Rngs, shape, axes, std: float | None = None, ones: bool = False) -> nnx.Param:
@@ -54,7 +63,7 @@ def _param(rngs: nnx.Rngs, shape, axes, std: float | None = None, ones: bool = F
 
 def _einsum(cfg: ModelConfig, eq: str, x, w):
     """A bf16 matmul against an f32 master weight; fp8 (e4m3 forward, e5m2 gradients) via qwix."""
-    w = w.astype(COMPUTE)
+    w = w.astype(cfg.dtype)
     if cfg.precision == "fp8":
         return jnp.einsum(eq, x, w, _dot_general=_fp8_dot_general())
     return jnp.einsum(eq, x, w)
@@ -82,35 +91,36 @@ def _fp8_dot_general():
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, rngs: nnx.Rngs):
-        self.scale = _param(rngs, (dim,), ("norm",), ones=True)
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.scale = _param(rngs, (cfg.dims.model_dim,), ("norm",), ones=True)
+        self.eps, self.dtype = cfg.dims.norm_eps, cfg.dtype  # static: constants of the compiled step
 
     def __call__(self, x_BTD):
-        return rms_norm(x_BTD, self.scale[...])
+        return rms_norm(x_BTD, self.scale[...], self.eps, self.dtype)
 
 
-NORM_EPS = 1e-6
+NORM_EPS = 1e-6  # ModelDims.norm_eps's default
 
 
-@jax.custom_vjp
-def rms_norm(x_BTD, scale_D):
-    """bf16 RMSNorm computed in f32. Its backward is written out so that the scale's gradient is
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def rms_norm(x_BTD, scale_D, eps: float = NORM_EPS, dtype=COMPUTE):
+    """RMSNorm computed in f32, out in `dtype` (bf16 in training). Its backward is written out so that the scale's gradient is
     reduced before the input's gradient leaves: left to autodiff, XLA reduced the final norm's scale
     gradient after the whole layer stack's backward and kept the f32 cotangent of the final hidden
     states alive through it (512 MiB per device for the 70B example)."""
-    return _rms_norm_forward(x_BTD, scale_D)[0]
+    return _rms_norm_forward(x_BTD, scale_D, eps, dtype)[0]
 
 
-def _rms_norm_forward(x_BTD, scale_D):
+def _rms_norm_forward(x_BTD, scale_D, eps, dtype):
     x = x_BTD.astype(jnp.float32)
-    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + NORM_EPS)
-    return (x * r * scale_D).astype(COMPUTE), (x_BTD, scale_D)
+    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    return (x * r * scale_D).astype(dtype), (x_BTD, scale_D)
 
 
-def _rms_norm_backward(residuals, dy_BTD):
+def _rms_norm_backward(eps, dtype, residuals, dy_BTD):
     x_BTD, scale_D = residuals
     x = x_BTD.astype(jnp.float32)
-    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + NORM_EPS)
+    r = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
     dy = dy_BTD.astype(jnp.float32)
     dscale_D = jnp.sum(dy * x * r, axis=tuple(range(x.ndim - 1)))
     g = dy * scale_D
@@ -248,9 +258,9 @@ class MoE(nnx.Module):
 
 class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.attn_norm = RMSNorm(cfg.dims.model_dim, rngs)
+        self.attn_norm = RMSNorm(cfg, rngs)
         self.attn = Attention(cfg, rngs)
-        self.mlp_norm = RMSNorm(cfg.dims.model_dim, rngs)
+        self.mlp_norm = RMSNorm(cfg, rngs)
         self.mlp = MoE(cfg, rngs) if cfg.dims.is_moe else MLP(cfg, rngs)
 
     def __call__(self, x_BTD, pos_BT, seg_BT=None):
@@ -263,8 +273,8 @@ class Block(nnx.Module):
         return x_BTD + y_BTD, aux
 
 
-def embed_tokens(table_VD, tokens_BT):
-    """The tokens' rows of the embedding table (bf16), looked up where the table lives.
+def embed_tokens(table_VD, tokens_BT, dtype=COMPUTE):
+    """The tokens' rows of the embedding table (in `dtype`, bf16 in training), looked up where the table lives.
 
     The table's D is split over the weights' axes (fsdp, context, expert), which also split the
     tokens (batch over fsdp and expert, sequence over context). Left to itself, XLA all-gathers the
@@ -275,7 +285,7 @@ def embed_tokens(table_VD, tokens_BT):
     gradient runs the same way back and is scattered into the table's local columns.
     """
     sh = current()
-    table_VD = table_VD.astype(COMPUTE)
+    table_VD = table_VD.astype(dtype)
     if sh is None:
         return jnp.take(table_VD, tokens_BT, axis=0)
     table_spec = sh.spec(("vocab", "embed"), table_VD.shape)
@@ -345,7 +355,7 @@ class Decoder(nnx.Module):
             return Block(cfg, rngs)
 
         self.layers = make_layers(rngs)
-        self.final_norm = RMSNorm(d.model_dim, rngs)
+        self.final_norm = RMSNorm(cfg, rngs)
         self.unembed = _param(rngs, (d.model_dim, d.vocab), ("embed", "vocab"), d.model_dim**-0.5)
 
     def __call__(self, tokens_BT, pos_BT):
@@ -362,7 +372,7 @@ class Decoder(nnx.Module):
         documents apart (Attention)."""
         cfg = self.cfg
         with jax.named_scope("embed"):
-            x_BTD = embed_tokens(self.embed[...], tokens_BT)
+            x_BTD = embed_tokens(self.embed[...], tokens_BT, cfg.dtype)
         graphdef, layers = nnx.split(self.layers)
 
         def body(carry, layer):

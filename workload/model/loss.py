@@ -17,8 +17,9 @@ matmuls, accumulates the hidden states' gradient in f32 across tiles, and scatte
 weight gradient straight to the parameter's shards (bf16, as autodiff does for a bf16 weight).
 
 Per-token losses are exactly those of the whole head; only the order of f32 sums changes. Each
-sequence chunk stays sharded as the sequence is (chunked.split_sequence). The LM head stays bf16 under
-fp8 (as MaxText's does).
+sequence chunk stays sharded as the sequence is (chunked.split_sequence). The head's matmuls run in the
+hidden states' dtype: bf16 in training, also under fp8 (as MaxText's head does); f32 for a model computed
+in f32 (decoder.ModelConfig.compute).
 
 Where the whole head runs at once (one chunk, one tile) and its f32 logits are small (`logits_kept`),
 the forward keeps them for the backward instead of recomputing them: three head matmuls per step, not
@@ -36,7 +37,6 @@ import jax.numpy as jnp
 from . import chunked
 from .sharding import constrain, current
 
-HEAD_DTYPE = jnp.bfloat16
 # One chunk's f32 logits tile and one gathered bf16 weight tile per device stay under these.
 LOGITS_TILE_BYTES = 512 << 20
 WEIGHT_TILE_BYTES = 256 << 20
@@ -54,7 +54,7 @@ def token_losses(logits_BTV, targets_BT):
 
 def logits(x_BTD, w_DV):
     """f32 logits of hidden states against the (f32) unembedding, in bf16 matmuls."""
-    return _logits(x_BTD, _gathered(w_DV))
+    return _logits(x_BTD, _gathered(w_DV, x_BTD.dtype))
 
 
 def tiling(batch: int, local_seq: int, model_dim: int, vocab: int, tensor: int = 1) -> tuple[int, int]:
@@ -113,13 +113,14 @@ def cross_entropy(
     return ce / count, z / count
 
 
-def _gathered(w_DV):
-    """A weight (tile) in bf16, whole along D (all-gathered over the weights' axes) for one matmul."""
-    return constrain(w_DV.astype(HEAD_DTYPE), (None, "vocab"))
+def _gathered(w_DV, dtype):
+    """A weight (tile) in `dtype` (the hidden states': bf16 in training), whole along D (all-gathered
+    over the weights' axes) for one matmul."""
+    return constrain(w_DV.astype(dtype), (None, "vocab"))
 
 
 def _wide_dot(eq: str, a, b):
-    """A head matmul of bf16 operands with an f32 result. On TPU the MXU takes bf16 with f32
+    """A head matmul with an f32 result, of bf16 operands in training. On TPU the MXU takes bf16 with f32
     accumulation as it is; XLA:CPU runs such a dot in an emulated bf16 kernel on hosts without bf16
     instructions (1.6x the time of the same dot in f32, measured on this AVX2 EPYC), so the CPU lowering
     widens the operands first: the same products (a product of two bf16 values is exact in f32) and
@@ -136,10 +137,10 @@ def _logits(x_BtD, w_Dv):
     return constrain(_wide_dot("btd,dv->btv", x_BtD, w_Dv), ("batch", "length", "act_vocab"))
 
 
-def _tile(w_DV, j, tiles: int):
-    """Tile j of the unembedding: the words a * tiles + j, [D, V / tiles], gathered in bf16."""
+def _tile(w_DV, j, tiles: int, dtype):
+    """Tile j of the unembedding: the words a * tiles + j, [D, V / tiles], gathered in `dtype`."""
     D, V = w_DV.shape
-    return _gathered(jax.lax.dynamic_index_in_dim(w_DV.reshape(D, V // tiles, tiles), j, axis=2, keepdims=False))
+    return _gathered(jax.lax.dynamic_index_in_dim(w_DV.reshape(D, V // tiles, tiles), j, axis=2, keepdims=False), dtype)
 
 
 def _in_tile(targets, j, tiles: int):
@@ -167,12 +168,12 @@ def _ce_forward(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool, k
     start = (jnp.full(targets_NBt.shape, -jnp.inf), jnp.zeros(targets_NBt.shape), jnp.zeros(targets_NBt.shape))
     kept = None
     if keep:  # one chunk, one tile: no loops, and the logits stay for the backward
-        kept = _logits(x_NBtD[0], _tile(w_DV, 0, 1))[None]
+        kept = _logits(x_NBtD[0], _tile(w_DV, 0, 1, x_NBtD.dtype))[None]
         max_NBt, sum_NBt, target_NBt = _online(kept, targets_NBt, 0, 1, *start)
     else:
 
         def tile(carry, j):
-            w_Dv = _tile(w_DV, j, tiles)
+            w_Dv = _tile(w_DV, j, tiles, x_NBtD.dtype)
 
             def chunk(_, xs):
                 x_BtD, targets_Bt, *running = xs
@@ -212,19 +213,21 @@ def _ce_backward(tiles: int, z_loss: bool, keep: bool, residuals, gs):
                 scale_Bt, one_Bt = scale_Bt * mask_Bt, one_Bt * mask_Bt
             scaled_Btv = scale_Bt[..., None] * p_Btv
             dlogits_Btv = jnp.where(is_target, scaled_Btv - one_Bt[..., None], scaled_Btv)
-        dlogits_Btv = dlogits_Btv.astype(HEAD_DTYPE)
+        dlogits_Btv = dlogits_Btv.astype(x_BtD.dtype)
         # Summed over the devices' tokens straight into the parameter's shards (a reduce-scatter).
         dw = as_param(jnp.einsum("btd,btv->dv", x_BtD, dlogits_Btv))
         return dw.astype(jnp.float32), _wide_dot("btv,dv->btd", dlogits_Btv, w_Dv)
 
     if keep:  # one chunk, one tile, the forward's logits
         mask = None if mask_NBt is None else mask_NBt[0]
-        dw_Dv, dx_BtD = gradients(x_NBtD[0], targets_NBt[0], mask, logz_NBt[0], kept[0], _tile(w_DV, 0, 1), 0)
+        dw_Dv, dx_BtD = gradients(
+            x_NBtD[0], targets_NBt[0], mask, logz_NBt[0], kept[0], _tile(w_DV, 0, 1, x_NBtD.dtype), 0
+        )
         dx_NBtD, dw_JDv = dx_BtD[None], dw_Dv[None]
     else:
 
         def tile(dx_NBtD, j):
-            w_Dv = _tile(w_DV, j, tiles)
+            w_Dv = _tile(w_DV, j, tiles, x_NBtD.dtype)
 
             def chunk(dw_Dv, xs):
                 x_BtD, targets_Bt, mask_Bt, logz_Bt, dx_BtD = xs
