@@ -281,6 +281,9 @@ def add_data_parser(sub: Any) -> None:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
+    from .controller import slim_client
+
+    slim_client.install()  # before anything imports kubernetes_asyncio (slim_client.py)
     from .controller.main import run_operator  # kopf is imported only to run the operator
 
     return run_operator(operator_options(args))

@@ -6,6 +6,7 @@ manager         the watches' indices, the work queue's workers, what sets each r
 queue           the rate-limited work queue, where transient failures are retried
 reconcile       the level-triggered logic over a small API-client protocol: converge, observe, act
 kube            the Kubernetes API as the controller uses it (the `Kube` protocol and its client)
+slim_client     kubernetes_asyncio without its generated classes, in the operator's process
 children        a job's ConfigMap, JobSet and pre-flight Job: made to exist, adopted, replaced
 admitted        the pod shapes the API server admitted lately: one dry run per shape, not per job
 trimmed         what the indices keep of a job and a JobSet: the fields the reconcile reads

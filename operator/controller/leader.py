@@ -193,49 +193,56 @@ class LeaseError(Exception):
 
 
 class ApiLeaseStore:
-    """`LeaseStore` over kubernetes_asyncio, on a client of its own: a leader's renewals never queue behind the
-    controller's requests in a shared connection pool."""
+    """`LeaseStore` over kubernetes_asyncio's generic `call_api` (no generated API class: slim_client.py), on a
+    client of its own: a leader's renewals never queue behind the controller's requests in a shared
+    connection pool."""
 
     def __init__(self, api: Any, namespace: str, name: str, timeout_s: float):
-        from kubernetes_asyncio import client as k8s
-
         self.api, self.namespace, self.name, self.timeout_s = api, namespace, name, timeout_s
-        self.leases = k8s.CoordinationV1Api(api)
+        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
-    async def _raw(self, call: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+    async def _raw(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """The call's JSON answer; None for a 404; Conflict for a 409; LeaseError for any other refusal. (Without
         preloading, kubernetes_asyncio returns the response whatever its status: it is checked here.)"""
         import json
 
-        response = await call(*args, _preload_content=False, _request_timeout=self.timeout_s)
+        response = await self.api.call_api(
+            path,
+            method,
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=self.timeout_s,
+        )
         async with response:
-            body = await response.read()
+            data = await response.read()
             status = response.status
         if status == 404:
             return None
         if status == 409:
-            raise Conflict(body[:200].decode("utf-8", "replace"))
+            raise Conflict(data[:200].decode("utf-8", "replace"))
         if not 200 <= status <= 299:
-            raise LeaseError(f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}")
-        found: dict[str, Any] = json.loads(body)
+            raise LeaseError(f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}")
+        found: dict[str, Any] = json.loads(data)
         return found
 
-    async def _found(self, call: Callable[..., Any], *args: Any) -> dict[str, Any]:
-        found = await self._raw(call, *args)
+    async def _found(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        found = await self._raw(method, path, body)
         if found is None:  # deleted under us (or its namespace is gone): as if another had moved it
             raise Conflict("the Lease is gone")
         return found
 
     async def get(self) -> dict[str, Any] | None:
-        return await self._raw(self.leases.read_namespaced_lease, self.name, self.namespace)
+        return await self._raw("GET", f"{self.path}/{self.name}")
 
     async def create(self, record: Record) -> dict[str, Any]:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": self.name}}
-        return await self._found(self.leases.create_namespaced_lease, self.namespace, {**body, "spec": record.spec()})
+        return await self._found("POST", self.path, {**body, "spec": record.spec()})
 
     async def update(self, lease: dict[str, Any], record: Record) -> dict[str, Any]:
         body = {**lease, "spec": {**(lease.get("spec") or {}), **record.spec()}}
-        return await self._found(self.leases.replace_namespaced_lease, self.name, self.namespace, body)
+        return await self._found("PUT", f"{self.path}/{self.name}", body)
 
     async def close(self) -> None:
         await self.api.close()
