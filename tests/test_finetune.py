@@ -50,9 +50,10 @@ CHATS = [
 STEPS = 4
 
 
-def tiny_llama(root: Path) -> tuple[Path, Any]:
+def tiny_llama(root: Path, template_file: bool) -> tuple[Path, Any]:
     """A random tiny Llama 3.1 (the `tiny` preset's dimensions, Llama 3.1's RoPE and norm epsilon) and a
-    word-level tokenizer.json with a Llama 3 style chat template, in one Hugging Face directory."""
+    word-level tokenizer.json with a Llama 3 style chat template, in one Hugging Face directory: the template
+    in chat_template.jinja (as recent transformers versions save it) or in tokenizer_config.json."""
     from tokenizers import AddedToken, models, pre_tokenizers, trainers
     from tokenizers import Tokenizer as HfTokenizer
 
@@ -87,8 +88,11 @@ def tiny_llama(root: Path) -> tuple[Path, Any]:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<|begin_of_text|>",
         "eos_token": "<|eot_id|>",
-        "chat_template": TEMPLATE,
     }
+    if template_file:
+        (root / "chat_template.jinja").write_text(TEMPLATE)
+    else:
+        tokenizer_config["chat_template"] = TEMPLATE
     (root / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     return root, model
 
@@ -142,7 +146,7 @@ def assistant_loss(model: Any, tokenizer: Any, chat: list[dict]) -> float:
 
 @pytest.mark.parametrize("name", ["sft-llama3-8b.yaml", "continue-llama3-8b.yaml"])
 def test_a_local_run_trains_a_transformers_model_and_exports_one_it_loads(name, tmp_path):
-    hf, before = tiny_llama(tmp_path / "hf")
+    hf, before = tiny_llama(tmp_path / "hf", template_file="sft" in name)
     if "sft" in name:
         train = write_jsonl(tmp_path / "train", [{"messages": CHATS[i % 2]} for i in range(32)])
         heldout = write_jsonl(tmp_path / "heldout", [{"messages": CHATS[1]}])
@@ -162,14 +166,18 @@ def test_a_local_run_trains_a_transformers_model_and_exports_one_it_loads(name, 
     out = tmp_path / "out"
     checkpoints = str(run_dir / "checkpoints")
     job = str(tmp_path / "job.yaml")
-    tpujob("export", checkpoints, "--job", job, "--tokenizer-from", str(hf), "--to", str(out), "--dtype", "float32")
+    # The tokenizer files and token ids go out with the model: named, or by default (--job) from model.init.
+    named = ["--tokenizer-from", str(hf)] if "sft" in name else []
+    tpujob("export", checkpoints, "--job", job, *named, "--to", str(out), "--dtype", "float32")
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == before.config.eos_token_id
+    assert (out / "chat_template.jinja").exists() == ("sft" in name)
     after = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
-    # It trained: every weight moved from the checkpoint it started from (Adam moves each by about the rate).
+    # It trained: every tensor moved from the checkpoint it started from (Adam moves a weight by about the rate).
     old = dict(before.named_parameters())
     for key, p in after.named_parameters():
         assert not np.allclose(p.detach().numpy(), old[key].detach().numpy(), rtol=0, atol=1e-4), key
-    # And it learnt the assistant's answers (the text run reads the same words without the template's markup).
+    # Fine-tuned, it learnt the assistant's answers: transformers' loss on one falls.
     if "sft" in name:
         assert assistant_loss(after, tokenizer, CHATS[1]) < assistant_loss(before, tokenizer, CHATS[1]) - 1.0
     ids = ids_of(tokenizer.apply_chat_template(CHATS[1][:1], add_generation_prompt=True, return_tensors="pt"))
