@@ -350,6 +350,16 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def started_from(job: TPUTrainingJob) -> str | None:
+    """The Hugging Face directory whose tokenizer files and token ids an export of the job's checkpoints
+    carries by default: the one it started from (`model.init`; a convert directory keeps the source's in
+    hf/), so a fine-tuned model goes out with the tokenizer and chat template it was trained with."""
+    init = job.spec.model.init
+    if init is None:
+        return None
+    return init.path if init.format == "huggingface" else init.path.rstrip("/") + "/hf"
+
+
 def add_checkpoint_parsers(sub: Any) -> None:
     """`convert` and `export`: Hugging Face checkpoints in and out. They are the trainer's code
     (workload/interchange/commands.py), run in a child process as `tpujob plan`'s compile is: the operator
@@ -361,11 +371,11 @@ def add_checkpoint_parsers(sub: Any) -> None:
 
         child = [sys.executable, "-m", "tpu_workload.interchange.commands", args.command, args.path, "--to", args.to]
         if args.command == "export":
-            child += ["--dtype", args.dtype] + (
-                ["--tokenizer-from", args.tokenizer_from] if args.tokenizer_from else []
-            )
-            if args.job:
-                child += ["--dims", json.dumps(load_jobs(args.job)[0].spec.model_dims.model_dump())]
+            job = load_jobs(args.job)[0] if args.job else None
+            tokenizer_from = args.tokenizer_from or (started_from(job) if job else None)
+            child += ["--dtype", args.dtype] + (["--tokenizer-from", tokenizer_from] if tokenizer_from else [])
+            if job:
+                child += ["--dims", json.dumps(job.spec.model_dims.model_dump())]
         return subprocess.call(child)
 
     p = sub.add_parser("convert", help="a Hugging Face Llama 3 / Mixtral directory to an Orbax one a job starts from")
@@ -376,7 +386,11 @@ def add_checkpoint_parsers(sub: Any) -> None:
     p.add_argument("path", metavar="CHECKPOINT", help="a `tpujob convert` directory, or a job's checkpoint.directory")
     p.add_argument("--to", required=True, help="output directory")
     p.add_argument("--job", "-f", help="the job's YAML: its model shape (needed for a job's checkpoint directory)")
-    p.add_argument("--tokenizer-from", help="Hugging Face directory whose tokenizer files and token ids to carry over")
+    p.add_argument(
+        "--tokenizer-from",
+        help="Hugging Face directory whose tokenizer files and token ids to carry over (default with --job: the "
+        "checkpoint the job started from, its model.init)",
+    )
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16", help="tensor dtype")
     p.set_defaults(func=run)
 

@@ -130,6 +130,16 @@ def test_summary_names_the_plan():
         assert part in text
 
 
+def test_summary_names_the_checkpoint_a_model_starts_from():
+    def line(**model):
+        job = tiny_job(model={"preset": "tiny", **model})
+        return next(x for x in summary(Plan(parse_job(job))) if x.startswith("model:"))
+
+    assert line().endswith("vocab 256, dense")
+    init = {"format": "huggingface", "path": "gs://bucket/Meta-Llama-3.1-8B"}
+    assert line(init=init).endswith("vocab 256, dense, starts from huggingface gs://bucket/Meta-Llama-3.1-8B")
+
+
 def test_summary_names_the_capacity_and_the_queue():
     def line(**spec):
         return next(x for x in summary(Plan(parse_job(tiny_job(**spec)))) if x.startswith("capacity:"))

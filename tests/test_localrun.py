@@ -212,6 +212,20 @@ def test_scale_down_keeps_the_kind_of_job():
     assert any("model -> preset tiny-moe" in c for c in changes)
 
 
+def test_scale_down_of_a_fine_tuning_job_says_it_trains_a_random_model_on_synthetic_data():
+    """The Hugging Face checkpoint and chat files are not this machine's: tests/test_finetune.py runs the
+    example itself, scaled down by hand."""
+    doc = yaml.safe_load(open(Path(__file__).parents[1] / "examples" / "sft-llama3-8b.yaml"))
+    small, changes = scale_down(doc)
+    job = parse_job(small)
+    check_fits(job)
+    assert job.spec.model.init is None and job.spec.training.objective == "pretrain"
+    assert job.spec.training.eval is not None and job.spec.training.eval.data is None
+    path = doc["spec"]["model"]["init"]["path"]
+    assert f"model -> preset tiny (random: not model.init's {path})" in changes
+    assert any("(objective sft -> pretrain: no chat files here)" in c for c in changes)
+
+
 def test_scale_down_keeps_gradient_accumulation():
     doc = yaml.safe_load(open(Path(__file__).parents[1] / "examples" / "long-context.yaml"))
     doc["spec"]["training"].update(globalBatch=128, microbatches=8)

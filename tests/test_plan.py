@@ -284,11 +284,21 @@ def test_llama3_70b_on_one_2x2x1_slice_does_not_fit(tmp_path):
 
 @pytest.mark.slow
 @needs_libtpu
-@pytest.mark.parametrize("name", ["llama3-8b-fsdp.yaml", "long-context.yaml", "moe.yaml", "multislice.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "llama3-8b-fsdp.yaml",
+        "long-context.yaml",
+        "moe.yaml",
+        "multislice.yaml",
+        "continue-llama3-8b.yaml",
+        "sft-llama3-8b.yaml",
+    ],
+)
 def test_every_full_size_example_fits(tmp_path, name):
     code, result, _ = plan(tmp_path, example(name))
     assert code == 0 and result["verdict"] == "Fits", result
-    if name == "llama3-8b-fsdp.yaml":
+    if name in ("llama3-8b-fsdp.yaml", "continue-llama3-8b.yaml", "sft-llama3-8b.yaml"):
         assert result["hbmPerDeviceGiB"] <= 14.5
 
 

@@ -116,7 +116,8 @@ def scale_down(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         spec["training"]["eval"] = {k: v for k, v in spec["training"]["eval"].items() if k != "data"}
     said = [
         f"topology {job.spec.tpu.topology} x {job.spec.tpu.slices} -> {small} x {slices}",
-        f"model -> preset {'tiny-moe' if moe else 'tiny'}",
+        f"model -> preset {'tiny-moe' if moe else 'tiny'}"
+        + (f" (random: not model.init's {job.spec.model.init.path})" if job.spec.model.init else ""),
         f"parallelism -> context {context}, expert {expert}",
         f"batch -> {devices * micro} x {spec['training']['sequenceLength']} tokens"
         + (f" in {micro} microbatches" if micro > 1 else "")

@@ -47,7 +47,8 @@ def summary(plan: Plan) -> list[str]:
         f"peak:       {peak * plan.total_chips / 1e15:.1f} PFLOP/s {spec.training.precision} "
         f"({peak / 1e12:.0f} TFLOP/s per chip)",
         f"model:      {dims.layers} layers, d={dims.model_dim}, {dims.heads}/{dims.kv_heads} heads x "
-        f"{dims.head_dim}, mlp {dims.mlp_dim}, vocab {dims.vocab}, {kind}",
+        f"{dims.head_dim}, mlp {dims.mlp_dim}, vocab {dims.vocab}, {kind}"
+        + (f", starts from {spec.model.init.format} {spec.model.init.path}" if spec.model.init else ""),
         f"mesh:       {spec.mesh}",
         f"training:   {spec.training.steps} steps, batch {spec.training.global_batch} x "
         f"{spec.training.sequence_length} tokens" + _batch_extras(spec.training) + f", {spec.training.precision}, "

@@ -17,10 +17,12 @@ from tpu_operator.api.contract import ModelDims
 from . import hf_config, hf_weights, pretrained, tensorfiles
 from .pretrained import HF, MODEL, PARAMS, join
 
-# What a model directory carries besides weights, copied as they are (each at most MAX_SIDE_FILE_BYTES).
+# What a model directory carries besides weights, copied as they are (each at most MAX_SIDE_FILE_BYTES); the chat
+# template is in tokenizer_config.json or, as recent transformers versions save it, in chat_template.jinja.
 SIDE_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
+    "chat_template.jinja",
     "special_tokens_map.json",
     "tokenizer.model",
     "generation_config.json",
