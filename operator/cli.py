@@ -239,26 +239,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
-    # The trainer's extra (`.[workload]`): imported only here.
-    from tpu_workload.data.prepare import prepare
-    from tpu_workload.process.exits import UserError
+    """The trainer's code (workload/data/prepare.py), run in a child process as `convert` and `export` are:
+    the operator never imports the trainer."""
+    import subprocess
 
-    try:
-        docs, tokens = prepare(
-            args.inputs,
-            args.format,
-            args.tokenizer,
-            args.out,
-            args.vocab,
-            eos_id=args.eos_id,
-            text_field=args.text_field,
-            records_per_file=args.records_per_file,
-        )
-    except (ValueError, OSError, UserError) as exc:  # bad settings or inputs: the error names which
-        print(f"error: {shown(str(exc), 1000)}", file=sys.stderr)
-        return EXIT_INVALID
-    print(f"wrote {docs} documents, {tokens} tokens to {args.out}")
-    return 0
+    child = [sys.executable, "-m", "tpu_workload.data.prepare", *args.inputs, "--format", args.format]
+    child += ["--tokenizer", args.tokenizer, "--out", args.out, "--vocab", str(args.vocab)]
+    child += ["--text-field", args.text_field, "--records-per-file", str(args.records_per_file)]
+    child += ["--eos-id", str(args.eos_id)] if args.eos_id is not None else []
+    return subprocess.call(child)
 
 
 def add_data_parser(sub: Any) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -210,17 +212,21 @@ def test_text_formats_need_their_settings():
         )
 
 
-def test_tpujob_data_prepare(tmp_path, hf_tokenizer, capsys):
-    from tpu_operator import cli
+def test_tpujob_data_prepare(tmp_path, hf_tokenizer):
+    """The command as users run it (the operator's CLI, the trainer's code in a child process)."""
+
+    def tpujob(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "tpu_operator.cli", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
     path = _jsonl(tmp_path, _sentences(10))
     args = ["data", "prepare", path, "--tokenizer", hf_tokenizer, "--format", "jsonl", "--vocab", "256"]
-    assert cli.main([*args, "--out", str(tmp_path / "out")]) == 0
-    assert "wrote 10 documents" in capsys.readouterr().out
-    assert cli.main([*args, "--out", str(tmp_path / "out")]) == 2  # not twice into one directory
-    assert "already holds ArrayRecord files" in capsys.readouterr().err
-    assert cli.main([*args[:-1], "16", "--out", str(tmp_path / "other")]) == 2
-    assert "more than model.vocab (16)" in capsys.readouterr().err
+    done = tpujob(*args, "--out", str(tmp_path / "out"))
+    assert done.returncode == 0 and "wrote 10 documents" in done.stdout, done.stderr
+    again = tpujob(*args, "--out", str(tmp_path / "out"))  # not twice into one directory
+    assert again.returncode == 2 and "already holds ArrayRecord files" in again.stderr
+    small = tpujob(*args[:-1], "16", "--out", str(tmp_path / "other"))
+    assert small.returncode == 2 and "more than model.vocab (16)" in small.stderr
 
 
 def _records(cfg, capsys):

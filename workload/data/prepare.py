@@ -103,3 +103,42 @@ def prepare(
             writer.close()
     progress.close()
     return progress.docs, progress.tokens
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`tpujob data prepare` (operator/cli.py parses and passes its flags on; exit 2 for bad settings or
+    inputs, the error naming which)."""
+    import argparse
+
+    from ..process.exits import UserError
+
+    p = argparse.ArgumentParser(prog="tpujob data prepare")
+    p.add_argument("inputs", nargs="+")
+    p.add_argument("--format", required=True, choices=("jsonl", "parquet", "text"))
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--vocab", required=True, type=int)
+    p.add_argument("--eos-id", type=int)
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--records-per-file", type=int, default=1 << 20)
+    args = p.parse_args(argv)
+    try:
+        docs, tokens = prepare(
+            args.inputs,
+            args.format,
+            args.tokenizer,
+            args.out,
+            args.vocab,
+            eos_id=args.eos_id,
+            text_field=args.text_field,
+            records_per_file=args.records_per_file,
+        )
+    except (ValueError, OSError, UserError) as exc:  # bad settings or inputs: the error names which
+        print(f"error: {str(exc)[:1000]}", file=sys.stderr)
+        return 2
+    print(f"wrote {docs} documents, {tokens} tokens to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
