@@ -144,7 +144,11 @@ def assistant_loss(model: Any, tokenizer: Any, chat: list[dict]) -> float:
         return float(model(torch.tensor([whole]), labels=torch.tensor([labels])).loss)
 
 
-@pytest.mark.parametrize("name", ["sft-llama3-8b.yaml", "continue-llama3-8b.yaml"])
+# The sft case in the default run (the "done when"); continued pre-training, whose text path the
+# trainer-level test in tests/workload/test_text_data.py already covers, with the multi-minute runs.
+@pytest.mark.parametrize(
+    "name", ["sft-llama3-8b.yaml", pytest.param("continue-llama3-8b.yaml", marks=pytest.mark.long)]
+)
 def test_a_local_run_trains_a_transformers_model_and_exports_one_it_loads(name, tmp_path):
     hf, before = tiny_llama(tmp_path / "hf", template_file="sft" in name)
     if "sft" in name:
