@@ -131,14 +131,15 @@ print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "home_writable": writa
         ),
         (
             "workload",
-            ["tpu_workload", "jax", "flax", "orbax", "pydantic", "libtpu"],  # libtpu: the pre-flight's compiler
-            ["kopf", "kubernetes", "kubernetes_asyncio", "jinja2"],
+            # libtpu: the pre-flight's compiler; jinja2: sft's chat templates (in its sandbox, workload/data/chat.py)
+            ["tpu_workload", "jax", "flax", "orbax", "pydantic", "libtpu", "jinja2"],
+            ["kopf", "kubernetes", "kubernetes_asyncio", "torch", "transformers"],
         ),
     ],
     ids=["operator", "workload"],
 )
 def test_image_holds_its_side_only_and_runs_as_non_root(images, which, present, absent):
-    """The operator image carries no JAX and the workload image no cluster client; both run as the
+    """The operator image carries no JAX and the workload image no cluster client (nor the tests' torch); both run as the
     fixed non-root UID with a writable HOME, also under a read-only root."""
     image: Image = getattr(images, which)
     result = exec_in_image(image, "-c", PROBE % (present + absent), entrypoint="python", read_only=True)
