@@ -170,7 +170,7 @@ class DataSpec(Base):
         pattern=LOCATION,
     )
     text_field: str = _desc(
-        "The JSON field (jsonl) or column (parquet) that holds each document's text.",
+        "The JSON field (jsonl) or column (parquet) that holds each document's text; text when unset.",
         default="text",
         min_length=1,
         max_length=L.MAX_FIELD_NAME,
@@ -282,7 +282,7 @@ class TrainingSpec(Base):
     precision: Literal["bf16", "fp8"] = _desc("Matmul precision: bf16, or fp8 through qwix.", default="bf16")
     remat: RematSpec = _desc("Rematerialisation policy.", default_factory=RematSpec)
     objective: Literal["pretrain", "sft"] = _desc(
-        "pretrain: the loss on every next token of each document. sft (supervised fine-tuning): "
+        "pretrain (when unset): the loss on every next token of each document. sft (supervised fine-tuning): "
         '`data` is chat jsonl (each line `{"messages": [{"role", "content"}, ...]}`), rendered with the '
         "chat template beside the Hugging Face `tokenizer` (tokenizer_config.json's chat_template or "
         "chat_template.jinja, in jinja2's sandbox), the loss on the assistant's tokens only.",

@@ -147,10 +147,29 @@ def immutability_rules(spec_schema: dict[str, Any]) -> list[dict[str, Any]]:
     return rules
 
 
+# Fields newer than the previous chart's operator that have a default: the API server would write it into every
+# job it stores, and the previous operator (still running during `helm upgrade`, or again after `helm rollback`)
+# refuses a field it does not know, so the job would turn Invalid under it (tests/cluster/test_upgrade.py). The
+# CRD leaves them unset; the models fill them in when the job is read.
+NO_SERVER_DEFAULT = (
+    ("training", "objective"),
+    ("training", "data", "textField"),
+    ("training", "eval", "data", "textField"),
+)
+
+
+def _drop_default(schema: dict[str, Any], path: tuple[str, ...]) -> None:
+    for name in path:
+        schema = schema["properties"][name]
+    schema.pop("default", None)
+
+
 def definition() -> dict[str, Any]:
     spec_schema = _schema(models.TPUTrainingJobSpec)
     for field in models.OPERATOR_DEFAULTED_FIELDS:  # the API server would fill them in: unset must stay unset
         spec_schema["properties"][models.TPUTrainingJobSpec.model_fields[field].alias or field].pop("default", None)
+    for path in NO_SERVER_DEFAULT:
+        _drop_default(spec_schema, path)
     status_schema = _schema(TPUTrainingJobStatus, mode="serialization")
     status_schema["properties"]["conditions"].update(
         {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
