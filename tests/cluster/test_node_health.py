@@ -179,12 +179,14 @@ def test_a_node_deleted_under_a_running_job_restarts_it_once_as_hardware(local_c
 
 def test_most_tpu_nodes_not_ready_together_hold_every_restart_and_say_why(local_cluster: Cluster, operator: Operator):
     cluster, ns = local_cluster, local_cluster.namespace("nodehold")
-    grace = 15  # under the hold a node's stop waits 5 x this: far longer than the test looks
+    grace = 20  # under the hold a node's stop waits 5 x this: far longer than the test looks
     cluster.apply(job("held", nodeUnhealthyGraceSeconds=grace), namespace=ns)
-    running_on(cluster, ns, "held")
+    _, node = running_on(cluster, ns, "held")
     kwok = kwok_tpu_nodes(cluster)
-    assert len(kwok) == 24
-    with not_ready(cluster, *kwok):
+    assert len(kwok) == 24 and node in kwok
+    # The job's node goes last, once the hold is on: were it among the first, its plain grace would run while the
+    # other nodes are still being turned NotReady one API call at a time (a loaded CI machine took longer than it).
+    with not_ready(cluster, *[n for n in kwok if n != node], node):
         held = wait_for(
             lambda: condition(s := cluster.status(ns, "held"), "NodesHeld").get("status") == "True" and s,
             WAIT_S,
