@@ -22,7 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from tpu_operator.api.contract import REMAT_TENSORS, KernelsSpec, ModelDims, RematSpec
 
-from . import attention, chunked, loss, moe, sharding
+from . import attention, chunked, layer_gather, loss, moe, sharding
 from .sharding import constrain, current
 
 COMPUTE = jnp.bfloat16  # the training compute dtype (ModelConfig.compute "bf16")
@@ -382,15 +382,38 @@ class Decoder(nnx.Module):
             # XLA casting every layer's weight shards to bf16 at once before the loop (1.1 GiB for the
             # 70B): that pass runs after barriers are removed (docs/plan.md).
             layer = jax.lax.optimization_barrier(layer)
+            layer = _gather_weights(layer, cfg.dtype, mlp=gather_mlp)
             with jax.named_scope("layer"):
                 x_BTD, layer_aux = nnx.merge(graphdef, layer)(x_BTD, pos_BT, seg_BT)
             return (x_BTD, aux + layer_aux), None
 
+        # The MoE's expert matmuls and the chunked MLP take their weights sharded (moe.py, chunked.py).
+        gather_mlp = not cfg.dims.is_moe and cfg.mlp_chunks == 1
         policy = remat_policy(cfg.remat, offload_ok=not cfg.interpret)
         if policy is not None:
             body = jax.checkpoint(body, policy=policy, prevent_cse=False)
         (x_BTD, aux), _ = jax.lax.scan(body, (x_BTD, jnp.zeros((), jnp.float32)), layers)
         return self.final_norm(x_BTD), aux / cfg.dims.layers
+
+
+def _gather_weights(layer: nnx.State, dtype, mlp: bool) -> nnx.State:
+    """The layer's matrices (not its norm scales; the MLP's only with `mlp`) whole, in `dtype`, in one
+    collective where layer_gather applies (XLA:CPU); the layer as it is elsewhere."""
+    flat = [
+        (path, v)
+        for path, v in jax.tree_util.tree_flatten_with_path(layer, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
+        if isinstance(v, nnx.Variable) and v.ndim >= 2 and (mlp or getattr(path[0], "key", None) != "mlp")
+    ]
+    axes = [tuple(v.get_metadata()["out_sharding"][1:]) for _, v in flat]
+    whole = layer_gather.gathered([v[...] for _, v in flat], axes, dtype)
+    if whole is None:
+        return layer
+    new = dict(zip((jax.tree_util.keystr(p) for p, _ in flat), whole))
+    return jax.tree_util.tree_map_with_path(
+        lambda p, v: v.replace(new[k]) if (k := jax.tree_util.keystr(p)) in new else v,
+        layer,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,8 @@ in f32 (decoder.ModelConfig.compute).
 Where the whole head runs at once (one chunk, one tile) and its f32 logits are small (`logits_kept`),
 the forward keeps them for the backward instead of recomputing them: three head matmuls per step, not
 four, for what autodiff would have kept anyway. The kept logits are the very values the backward would
-recompute, so the gradients are the same bits.
+recompute, so the gradients are the same bits. The weight gathered for them is kept too: one gather per
+step, not two (on the CPU through layer_gather, whose one collective of bf16 bits XLA:CPU would make f32).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from . import chunked
+from . import chunked, layer_gather
 from .sharding import constrain, current
 
 # One chunk's f32 logits tile and one gathered bf16 weight tile per device stay under these.
@@ -143,6 +144,12 @@ def _tile(w_DV, j, tiles: int, dtype):
     return _gathered(jax.lax.dynamic_index_in_dim(w_DV.reshape(D, V // tiles, tiles), j, axis=2, keepdims=False), dtype)
 
 
+def _whole(w_DV, dtype):
+    """The whole unembedding in `dtype`, gathered once: in one collective of its bits where
+    layer_gather applies (XLA:CPU would gather it in f32), as one tile elsewhere."""
+    return (layer_gather.gathered([w_DV], [("embed", "vocab")], dtype) or [_tile(w_DV, 0, 1, dtype)])[0]
+
+
 def _in_tile(targets, j, tiles: int):
     """(whether each target word is in tile j, its index within the tile)."""
     return targets % tiles == j, targets // tiles
@@ -167,9 +174,10 @@ def _online(logits_Btv, targets_Bt, j, tiles: int, max_Bt, sum_Bt, target_Bt):
 def _ce_forward(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool, keep: bool):
     start = (jnp.full(targets_NBt.shape, -jnp.inf), jnp.zeros(targets_NBt.shape), jnp.zeros(targets_NBt.shape))
     kept = None
-    if keep:  # one chunk, one tile: no loops, and the logits stay for the backward
-        kept = _logits(x_NBtD[0], _tile(w_DV, 0, 1, x_NBtD.dtype))[None]
-        max_NBt, sum_NBt, target_NBt = _online(kept, targets_NBt, 0, 1, *start)
+    if keep:  # one chunk, one tile: no loops; the logits and the gathered weight stay for the backward
+        w_Dv = _whole(w_DV, x_NBtD.dtype)
+        kept = (_logits(x_NBtD[0], w_Dv)[None], w_Dv)
+        max_NBt, sum_NBt, target_NBt = _online(kept[0], targets_NBt, 0, 1, *start)
     else:
 
         def tile(carry, j):
@@ -220,9 +228,7 @@ def _ce_backward(tiles: int, z_loss: bool, keep: bool, residuals, gs):
 
     if keep:  # one chunk, one tile, the forward's logits
         mask = None if mask_NBt is None else mask_NBt[0]
-        dw_Dv, dx_BtD = gradients(
-            x_NBtD[0], targets_NBt[0], mask, logz_NBt[0], kept[0], _tile(w_DV, 0, 1, x_NBtD.dtype), 0
-        )
+        dw_Dv, dx_BtD = gradients(x_NBtD[0], targets_NBt[0], mask, logz_NBt[0], kept[0][0], kept[1], 0)
         dx_NBtD, dw_JDv = dx_BtD[None], dw_Dv[None]
     else:
 
