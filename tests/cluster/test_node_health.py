@@ -76,10 +76,9 @@ def not_ready(cluster: Cluster, *names: str) -> Iterator[None]:
         for name in names:
             set_ready(cluster, name, False)
         yield
-    finally:
-        for name in names:
+    finally:  # last in, first back, each Ready before the next: a job's node named last is Ready before the hold ends
+        for name in reversed(names):
             set_ready(cluster, name, True)
-        for name in names:
             wait_for(lambda n=name: ready(cluster, n), WAIT_S, f"node {name} Ready again")
 
 
@@ -184,8 +183,9 @@ def test_most_tpu_nodes_not_ready_together_hold_every_restart_and_say_why(local_
     _, node = running_on(cluster, ns, "held")
     kwok = kwok_tpu_nodes(cluster)
     assert len(kwok) == 24 and node in kwok
-    # The job's node goes last, once the hold is on: were it among the first, its plain grace would run while the
-    # other nodes are still being turned NotReady one API call at a time (a loaded CI machine took longer than it).
+    # The job's node goes last, once the hold is on, and comes back first, while it still holds: were it NotReady
+    # outside the hold, its plain grace would run while the other nodes are turned NotReady (or Ready) one API call
+    # at a time (on CI's loaded machine that took longer than the grace).
     with not_ready(cluster, *[n for n in kwok if n != node], node):
         held = wait_for(
             lambda: condition(s := cluster.status(ns, "held"), "NodesHeld").get("status") == "True" and s,
