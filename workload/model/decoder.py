@@ -399,21 +399,22 @@ class Decoder(nnx.Module):
 def _gather_weights(layer: nnx.State, dtype, mlp: bool) -> nnx.State:
     """The layer's matrices (not its norm scales; the MLP's only with `mlp`) whole, in `dtype`, in one
     collective where layer_gather applies (XLA:CPU); the layer as it is elsewhere."""
-    flat = [
-        (path, v)
-        for path, v in jax.tree_util.tree_flatten_with_path(layer, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
-        if isinstance(v, nnx.Variable) and v.ndim >= 2 and (mlp or getattr(path[0], "key", None) != "mlp")
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    leaves, tree = jax.tree_util.tree_flatten_with_path(layer, is_leaf=is_var)
+    picked = [
+        i
+        for i, (path, v) in enumerate(leaves)
+        if is_var(v) and v.ndim >= 2 and (mlp or getattr(path[0], "key", None) != "mlp")
     ]
-    axes = [tuple(v.get_metadata()["out_sharding"][1:]) for _, v in flat]
-    whole = layer_gather.gathered([v[...] for _, v in flat], axes, dtype)
+    matrices = [leaves[i][1] for i in picked]
+    axes = [tuple(v.get_metadata()["out_sharding"][1:]) for v in matrices]  # less the stacked "layers"
+    whole = layer_gather.gathered([v[...] for v in matrices], axes, dtype)
     if whole is None:
         return layer
-    new = dict(zip((jax.tree_util.keystr(p) for p, _ in flat), whole))
-    return jax.tree_util.tree_map_with_path(
-        lambda p, v: v.replace(new[k]) if (k := jax.tree_util.keystr(p)) in new else v,
-        layer,
-        is_leaf=lambda x: isinstance(x, nnx.Variable),
-    )
+    out = [v for _, v in leaves]
+    for i, w in zip(picked, whole):
+        out[i] = out[i].replace(w)
+    return jax.tree_util.tree_unflatten(tree, out)
 
 
 @dataclasses.dataclass(frozen=True)

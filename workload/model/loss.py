@@ -144,7 +144,7 @@ def _tile(w_DV, j, tiles: int, dtype):
     return _gathered(jax.lax.dynamic_index_in_dim(w_DV.reshape(D, V // tiles, tiles), j, axis=2, keepdims=False), dtype)
 
 
-def _whole(w_DV, dtype):
+def _whole_weight(w_DV, dtype):
     """The whole unembedding in `dtype`, gathered once: in one collective of its bits where
     layer_gather applies (XLA:CPU would gather it in f32), as one tile elsewhere."""
     return (layer_gather.gathered([w_DV], [("embed", "vocab")], dtype) or [_tile(w_DV, 0, 1, dtype)])[0]
@@ -175,7 +175,7 @@ def _ce_forward(x_NBtD, targets_NBt, mask_NBt, w_DV, tiles: int, z_loss: bool, k
     start = (jnp.full(targets_NBt.shape, -jnp.inf), jnp.zeros(targets_NBt.shape), jnp.zeros(targets_NBt.shape))
     kept = None
     if keep:  # one chunk, one tile: no loops; the logits and the gathered weight stay for the backward
-        w_Dv = _whole(w_DV, x_NBtD.dtype)
+        w_Dv = _whole_weight(w_DV, x_NBtD.dtype)
         kept = (_logits(x_NBtD[0], w_Dv)[None], w_Dv)
         max_NBt, sum_NBt, target_NBt = _online(kept[0], targets_NBt, 0, 1, *start)
     else:
